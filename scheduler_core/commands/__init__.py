@@ -1,0 +1,1 @@
+"""Subcommands of the `budgethub` CLI, one module each (see cli.py)."""

@@ -1,0 +1,971 @@
+"""Seed-like scenarios: a month of work on a shared H100 cluster, as DESIGN.md §5 JSON.
+
+The cluster imitates the one in the seed (Ai2's write-up): 88-1024 H100 GPUs,
+about 150 researchers in 15 team allocations, demand 2-3x capacity, debug work
+that is small and short, notebooks in working hours, and a CPU pool next to
+storage for data preparation. `seed_like(options)` is a pure function of its
+options (all randomness comes from ``random.Random(options.seed)``), so the same
+options give the same scenario and `dumps` gives byte-identical text.
+
+What it builds
+--------------
+* Pool ``h100``: ``gpus / 8`` nodes of 8 H100 GPUs (96 CPUs, 1024 GiB). All but
+  ``mig_nodes`` of them come from one ``count`` template ``h100-{i:03d}``; the
+  MIG nodes (``h100-mig-00`` ...) split each of their 8 GPUs into 7 // g
+  instances of ``mig_profile`` (7 x ``1g.10gb`` by default), so they still add
+  8 GPU-equivalents each.
+* Pool ``cpu``: ``cpu_nodes`` data-prep nodes (64 CPUs, 512 GiB) labelled
+  ``{"storage": s}``, with ``s`` cycling through ``storages``.
+* Teams: ``teams`` allocations that users charge to. With ``program`` on (and at
+  least 2 teams) the last two become sub-teams of an extra parent team
+  ``prior``, each with a float share of it, as in the §5 example. Top-level
+  shares of each pool are drawn from a symmetric Dirichlet law of concentration
+  ``share_alpha``, rounded to 4 decimals (at least 0.001 each) and summing to at
+  most 1.0 exactly as JSON floats add up. ``users`` users ``u001`` ... are spread
+  over the teams (one each, the rest in proportion to the team's ``h100``
+  share), each user in one team.
+* Demand: every team draws a factor log-uniformly in
+  ``[demand_min, demand_max]`` (0.4-3.0). It is relative: a team's batch work
+  (backlog and arrivals) is proportional to ``share x factor``, so a team with
+  factor 3 asks, per unit of share, 7.5x as much as one with factor 0.4.
+  `load_report` prints each team's offered work over its share of capacity.
+
+Requests (§5 fields only; ids ``r000001`` ... in submit order)
+--------------------------------------------------------------
+=========== ============================================================================
+class       shape
+=========== ============================================================================
+batch       pool h100, ``gpus`` 8 per node on 1, 2, 4 or 8 nodes (8-64 GPUs, weights
+            .4/.3/.2/.1; at most a quarter of the whole nodes, so 64 GPUs from 256 on),
+            88 CPUs and 960 GiB per node, duration log-uniform 30 min-36 h,
+            min_runtime 1, 2, 4 or 8 h (at most the duration), resumable, priority 0-3
+interactive pool h100, 1, 2, 4 or 8 GPUs on 1 node, duration 1-6 h, min_runtime 1-4 h (at
+            most the duration), not resumable; submitted Mon-Fri 9:00-18:00 local time
+debug       pool h100, 1 or 2 GPUs, a ``gpu_fraction`` of 0.25 or 0.5, or one ``mig``
+            instance; duration 5-40 min, min_runtime 5, 10 or 15 min (at most the
+            duration); a share ``off_hours`` of them outside working hours
+dataprep    pool cpu, ``gpus`` 0, 4-32 CPUs with 4 GiB each (16-128 GiB), a ``storage``
+            label of some cpu node, duration 1-8 h, min_runtime 1 h; ``off_hours`` as debug
+=========== ============================================================================
+
+Time 0 is a Monday, 00:00 UTC; working hours are Monday-Friday 9:00-18:00 at UTC
+``+ tz_offset`` hours. Counts of interactive, debug and dataprep requests are
+``rate x W x gpus / 1024`` where W, the weekday-equivalents, is the working time
+inside the horizon over 9 h (21.8 for 30 days at -8 h: the horizon ends on a
+Friday at 16:00 local time).
+
+Load arithmetic (pool h100)
+---------------------------
+* Capacity ``C = gpus`` GPU-equivalents, horizon ``H = days x 86400`` s; offered
+  work is GPU-equivalents x duration summed over the h100 requests.
+* Target offered work ``O = load x C x H``.
+* Backlog: batch requests submitted in [0, 1 h) until their GPUs reach
+  ``backlog x C``: at the start, running plus pending demand is 2.5x capacity.
+  Its work is B (about 0.03 x C x H for a default month).
+* Interactive and debug work, I and D, follow from their counts.
+* Batch arrivals over [1 h, H) are drawn until their work reaches
+  ``O - B - I - D`` (the last one overshoots by at most 64 GPUs x 36 h, 0.3 % of
+  a default month). They are paced by work, not drawn independently: each comes
+  when the share of arrival work before it has arrived at an even pace (35 % of
+  it in working hours), give or take 6 h. Independent times would let the queue
+  drift by days of cluster work within a month.
+* Why ``load`` defaults to 1.01, at the low end of the band 1.0-1.3: a backlog
+  stands only while arrivals match what a busy cluster delivers. 1.01 = B (0.03)
+  plus arrivals at 0.98 x C, the seed's 98 % occupancy. Larger loads make a
+  queue that grows all month (at 1.1 outstanding demand reaches about 10x
+  capacity by day 30; the figures below show how to check).
+* Defaults (1024 GPUs, 30 days, seed 0): C x H = 737,280 GPU-h; offered 745,062
+  GPU-h = 1.011 x capacity (batch 703,940 including the backlog's 21,935,
+  interactive 39,240, debug 1,881); GPUs submitted in the first hour 2.55 x C;
+  14,802 requests (batch 4,131, debug 5,662, interactive 3,702, dataprep 1,307);
+  pool cpu offered 0.48 x its capacity. An optimistic FIFO replay of pool h100
+  (`outstanding_estimate`: no nodes, no fragmentation; it keeps 98 % of the pool
+  busy) puts outstanding demand, the GPUs of running plus pending requests, at
+  1.7-3.6x capacity at the end of each day, median 2.7x. ``--stats`` prints
+  these figures for any knobs.
+
+Knobs (`SeedLikeOptions`; CLI flags are the names with dashes)
+--------------------------------------------------------------
+=================== ============= ==============================================================
+knob                default       meaning
+=================== ============= ==============================================================
+gpus                1024          H100 GPUs in pool h100 (a positive multiple of 8)
+days                30            horizon in days
+teams               15            team allocations that users charge to (>= 1)
+users               150           researchers, each in one team (>= teams)
+seed                0             seed of random.Random; same options, same scenario
+name                None          scenario name (default ``seed-like-<gpus>g-<days>d-s<seed>``)
+mig_nodes           1             h100 nodes whose 8 GPUs are MIG-partitioned (< gpus / 8)
+mig_profile         1g.10gb       MIG instance profile; each GPU holds 7 // g of them
+cpu_nodes           4             data-prep nodes in pool cpu (0: no cpu pool, no dataprep)
+storages            weka-a,weka-b storage labels the cpu nodes cycle through
+program             True          two teams are sub-teams of a parent team ``prior``
+share_alpha         1.5           Dirichlet concentration of shares (smaller: more unequal)
+demand_min          0.4           lowest team demand factor (relative, per unit of share)
+demand_max          3.0           highest team demand factor
+load                1.01          offered h100 GPU-seconds / (capacity x horizon)
+backlog             2.5           GPUs of batch backlog submitted in the first hour / capacity
+interactive_per_day 170           notebooks per weekday per 1024 GPUs
+debug_per_day       260           debug sessions per weekday per 1024 GPUs
+dataprep_per_day    60            data-prep sessions per weekday per 1024 GPUs
+off_hours           0.15          share of debug and dataprep sessions outside working hours
+tz_offset           -8.0          hours from UTC of the working day (Mon-Fri 9-18)
+lookback            None          policy ``lookback``, seconds or e.g. 7d (omitted if not given)
+max_min_runtime     None          policy ``max_min_runtime``, e.g. 8h (omitted if not given)
+=================== ============= ==============================================================
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import json
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from scheduler_core.errors import InputError
+from scheduler_core.model import MIG_SLICES, mig_weight
+
+DAY = 86400
+HOUR = 3600
+MINUTE = 60
+GPUS_PER_NODE = 8
+REFERENCE_GPUS = 1024
+"""Cluster size at which the ``*_per_day`` rates apply; counts scale linearly with gpus."""
+WORK_START = 9 * HOUR
+WORK_END = 18 * HOUR
+WORKDAY = WORK_END - WORK_START
+BACKLOG_WINDOW = HOUR
+"""The backlog arrives in [0, BACKLOG_WINDOW)."""
+
+GPU_NODE_CPUS = 96
+GPU_NODE_MEMORY_GIB = 1024
+CPU_NODE_CPUS = 64
+CPU_NODE_MEMORY_GIB = 512
+CPUS_PER_GPU = 11
+MEMORY_GIB_PER_GPU = 120
+
+BATCH_NODES = ((1, 0.4), (2, 0.3), (4, 0.2), (8, 0.1))
+BATCH_MAX_NODES_DIVISOR = 4
+"""A batch request spans at most whole nodes / this many nodes."""
+BATCH_MIN_DURATION = 30 * MINUTE
+BATCH_MAX_DURATION = 36 * HOUR
+BATCH_MIN_RUNTIMES = (1 * HOUR, 2 * HOUR, 4 * HOUR, 8 * HOUR)
+BATCH_PRIORITIES = ((0, 0.55), (1, 0.25), (2, 0.15), (3, 0.05))
+BATCH_IN_HOURS = 0.35
+"""Share of batch arrival work submitted in working hours; the rest falls outside them."""
+BATCH_JITTER = 6 * HOUR
+"""How far, at the mean arrival rate, a batch arrival strays from its even-paced time."""
+INTERACTIVE_GPUS = ((1, 0.35), (2, 0.25), (4, 0.25), (8, 0.15))
+DEBUG_FRACTIONS = (0.25, 0.5)
+DEBUG_MIN_RUNTIMES = (5 * MINUTE, 10 * MINUTE, 15 * MINUTE)
+DATAPREP_CPUS = (4, 8, 16, 32)
+DATAPREP_MEMORY_GIB_PER_CPU = 4
+
+MIN_SHARE_UNITS = 10
+"""Smallest top-level share, in 1/10000 of a pool (0.001)."""
+SHARE_UNITS = 10_000
+"""Shares are multiples of 1/SHARE_UNITS (4 decimals)."""
+MAX_TEAMS = SHARE_UNITS // (2 * MIN_SHARE_UNITS)
+"""At most this many teams, so that each gets at least the smallest share."""
+PROGRAM_TEAM = "prior"
+TEAM_NAMES = (
+    "olmo",
+    "molmo",
+    "tulu",
+    "robotics",
+    "rl-sim",
+    "agents",
+    "science",
+    "vision",
+    "safety",
+    "evals",
+    "pretrain",
+    "data",
+    "multimodal",
+    "reasoning",
+    "code",
+    "climate",
+    "bio",
+    "speech",
+    "theory",
+    "infra",
+)
+
+
+def _knob(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True, slots=True)
+class SeedLikeOptions:
+    """The generator's knobs; see the module docstring's table."""
+
+    gpus: int = _knob(1024, "H100 GPUs in pool h100 (a positive multiple of 8)")
+    days: int = _knob(30, "horizon in days")
+    teams: int = _knob(15, "team allocations that users charge to")
+    users: int = _knob(150, "researchers, each in one team (at least --teams)")
+    seed: int = _knob(0, "seed of the random generator; same options, byte-identical output")
+    name: str | None = _knob(None, "scenario name (default seed-like-<gpus>g-<days>d-s<seed>)")
+    mig_nodes: int = _knob(1, "h100 nodes whose 8 GPUs are MIG-partitioned (fewer than gpus/8)")
+    mig_profile: str = _knob("1g.10gb", "MIG instance profile; each GPU holds 7 // g of them")
+    cpu_nodes: int = _knob(4, "data-prep nodes in pool cpu (0: no cpu pool, no dataprep)")
+    storages: tuple[str, ...] = _knob(
+        ("weka-a", "weka-b"), "comma-separated storage labels the cpu nodes cycle through"
+    )
+    program: bool = _knob(True, "make two teams sub-teams of a parent team 'prior'")
+    share_alpha: float = _knob(1.5, "Dirichlet concentration of team shares (smaller: unequal)")
+    demand_min: float = _knob(0.4, "lowest team demand factor (relative, per unit of share)")
+    demand_max: float = _knob(3.0, "highest team demand factor")
+    load: float = _knob(1.01, "offered h100 GPU-seconds over capacity x horizon")
+    backlog: float = _knob(2.5, "GPUs of batch backlog submitted in the first hour / capacity")
+    interactive_per_day: float = _knob(170.0, "notebooks per weekday per 1024 GPUs")
+    debug_per_day: float = _knob(260.0, "debug sessions per weekday per 1024 GPUs")
+    dataprep_per_day: float = _knob(60.0, "data-prep sessions per weekday per 1024 GPUs")
+    off_hours: float = _knob(0.15, "share of debug and dataprep sessions outside working hours")
+    tz_offset: float = _knob(-8.0, "hours from UTC of the working day (Mon-Fri 9-18)")
+    lookback: float | None = _knob(
+        None, "policy lookback, seconds or e.g. 7d (omitted when not given)"
+    )
+    max_min_runtime: float | None = _knob(
+        None, "policy max_min_runtime, seconds or e.g. 8h (omitted when not given)"
+    )
+
+
+def knob_flag(name: str) -> str:
+    """The command-line flag of a knob: ``mig_nodes`` -> ``--mig-nodes``."""
+    return "--" + name.replace("_", "-")
+
+
+def knob_names() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(SeedLikeOptions))
+
+
+def knob_help(name: str) -> str:
+    for knob in fields(SeedLikeOptions):
+        if knob.name == name:
+            return str(knob.metadata["help"])
+    raise KeyError(name)
+
+
+def validate(options: SeedLikeOptions) -> None:
+    """Raise InputError naming the flag of the first knob with a bad value."""
+
+    def bad(name: str, reason: str) -> InputError:
+        return InputError(where=knob_flag(name), reason=reason)
+
+    if options.gpus <= 0 or options.gpus % GPUS_PER_NODE:
+        raise bad("gpus", f"{options.gpus} is not a positive multiple of {GPUS_PER_NODE}")
+    if options.days <= 0:
+        raise bad("days", f"{options.days} is not a positive number of days")
+    if not 1 <= options.teams <= MAX_TEAMS:
+        raise bad("teams", f"{options.teams} is not in 1..{MAX_TEAMS}")
+    if options.users < options.teams:
+        raise bad("users", f"{options.users} users cannot fill {options.teams} teams")
+    nodes = options.gpus // GPUS_PER_NODE
+    if not 0 <= options.mig_nodes < nodes:
+        raise bad(
+            "mig_nodes", f"{options.mig_nodes} is not in 0..{nodes - 1}; batch needs a whole node"
+        )
+    try:
+        slices = round(mig_weight(options.mig_profile) * MIG_SLICES)
+    except ValueError as error:
+        raise bad("mig_profile", str(error)) from None
+    if slices > MIG_SLICES:  # pragma: no cover - mig_weight already refuses
+        raise bad("mig_profile", "too many compute slices")
+    if options.cpu_nodes < 0:
+        raise bad("cpu_nodes", f"{options.cpu_nodes} is negative")
+    if options.cpu_nodes and not options.storages:
+        raise bad("storages", "no storage label for the cpu nodes")
+    if any(not s for s in options.storages):
+        raise bad("storages", "a storage label is empty")
+    if not options.share_alpha > 0:
+        raise bad("share_alpha", f"{options.share_alpha} is not positive")
+    if not options.demand_min > 0:
+        raise bad("demand_min", f"{options.demand_min} is not positive")
+    if not options.demand_max >= options.demand_min:
+        raise bad("demand_max", f"{options.demand_max} is below --demand-min")
+    if not options.load > 0:
+        raise bad("load", f"{options.load} is not positive")
+    if not options.backlog >= 0:
+        raise bad("backlog", f"{options.backlog} is negative")
+    for rate in ("interactive_per_day", "debug_per_day", "dataprep_per_day"):
+        value = getattr(options, rate)
+        if not value >= 0:
+            raise bad(rate, f"{value} is negative")
+    if not 0 <= options.off_hours <= 1:
+        raise bad("off_hours", f"{options.off_hours} is not a share in 0..1")
+    if not -12 <= options.tz_offset <= 14:
+        raise bad("tz_offset", f"{options.tz_offset} is not an offset in -12..14 hours")
+    for policy_knob in ("lookback", "max_min_runtime"):
+        value = getattr(options, policy_knob)
+        if value is not None and not value >= 0:
+            raise bad(policy_knob, f"{value} is negative")
+
+
+# --- time -------------------------------------------------------------------
+
+
+def working_windows(horizon: int, tz_offset: float) -> list[tuple[int, int]]:
+    """Working-hour intervals [start, end) inside [0, horizon), in scenario seconds."""
+    offset = round(tz_offset * HOUR)
+    windows = []
+    for local_day in range((offset) // DAY, (horizon + offset) // DAY + 1):
+        if local_day % 7 >= 5:  # day 0 is a Monday
+            continue
+        start = max(0, local_day * DAY + WORK_START - offset)
+        end = min(horizon, local_day * DAY + WORK_END - offset)
+        if end > start:
+            windows.append((start, end))
+    return windows
+
+
+def is_working_time(t: float, tz_offset: float) -> bool:
+    """Whether scenario second ``t`` falls on Monday-Friday, 9:00-18:00 local time."""
+    local = t + round(tz_offset * HOUR)
+    day, second = divmod(local, DAY)
+    return int(day) % 7 < 5 and WORK_START <= second < WORK_END
+
+
+def _complement(windows: Sequence[tuple[int, int]], horizon: int) -> list[tuple[int, int]]:
+    gaps = []
+    cursor = 0
+    for start, end in windows:
+        if start > cursor:
+            gaps.append((cursor, start))
+        cursor = end
+    if cursor < horizon:
+        gaps.append((cursor, horizon))
+    return gaps
+
+
+class _ArrivalCurve:
+    """Maps a fraction q of the arrivals to the time by which that fraction has arrived.
+
+    The arrival rate is constant inside each set of windows: ``in_share`` of the
+    mass falls in ``work`` windows, the rest in ``off`` windows.
+    """
+
+    def __init__(
+        self,
+        work: Sequence[tuple[int, int]],
+        off: Sequence[tuple[int, int]],
+        in_share: float,
+    ) -> None:
+        work_total = sum(end - start for start, end in work)
+        off_total = sum(end - start for start, end in off)
+        if not work_total:
+            in_share = 0.0
+        if not off_total:
+            in_share = 1.0
+        segments = [(s, e, in_share / work_total) for s, e in work if work_total]
+        segments += [(s, e, (1 - in_share) / off_total) for s, e in off if off_total]
+        segments.sort()
+        self.segments = [(s, e, d) for s, e, d in segments if d > 0]
+        self.mass_ends = list(itertools.accumulate((e - s) * d for s, e, d in self.segments))
+
+    def at(self, q: float) -> int:
+        q = min(max(q, 0.0), self.mass_ends[-1] * (1 - 1e-12))
+        k = min(bisect.bisect_right(self.mass_ends, q), len(self.segments) - 1)
+        start, end, density = self.segments[k]
+        before = self.mass_ends[k - 1] if k else 0.0
+        return min(end - 1, start + int((q - before) / density))
+
+
+def _clip(windows: Sequence[tuple[int, int]], low: int) -> list[tuple[int, int]]:
+    return [(max(s, low), e) for s, e in windows if e > low]
+
+
+class _Times:
+    """Uniform draws of whole seconds from a union of intervals."""
+
+    def __init__(self, windows: Sequence[tuple[int, int]]) -> None:
+        self.windows = list(windows)
+        self.ends = list(itertools.accumulate(end - start for start, end in self.windows))
+        self.total = self.ends[-1] if self.ends else 0
+
+    def draw(self, rng: random.Random) -> int:
+        u = rng.randrange(self.total)
+        k = bisect.bisect_right(self.ends, u)
+        before = self.ends[k - 1] if k else 0
+        return self.windows[k][0] + u - before
+
+
+# --- teams and users --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Team:
+    name: str
+    h100_share: float
+    """Effective share of pool h100 (a sub-team's is its parent's times its own)."""
+    demand: float
+
+
+def _units_to_shares(units: list[int]) -> list[float]:
+    """Shares of 1/SHARE_UNITS whose float sum, added in order or exactly, is at most 1."""
+    units = list(units)
+    shares = [u / SHARE_UNITS for u in units]
+    while sum(shares) > 1.0 or math.fsum(shares) > 1.0:
+        biggest = max(range(len(units)), key=lambda k: units[k])
+        units[biggest] -= 1
+        shares = [u / SHARE_UNITS for u in units]
+    return shares
+
+
+def draw_shares(count: int, alpha: float, rng: random.Random) -> list[float]:
+    """``count`` shares from a symmetric Dirichlet(alpha) law, 4 decimals, summing to <= 1."""
+    weights = [rng.gammavariate(alpha, 1.0) for _ in range(count)]
+    total_weight = sum(weights) or 1.0
+    floor_units = MIN_SHARE_UNITS * count
+    spread = SHARE_UNITS - floor_units
+    raw = [w / total_weight * spread for w in weights]
+    units = [MIN_SHARE_UNITS + int(r) for r in raw]
+    # Largest remainders take the units lost to truncation.
+    order = sorted(range(count), key=lambda k: (-(raw[k] - int(raw[k])), k))
+    for k in order[: SHARE_UNITS - sum(units)]:
+        units[k] += 1
+    return _units_to_shares(units)
+
+
+def _team_names(count: int) -> list[str]:
+    if count <= len(TEAM_NAMES):
+        return list(TEAM_NAMES[:count])
+    return [f"team-{k + 1:02d}" for k in range(count)]
+
+
+def _largest_remainder(total: int, weights: Sequence[float]) -> list[int]:
+    weight_sum = sum(weights) or 1.0
+    raw = [total * w / weight_sum for w in weights]
+    counts = [int(r) for r in raw]
+    order = sorted(range(len(raw)), key=lambda k: (-(raw[k] - counts[k]), k))
+    for k in order[: total - sum(counts)]:
+        counts[k] += 1
+    return counts
+
+
+# --- the scenario -----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Draft:
+    submit: int
+    body: dict[str, Any]
+    gpu_seconds: float
+
+
+def _weighted(rng: random.Random, table: Sequence[tuple[Any, float]]) -> Any:
+    values = [v for v, _ in table]
+    weights = [w for _, w in table]
+    return rng.choices(values, weights=weights)[0]
+
+
+def _minutes(seconds: float) -> int:
+    return max(MINUTE, round(seconds / MINUTE) * MINUTE)
+
+
+def seed_like(options: SeedLikeOptions) -> dict[str, Any]:
+    """A §5 scenario shaped like the seed's cluster; the same options give the same dict.
+
+    Raises InputError (``where`` is the knob's flag) when a knob is out of range.
+    """
+    validate(options)
+    rng = random.Random(options.seed)
+    horizon = options.days * DAY
+    scale = options.gpus / REFERENCE_GPUS
+    capacity = float(options.gpus)
+    whole_nodes = options.gpus // GPUS_PER_NODE - options.mig_nodes
+    has_cpu_pool = options.cpu_nodes > 0
+
+    # Nodes.
+    nodes: list[dict[str, Any]] = [
+        {
+            "name": "h100-{i:03d}",
+            "count": whole_nodes,
+            "pool": "h100",
+            "gpus": GPUS_PER_NODE,
+            "gpu_model": "H100",
+            "cpus": GPU_NODE_CPUS,
+            "memory_gib": GPU_NODE_MEMORY_GIB,
+        }
+    ]
+    per_gpu = MIG_SLICES // round(mig_weight(options.mig_profile) * MIG_SLICES)
+    for k in range(options.mig_nodes):
+        nodes.append(
+            {
+                "name": f"h100-mig-{k:02d}",
+                "pool": "h100",
+                "gpus": GPUS_PER_NODE,
+                "gpu_model": "H100",
+                "cpus": GPU_NODE_CPUS,
+                "memory_gib": GPU_NODE_MEMORY_GIB,
+                "mig": {str(g): [options.mig_profile] * per_gpu for g in range(GPUS_PER_NODE)},
+            }
+        )
+    storages = [options.storages[k % len(options.storages)] for k in range(options.cpu_nodes)]
+    for k, storage in enumerate(storages):
+        nodes.append(
+            {
+                "name": f"prep-{k + 1:02d}",
+                "pool": "cpu",
+                "gpus": 0,
+                "cpus": CPU_NODE_CPUS,
+                "memory_gib": CPU_NODE_MEMORY_GIB,
+                "labels": {"storage": storage},
+            }
+        )
+
+    # Teams: leaves are the teams users charge to.
+    leaf_names = _team_names(options.teams)
+    with_program = options.program and options.teams >= 2
+    top_level = leaf_names[:-2] + [PROGRAM_TEAM] if with_program else list(leaf_names)
+    h100_shares = draw_shares(len(top_level), options.share_alpha, rng)
+    cpu_shares = draw_shares(len(top_level), options.share_alpha, rng) if has_cpu_pool else []
+    teams_json: list[dict[str, Any]] = []
+    effective: dict[str, float] = {}
+    for k, name in enumerate(top_level):
+        share = {"h100": h100_shares[k]}
+        if has_cpu_pool:
+            share["cpu"] = cpu_shares[k]
+        teams_json.append({"name": name, "share": share})
+        effective[name] = h100_shares[k]
+    if with_program:
+        first = rng.randint(30, 70)
+        split = _units_to_shares([first * 100, (100 - first) * 100])
+        for name, fraction in zip(leaf_names[-2:], split, strict=True):
+            teams_json.append({"name": name, "parent": PROGRAM_TEAM, "share": fraction})
+            effective[name] = effective[PROGRAM_TEAM] * fraction
+    log_low, log_high = math.log(options.demand_min), math.log(options.demand_max)
+    teams = [
+        _Team(name, effective[name], math.exp(rng.uniform(log_low, log_high)))
+        for name in leaf_names
+    ]
+
+    # Users: one per team, the rest by h100 share; activity is heavy-tailed.
+    per_team = [
+        1 + extra
+        for extra in _largest_remainder(
+            options.users - options.teams, [t.h100_share for t in teams]
+        )
+    ]
+    width = max(3, len(str(options.users)))
+    users: list[tuple[str, str]] = []
+    for leaf, headcount in zip(teams, per_team, strict=True):
+        for _ in range(headcount):
+            users.append((f"u{len(users) + 1:0{width}d}", leaf.name))
+    activity = [min(rng.paretovariate(1.5), 20.0) for _ in users]
+    cum_activity = list(itertools.accumulate(activity))
+    team_members: dict[str, list[int]] = {t.name: [] for t in teams}
+    for k, (_, team_name) in enumerate(users):
+        team_members[team_name].append(k)
+
+    def any_user() -> tuple[str, str]:
+        return users[rng.choices(range(len(users)), cum_weights=cum_activity)[0]]
+
+    def member_of(team_name: str) -> tuple[str, str]:
+        members = team_members[team_name]
+        k = rng.choices(members, weights=[activity[m] for m in members])[0]
+        return users[k]
+
+    # Time windows.
+    work = working_windows(horizon, options.tz_offset)
+    in_hours = _Times(work)
+    off = _complement(work, horizon)
+    off_hours = _Times(off) if off else in_hours
+    weekdays = in_hours.total / WORKDAY
+
+    def session_time(off_share: float) -> int:
+        if in_hours.total == 0 or rng.random() < off_share:
+            return off_hours.draw(rng)
+        return in_hours.draw(rng)
+
+    drafts: list[_Draft] = []
+
+    def sessions(rate: float) -> int:
+        return round(rate * weekdays * scale)
+
+    # Interactive notebooks.
+    for _ in range(sessions(options.interactive_per_day) if in_hours.total else 0):
+        user, team = any_user()
+        gpus = _weighted(rng, INTERACTIVE_GPUS)
+        duration = _minutes(rng.uniform(1 * HOUR, 6 * HOUR))
+        min_runtime = min(duration, _minutes(rng.uniform(1 * HOUR, 4 * HOUR)))
+        submit = in_hours.draw(rng)
+        drafts.append(
+            _Draft(
+                submit,
+                {
+                    "user": user,
+                    "team": team,
+                    "submit": submit,
+                    "pool": "h100",
+                    "class": "interactive",
+                    "gpus": gpus,
+                    "nodes": 1,
+                    "cpus": CPUS_PER_GPU * gpus,
+                    "memory_gib": MEMORY_GIB_PER_GPU * gpus,
+                    "min_runtime": min_runtime,
+                    "duration": duration,
+                    "resumable": False,
+                },
+                gpus * duration,
+            )
+        )
+
+    # Debug sessions: whole GPUs, a fraction, or a MIG instance.
+    kinds: list[tuple[str, float]] = [("whole-1", 0.6), ("whole-2", 0.1), ("fraction", 0.15)]
+    kinds.append(("mig", 0.15) if options.mig_nodes else ("fraction", 0.15))
+    for _ in range(sessions(options.debug_per_day)):
+        user, team = any_user()
+        kind = _weighted(rng, kinds)
+        duration = _minutes(rng.uniform(5 * MINUTE, 40 * MINUTE))
+        min_runtime = min(duration, rng.choice(DEBUG_MIN_RUNTIMES))
+        submit = session_time(options.off_hours)
+        size: dict[str, Any]
+        if kind == "mig":
+            size = {"mig": options.mig_profile, "cpus": 1, "memory_gib": 16}
+            weight = mig_weight(options.mig_profile)
+        elif kind == "fraction":
+            fraction = rng.choice(DEBUG_FRACTIONS)
+            size = {
+                "gpu_fraction": fraction,
+                "cpus": max(1, round(CPUS_PER_GPU * fraction)),
+                "memory_gib": round(MEMORY_GIB_PER_GPU * fraction),
+            }
+            weight = fraction
+        else:
+            gpus = 1 if kind == "whole-1" else 2
+            size = {
+                "gpus": gpus,
+                "nodes": 1,
+                "cpus": CPUS_PER_GPU * gpus,
+                "memory_gib": MEMORY_GIB_PER_GPU * gpus,
+            }
+            weight = float(gpus)
+        drafts.append(
+            _Draft(
+                submit,
+                {
+                    "user": user,
+                    "team": team,
+                    "submit": submit,
+                    "pool": "h100",
+                    "class": "debug",
+                    **size,
+                    "min_runtime": min_runtime,
+                    "duration": duration,
+                    "resumable": False,
+                },
+                weight * duration,
+            )
+        )
+
+    # Data preparation next to storage.
+    labels = sorted(set(storages))
+    for _ in range(sessions(options.dataprep_per_day) if has_cpu_pool else 0):
+        user, team = any_user()
+        cpus = rng.choice(DATAPREP_CPUS)
+        duration = _minutes(rng.uniform(1 * HOUR, 8 * HOUR))
+        submit = session_time(options.off_hours)
+        drafts.append(
+            _Draft(
+                submit,
+                {
+                    "user": user,
+                    "team": team,
+                    "submit": submit,
+                    "pool": "cpu",
+                    "class": "dataprep",
+                    "gpus": 0,
+                    "cpus": cpus,
+                    "memory_gib": DATAPREP_MEMORY_GIB_PER_CPU * cpus,
+                    "labels": {"storage": rng.choice(labels)},
+                    "min_runtime": HOUR,
+                    "duration": duration,
+                    "resumable": False,
+                },
+                0.0,
+            )
+        )
+
+    # Batch: a backlog in the first hour, then arrivals up to the target load.
+    team_weights = list(itertools.accumulate(t.h100_share * t.demand for t in teams))
+    # A batch request spans at most a quarter of the whole nodes: 64-GPU jobs need 256 GPUs.
+    max_nodes = max(1, whole_nodes // BATCH_MAX_NODES_DIVISOR)
+    node_table = [(n, w) for n, w in BATCH_NODES if n <= max_nodes]
+    log_short, log_long = math.log(BATCH_MIN_DURATION), math.log(BATCH_MAX_DURATION)
+
+    def batch(submit: int) -> _Draft:
+        team = rng.choices(teams, cum_weights=team_weights)[0]
+        user, _ = member_of(team.name)
+        nodes_wanted = _weighted(rng, node_table)
+        duration = _minutes(math.exp(rng.uniform(log_short, log_long)))
+        min_runtime = min(duration, rng.choice(BATCH_MIN_RUNTIMES))
+        return _Draft(
+            submit,
+            {
+                "user": user,
+                "team": team.name,
+                "submit": submit,
+                "pool": "h100",
+                "class": "batch",
+                "gpus": GPUS_PER_NODE,
+                "nodes": nodes_wanted,
+                "cpus": CPUS_PER_GPU * GPUS_PER_NODE,
+                "memory_gib": MEMORY_GIB_PER_GPU * GPUS_PER_NODE,
+                "min_runtime": min_runtime,
+                "duration": duration,
+                "resumable": True,
+                "priority": _weighted(rng, BATCH_PRIORITIES),
+            },
+            float(GPUS_PER_NODE * nodes_wanted * duration),
+        )
+
+    backlog_gpus = 0
+    while backlog_gpus < options.backlog * capacity:
+        draft = batch(rng.randrange(BACKLOG_WINDOW))
+        drafts.append(draft)
+        backlog_gpus += draft.body["gpus"] * draft.body["nodes"]
+    # Arrivals are paced by their work, not drawn independently: the k-th one comes
+    # when the share of arrival work before it (plus jitter) has arrived at an even
+    # pace. Independent times would let the queue drift by days of cluster work.
+    target = options.load * capacity * horizon
+    offered = sum(d.gpu_seconds for d in drafts)
+    arrivals: list[_Draft] = []
+    while offered < target:
+        arrivals.append(batch(0))
+        offered += arrivals[-1].gpu_seconds
+    curve = _ArrivalCurve(_clip(work, BACKLOG_WINDOW), _clip(off, BACKLOG_WINDOW), BATCH_IN_HOURS)
+    arrival_work = sum(d.gpu_seconds for d in arrivals)
+    jitter = BATCH_JITTER / (horizon - BACKLOG_WINDOW)
+    paced = 0.0
+    for draft in arrivals:
+        q = (paced + draft.gpu_seconds / 2) / arrival_work
+        jittered = q + rng.uniform(-jitter, jitter)
+        q = jittered if 0 <= jittered < 1 else q  # no pile-up at the ends
+        paced += draft.gpu_seconds
+        draft.submit = curve.at(q)
+        draft.body["submit"] = draft.submit
+    drafts.extend(arrivals)
+
+    drafts.sort(key=lambda d: d.submit)  # stable: ties keep the order they were drawn in
+    id_width = max(6, len(str(len(drafts))))
+    requests = [{"id": f"r{k + 1:0{id_width}d}", **d.body} for k, d in enumerate(drafts)]
+
+    policy: dict[str, Any] = {"name": "budget"}
+    if options.lookback is not None:
+        policy["lookback"] = _number(options.lookback)
+    if options.max_min_runtime is not None:
+        policy["max_min_runtime"] = _number(options.max_min_runtime)
+    pools = [{"name": "h100", "kind": "gpu"}]
+    if has_cpu_pool:
+        pools.append({"name": "cpu", "kind": "cpu"})
+    return {
+        "name": options.name or f"seed-like-{options.gpus}g-{options.days}d-s{options.seed}",
+        "horizon": horizon,
+        "policy": policy,
+        "pools": pools,
+        "nodes": nodes,
+        "teams": teams_json,
+        "usage": [],
+        "requests": requests,
+        "events": [],
+    }
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+def dumps(scenario: Mapping[str, Any]) -> str:
+    """The scenario as JSON text: one top-level key per line, one list item per line."""
+    lines = ["{"]
+    items = list(scenario.items())
+    for k, (key, value) in enumerate(items):
+        comma = "," if k < len(items) - 1 else ""
+        if isinstance(value, list) and value:
+            inner = ",\n".join("    " + json.dumps(item) for item in value)
+            lines.append(f"  {json.dumps(key)}: [\n{inner}\n  ]{comma}")
+        else:
+            lines.append(f"  {json.dumps(key)}: {json.dumps(value)}{comma}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+# --- load figures -----------------------------------------------------------
+
+
+def gpu_weight(request: Mapping[str, Any]) -> float:
+    """GPU-equivalents a §5 request holds while it runs (all nodes)."""
+    nodes = int(request.get("nodes", 1))
+    if request.get("mig") is not None:
+        return mig_weight(str(request["mig"])) * nodes
+    if request.get("gpu_fraction"):
+        return float(request["gpu_fraction"]) * nodes
+    return float(request.get("gpus", 0)) * nodes
+
+
+def _pool_capacity(scenario: Mapping[str, Any], pool: str, key: str) -> float:
+    return float(
+        sum(int(n.get("count", 1)) * n.get(key, 0) for n in scenario["nodes"] if n["pool"] == pool)
+    )
+
+
+def _effective_shares(scenario: Mapping[str, Any], pool: str) -> dict[str, float]:
+    by_name = {t["name"]: t for t in scenario["teams"]}
+
+    def share(name: str) -> float:
+        team = by_name[name]
+        if "parent" in team:
+            return float(team["share"]) * share(team["parent"])
+        return float(team["share"].get(pool, 0.0))
+
+    return {name: share(name) for name in by_name}
+
+
+def outstanding_estimate(
+    requests: Sequence[Mapping[str, Any]], capacity: float, horizon: int, step: int = DAY
+) -> list[float]:
+    """Outstanding GPU demand over capacity at ``step, 2 step, ...``, replaying FIFO.
+
+    An optimistic check, not a simulation: requests start in submit order as soon
+    as enough GPU-equivalents are free in the pool (no nodes, no fragmentation,
+    no preemption). Outstanding = GPUs of requests submitted but not finished.
+    """
+    running: list[tuple[float, float]] = []
+    free = capacity
+    clock = 0.0
+    changes: list[tuple[float, float]] = []
+    for request in requests:
+        weight = gpu_weight(request)
+        clock = max(clock, float(request["submit"]))
+        while free + 1e-9 < weight and running:
+            end, released = heapq.heappop(running)
+            free += released
+            clock = max(clock, end)
+        free -= weight
+        finish = clock + float(request["duration"])
+        heapq.heappush(running, (finish, weight))
+        changes.append((float(request["submit"]), weight))
+        changes.append((finish, -weight))
+    changes.sort()
+    ratios = []
+    outstanding = 0.0
+    k = 0
+    for sample in range(step, horizon + 1, step):
+        while k < len(changes) and changes[k][0] <= sample:
+            outstanding += changes[k][1]
+            k += 1
+        ratios.append(outstanding / capacity)
+    return ratios
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """Offered-load figures of a scenario (pool h100, and pool cpu if present)."""
+
+    capacity_gpus: float
+    horizon: int
+    offered_gpu_h: Mapping[str, float]
+    """Offered GPU-hours by class, plus ``backlog`` (batch submitted in the first hour)."""
+    load: float
+    """All offered GPU-seconds over capacity x horizon."""
+    backlog_gpus: float
+    """GPU-equivalents of requests submitted in the first hour, over capacity."""
+    outstanding: tuple[float, ...]
+    """`outstanding_estimate` at the end of each day."""
+    counts: Mapping[str, int]
+    team_demand: Mapping[str, float]
+    """Each team's offered h100 work over its share of capacity x horizon."""
+    cpu_capacity: float
+    cpu_load: float
+
+
+def load_report(scenario: Mapping[str, Any]) -> LoadReport:
+    """The figures a user checks a generated scenario against (see the module docstring)."""
+    horizon = int(scenario["horizon"])
+    capacity = _pool_capacity(scenario, "h100", "gpus")
+    cpu_capacity = _pool_capacity(scenario, "cpu", "cpus")
+    h100 = [r for r in scenario["requests"] if r["pool"] == "h100"]
+    offered: dict[str, float] = {"batch": 0.0, "backlog": 0.0, "interactive": 0.0, "debug": 0.0}
+    by_team: dict[str, float] = {}
+    backlog_gpus = 0.0
+    for request in h100:
+        work = gpu_weight(request) * float(request["duration"])
+        klass = request.get("class", "interactive")
+        offered[klass] = offered.get(klass, 0.0) + work / HOUR
+        by_team[request["team"]] = by_team.get(request["team"], 0.0) + work
+        if request["submit"] < BACKLOG_WINDOW:
+            backlog_gpus += gpu_weight(request)
+            if klass == "batch":
+                offered["backlog"] += work / HOUR
+    total = sum(v for k, v in offered.items() if k != "backlog") * HOUR
+    cpu_work = sum(
+        float(r.get("cpus", 1)) * int(r.get("nodes", 1)) * float(r["duration"])
+        for r in scenario["requests"]
+        if r["pool"] == "cpu"
+    )
+    counts: dict[str, int] = {}
+    for request in scenario["requests"]:
+        klass = request.get("class", "interactive")
+        counts[klass] = counts.get(klass, 0) + 1
+    shares = _effective_shares(scenario, "h100")
+    team_demand = {
+        name: by_team.get(name, 0.0) / (share * capacity * horizon)
+        for name, share in shares.items()
+        if name in by_team and share > 0
+    }
+    return LoadReport(
+        capacity_gpus=capacity,
+        horizon=horizon,
+        offered_gpu_h=offered,
+        load=total / (capacity * horizon) if capacity else 0.0,
+        backlog_gpus=backlog_gpus / capacity if capacity else 0.0,
+        outstanding=tuple(outstanding_estimate(h100, capacity, horizon)) if capacity else (),
+        counts=counts,
+        team_demand=team_demand,
+        cpu_capacity=cpu_capacity,
+        cpu_load=cpu_work / (cpu_capacity * horizon) if cpu_capacity else 0.0,
+    )
+
+
+def format_report(report: LoadReport) -> str:
+    """`load_report` as lines of text for a person."""
+    hours = report.capacity_gpus * report.horizon / HOUR
+    offered = report.offered_gpu_h
+    total = sum(v for k, v in offered.items() if k != "backlog")
+    lines = [
+        f"capacity: {report.capacity_gpus:,.0f} GPUs x {report.horizon / DAY:g} d"
+        f" = {hours:,.0f} GPU-h",
+        f"offered: {total:,.0f} GPU-h = {report.load:.3f} x capacity"
+        f" (batch {offered['batch']:,.0f} of which backlog {offered['backlog']:,.0f},"
+        f" interactive {offered['interactive']:,.0f}, debug {offered['debug']:,.0f})",
+        f"submitted in the first hour: {report.backlog_gpus:.2f} x capacity in GPUs",
+    ]
+    if report.outstanding:
+        ordered = sorted(report.outstanding)
+        lines.append(
+            "outstanding demand / capacity, FIFO replay at full capacity, end of each day:"
+            f" min {ordered[0]:.2f}, median {ordered[len(ordered) // 2]:.2f},"
+            f" max {ordered[-1]:.2f}"
+        )
+        lines.append("  by day: " + " ".join(f"{r:.1f}" for r in report.outstanding))
+    if report.cpu_capacity:
+        lines.append(
+            f"cpu pool: {report.cpu_capacity:,.0f} cores, offered {report.cpu_load:.3f} x capacity"
+        )
+    total_requests = sum(report.counts.values())
+    lines.append(
+        f"requests: {total_requests:,} ("
+        + ", ".join(f"{k} {v:,}" for k, v in sorted(report.counts.items()))
+        + ")"
+    )
+    lines.append(
+        "team h100 demand / share: "
+        + ", ".join(f"{name} {ratio:.2f}" for name, ratio in report.team_demand.items())
+    )
+    return "\n".join(lines)

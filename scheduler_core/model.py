@@ -1,0 +1,235 @@
+"""The scheduler's vocabulary: pools, nodes, GPUs, teams, requests, allocations.
+
+Everything here is a frozen dataclass, so a snapshot handed to the policy
+cannot be changed behind its back. Times are seconds (floats) on whatever
+clock the caller uses; memory is GiB; GPU fractions are integer milli-GPUs so
+that packing never suffers from float rounding.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+MILLI = 1000
+"""Milli-GPUs in one whole GPU."""
+
+MIG_SLICES = 7
+"""Compute slices of a full MIG-capable GPU (A100/H100/H200/B200): `1g` is 1/7."""
+
+_MIG_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb$")
+
+
+class PoolKind(enum.StrEnum):
+    GPU = "gpu"
+    CPU = "cpu"
+
+
+class Health(enum.StrEnum):
+    READY = "ready"
+    DRAINING = "draining"
+    DOWN = "down"
+
+
+class RequestClass(enum.StrEnum):
+    DEBUG = "debug"
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+    DATAPREP = "dataprep"
+
+
+class SliceKind(enum.StrEnum):
+    WHOLE = "whole"
+    MIG = "mig"
+    FRACTION = "fraction"
+
+
+def mig_weight(profile: str) -> float:
+    """GPU-equivalents of a MIG profile such as ``1g.10gb`` (compute slices / 7)."""
+    match = _MIG_PROFILE.match(profile)
+    if match is None:
+        raise ValueError(f"MIG profile {profile!r} is not of the form '<n>g.<m>gb'")
+    slices = int(match.group(1))
+    if not 1 <= slices <= MIG_SLICES:
+        raise ValueError(f"MIG profile {profile!r} has {slices} compute slices; 1 to 7 exist")
+    return slices / MIG_SLICES
+
+
+def frozen_labels(labels: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """A read-only copy of a label mapping."""
+    return MappingProxyType(dict(labels or {}))
+
+
+def virtual_uuid(prefix: str, *parts: object) -> str:
+    """A stable UUID for a GPU or MIG instance declared in config (no NVML)."""
+    name = "/".join(str(p) for p in parts)
+    return f"{prefix}-{uuid.uuid5(uuid.NAMESPACE_URL, 'budgethub-virtual:' + name)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    name: str
+    kind: PoolKind
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    uuid: str
+    profile: str
+
+    @property
+    def weight(self) -> float:
+        return mig_weight(self.profile)
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical GPU: whole/fractional when ``mig`` is empty, else MIG instances only."""
+
+    uuid: str
+    index: int
+    model: str = "GPU"
+    memory_mib: int = 0
+    mig: tuple[MigInstance, ...] = ()
+    virtual: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    pool: str
+    cpus: float
+    memory_gib: float
+    gpus: tuple[Gpu, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=frozen_labels)
+    health: Health = Health.READY
+
+    @property
+    def whole_gpus(self) -> tuple[Gpu, ...]:
+        """GPUs that are not MIG-partitioned (usable whole or by fraction)."""
+        return tuple(g for g in self.gpus if not g.mig)
+
+    @property
+    def gpu_capacity(self) -> float:
+        """GPU-equivalents this node adds to its pool."""
+        return float(len(self.gpus))
+
+
+@dataclass(frozen=True, slots=True)
+class Team:
+    """A team's allocation.
+
+    ``share`` maps pool name to a fraction. For a top-level team it is a share of
+    the pool's capacity; for a team with a ``parent`` it is a fraction of the
+    parent's share in that pool. A team absent from a pool's map has no share there.
+    """
+
+    name: str
+    share: Mapping[str, float]
+    parent: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a user asked for. ``gpus`` is per node; a multi-node request has ``nodes`` > 1."""
+
+    id: str
+    user: str
+    team: str
+    pool: str
+    submit: float
+    gpus: int = 0
+    nodes: int = 1
+    gpu_milli: int = 0
+    mig: str | None = None
+    cpus: float = 1.0
+    memory_gib: float = 4.0
+    labels: Mapping[str, str] = field(default_factory=frozen_labels)
+    min_runtime: float = 0.0
+    resumable: bool = False
+    priority: int = 0
+    klass: RequestClass = RequestClass.INTERACTIVE
+    profile: str | None = None
+
+    @property
+    def gpu_weight(self) -> float:
+        """GPU-equivalents the request holds while it runs (all nodes)."""
+        if self.mig is not None:
+            return mig_weight(self.mig) * self.nodes
+        if self.gpu_milli:
+            return self.gpu_milli / MILLI * self.nodes
+        return float(self.gpus * self.nodes)
+
+    def charge_rate(self, kind: PoolKind) -> float:
+        """Budget units per second: GPU-equivalents in GPU pools, cores in CPU pools."""
+        return self.gpu_weight if kind is PoolKind.GPU else self.cpus * self.nodes
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """A piece of one GPU given to a session."""
+
+    gpu_uuid: str
+    kind: SliceKind
+    milli: int = MILLI
+    mig_uuid: str | None = None
+    mig_profile: str | None = None
+
+    @property
+    def device_id(self) -> str:
+        """The UUID a container is given (``NVIDIA_VISIBLE_DEVICES``)."""
+        return self.mig_uuid if self.mig_uuid is not None else self.gpu_uuid
+
+    @property
+    def weight(self) -> float:
+        if self.kind is SliceKind.MIG:
+            assert self.mig_profile is not None
+            return mig_weight(self.mig_profile)
+        return self.milli / MILLI
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGrant:
+    """The part of an allocation on one node."""
+
+    node: str
+    slices: tuple[Slice, ...]
+    cpus: float
+    memory_gib: float
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A request placed on nodes with concrete slices.
+
+    ``protected_until`` is ``start + min_runtime`` for funded sessions and
+    ``start + unallocated_grace`` for unallocated ones: before it, nothing may
+    preempt the session.
+    """
+
+    request: Request
+    grants: tuple[NodeGrant, ...]
+    start: float
+    funded: bool
+    protected_until: float
+    charge_rate: float
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def team(self) -> str:
+        return self.request.team
+
+    @property
+    def pool(self) -> str:
+        return self.request.pool
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(g.node for g in self.grants)

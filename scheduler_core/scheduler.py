@@ -1,0 +1,198 @@
+"""The scheduler: queue and running allocations, driven cycle by cycle.
+
+The same class runs live (wall clock, Docker actuator) and in the simulator
+(virtual clock, simulated actuator); only the injected Clock and Actuator
+differ. Each cycle copies its state into a frozen snapshot, asks the policy for
+decisions and carries them out: preemptions first (so their slices are free),
+then admissions, booked here before the actuator's slow start ("reserve, then
+confirm"); a start that fails hands its slices back and requeues the request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Protocol
+
+from scheduler_core.ledger import UsageLedger
+from scheduler_core.model import Allocation, Health, Node, Pool, PoolKind, Request, Team
+from scheduler_core.policy import decide
+from scheduler_core.settings import Settings
+from scheduler_core.snapshot import Decisions, Snapshot
+from scheduler_core.teams import TeamTree
+
+log = logging.getLogger(__name__)
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+
+class Actuator(Protocol):
+    """Carries out decisions: the only part with side effects on sessions."""
+
+    def launch(self, allocation: Allocation) -> None:
+        """Start the session (asynchronously where starting is slow)."""
+
+    def preempt(self, allocation: Allocation, reason: str) -> bool:
+        """Snapshot and stop the session; True if its request should be queued again."""
+        ...
+
+
+class WallClock:
+    def now(self) -> float:
+        return time.time()
+
+
+@dataclass
+class CycleStats:
+    """Timings of the last cycles, for logs and metrics."""
+
+    cycles: int = 0
+    last_snapshot_s: float = 0.0
+    last_decide_s: float = 0.0
+    last_apply_s: float = 0.0
+    history: list[float] = field(default_factory=list)
+
+
+class Scheduler:
+    """Pending requests and running allocations of one cluster."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pools: Iterable[Pool],
+        nodes: Iterable[Node],
+        teams: Iterable[Team],
+        clock: Clock,
+        actuator: Actuator,
+        ledger: UsageLedger | None = None,
+    ) -> None:
+        self.settings = settings
+        self.pools = {p.name: p for p in pools}
+        self.nodes = {n.name: n for n in nodes}
+        self.teams = TeamTree.build(teams)
+        self.clock = clock
+        self.actuator = actuator
+        self.ledger = ledger or UsageLedger()
+        self.pending: dict[str, Request] = {}
+        self.running: dict[str, Allocation] = {}
+        self.reservations: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({})
+        self.stats = CycleStats()
+        self._capacity = self._pool_capacity()
+        self._node_tuple = tuple(self.nodes.values())
+
+    def _pool_capacity(self) -> dict[str, float]:
+        capacity = dict.fromkeys(self.pools, 0.0)
+        for node in self.nodes.values():
+            kind = self.pools[node.pool].kind
+            capacity[node.pool] += node.gpu_capacity if kind is PoolKind.GPU else node.cpus
+        return capacity
+
+    # -- events ------------------------------------------------------------
+
+    def submit(self, request: Request) -> Request:
+        """Queue a request; its minimum runtime is capped by the settings."""
+        if request.id in self.pending or request.id in self.running:
+            raise ValueError(f"request {request.id} is already queued or running")
+        capped = self.settings.capped_min_runtime(request.min_runtime, request.klass)
+        if capped != request.min_runtime:
+            request = replace(request, min_runtime=capped)
+        self.pending[request.id] = request
+        return request
+
+    def cancel(self, request_id: str) -> bool:
+        """Remove a pending request; False if it was not pending."""
+        return self.pending.pop(request_id, None) is not None
+
+    def finish(self, request_id: str) -> Allocation:
+        """A session ended by itself: free its slices and stop charging."""
+        allocation = self.running.pop(request_id)
+        self._stop_charging(allocation)
+        return allocation
+
+    def launch_failed(self, request_id: str) -> None:
+        """The actuator could not start a session: hand back its slices and requeue it."""
+        allocation = self.running.pop(request_id)
+        self._stop_charging(allocation)
+        self.pending[request_id] = allocation.request
+
+    def set_health(self, node_name: str, health: Health) -> None:
+        self.nodes[node_name] = replace(self.nodes[node_name], health=health)
+        self._node_tuple = tuple(self.nodes.values())
+
+    # -- one cycle ---------------------------------------------------------
+
+    def snapshot(self, now: float) -> Snapshot:
+        start = now - self.settings.lookback
+        usage = {key: self.ledger.charged(key[0], key[1], start, now) for key in self.ledger.keys()}
+        return Snapshot(
+            settings=self.settings,
+            pools=self.pools,
+            nodes=self._node_tuple,
+            allocations=tuple(self.running.values()),
+            pending=tuple(self.pending.values()),
+            teams=self.teams,
+            usage=usage,
+            window=self.settings.lookback,
+            capacity=self._capacity,
+            reservations=self.reservations,
+        )
+
+    def cycle(self) -> Decisions:
+        """Decide and carry out one scheduling cycle."""
+        now = self.clock.now()
+        t0 = time.perf_counter()
+        snapshot = self.snapshot(now)
+        t1 = time.perf_counter()
+        decisions = decide(snapshot, now)
+        t2 = time.perf_counter()
+        self.apply(decisions, now)
+        t3 = time.perf_counter()
+        stats = self.stats
+        stats.cycles += 1
+        stats.last_snapshot_s, stats.last_decide_s, stats.last_apply_s = t1 - t0, t2 - t1, t3 - t2
+        if decisions.admissions or decisions.preemptions:
+            log.debug(
+                "cycle %d: %d admitted, %d preempted, %d pending "
+                "(snapshot %.1f ms, decide %.1f ms, apply %.1f ms)",
+                stats.cycles,
+                len(decisions.admissions),
+                len(decisions.preemptions),
+                len(self.pending),
+                (t1 - t0) * 1e3,
+                (t2 - t1) * 1e3,
+                (t3 - t2) * 1e3,
+            )
+        return decisions
+
+    def apply(self, decisions: Decisions, now: float) -> None:
+        for preemption in decisions.preemptions:
+            allocation = self.running.pop(preemption.allocation_id)
+            self._stop_charging(allocation)
+            if self.actuator.preempt(allocation, preemption.reason):
+                self.pending[allocation.id] = allocation.request
+        for admission in decisions.admissions:
+            request = self.pending.pop(admission.request.id)
+            allocation = Allocation(
+                request=request,
+                grants=admission.grants,
+                start=now,
+                funded=admission.funded,
+                protected_until=admission.protected_until,
+                charge_rate=admission.charge_rate,
+            )
+            self.running[request.id] = allocation
+            if allocation.funded:
+                self.ledger.start_charging(request.team, request.pool, now, allocation.charge_rate)
+            self.actuator.launch(allocation)
+        self.reservations = MappingProxyType(dict(decisions.reservations))
+
+    def _stop_charging(self, allocation: Allocation) -> None:
+        if allocation.funded:
+            self.ledger.stop_charging(
+                allocation.team, allocation.pool, self.clock.now(), allocation.charge_rate
+            )

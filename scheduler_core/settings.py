@@ -1,0 +1,133 @@
+"""Every rule of the scheduling contract as one frozen settings object.
+
+The defaults are the ones DESIGN.md §4 names; `jupyterhub_config.py` and a
+scenario's ``policy`` object override them field by field. Durations are seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+HOUR = 3600.0
+DAY = 86400.0
+
+
+class PlacementStrategy(enum.StrEnum):
+    """How free slices are chosen (see placement.py)."""
+
+    BEST_FIT = "best-fit"
+    WORST_FIT = "worst-fit"
+    FIRST_FIT = "first-fit"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The scheduler's knobs, each with its documented default."""
+
+    name: str = "budget"
+    """Policy name, looked up in the policy registry."""
+    lookback: float = 7 * DAY
+    """Sliding window over which charged usage counts towards the occupancy ratio."""
+    max_min_runtime: float = 8 * HOUR
+    """Cap on any request's protected minimum runtime."""
+    default_min_runtime: float = 1 * HOUR
+    """Minimum runtime of a request that names none (then capped by the class rules)."""
+    debug_min_runtime: float = 15 * 60
+    """Cap on the minimum runtime of `debug` requests."""
+    debug_max_gpus: int = 2
+    """A debug request may hold at most this many GPU-equivalents."""
+    unallocated_grace: float = 60.0
+    """Unallocated sessions cannot be preempted during their first this-many seconds."""
+    cycle_tick: float = 30.0
+    """Seconds between periodic scheduling cycles (cycles also run on every event)."""
+    starvation_bound: float = 2 * HOUR
+    """A request pending longer than this gets a reservation."""
+    max_reservations_per_pool: int = 2
+    """At most this many reservations hold nodes in one pool at once."""
+    placement: PlacementStrategy = PlacementStrategy.BEST_FIT
+    """Which free slices a request gets."""
+
+    def capped_min_runtime(self, requested: float | None, klass: str) -> float:
+        """The protected minimum runtime a request actually gets."""
+        wanted = self.default_min_runtime if requested is None else requested
+        cap = self.debug_min_runtime if klass == "debug" else self.max_min_runtime
+        return max(0.0, min(wanted, cap, self.max_min_runtime))
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+COUNT_FIELDS = frozenset({"debug_max_gpus", "max_reservations_per_pool"})
+"""Settings that are whole numbers; every other numeric setting is a duration."""
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)?\s*$")
+_UNIT = {None: 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": HOUR, "d": DAY, "w": 7 * DAY}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds from ``90``, ``"90s"``, ``"15m"``, ``"8h"``, ``"7d"`` or ``"2w"``.
+
+    Raises ValueError with the reason when the text is not a duration.
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a duration")
+    if isinstance(text, int | float):
+        if text < 0:
+            raise ValueError(f"{text!r} is negative")
+        return float(text)
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration (use e.g. 90, 90s, 15m, 8h, 7d)")
+    return float(match.group(1)) * _UNIT[match.group(2)]
+
+
+class SettingError(ValueError):
+    """A setting that does not exist or a value it cannot take."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+SETTING_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
+
+
+def settings_from_mapping(values: Mapping[str, Any], base: Settings | None = None) -> Settings:
+    """Settings from a scenario's ``policy`` object, field by field over ``base``.
+
+    Duration fields accept numbers of seconds or strings such as ``"7d"``.
+    Raises SettingError naming the key for an unknown setting or a bad value.
+    """
+    base = base or Settings()
+    changes: dict[str, Any] = {}
+    for key, raw in values.items():
+        if key not in SETTING_NAMES:
+            raise SettingError(key, f"unknown setting (known: {', '.join(SETTING_NAMES)})")
+        try:
+            changes[key] = _setting_value(key, raw)
+        except ValueError as error:
+            raise SettingError(key, str(error)) from None
+    return base.replace(**changes)
+
+
+def _setting_value(key: str, raw: Any) -> Any:
+    if key == "placement":
+        choices = ", ".join(p.value for p in PlacementStrategy)
+        if raw not in {p.value for p in PlacementStrategy}:
+            raise ValueError(f"{raw!r} is not one of {choices}")
+        return PlacementStrategy(raw)
+    if key == "name":
+        if not isinstance(raw, str) or not raw:
+            raise ValueError(f"{raw!r} is not a policy name")
+        return raw
+    if key in COUNT_FIELDS:
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+            raise ValueError(f"{raw!r} is not a whole number >= 0")
+        return raw
+    return parse_duration(raw)

@@ -1,0 +1,222 @@
+"""The simulator: the live Scheduler with a virtual clock and a simulated actuator.
+
+It jumps from one schedulable moment to the next: submissions, sessions
+ending, node events, the end of a protected window or grace (a pending funded
+request may now preempt), a request reaching the starvation bound, and the
+policy's cycle tick while requests wait. A resumable request keeps the work it
+did before a preemption; any other starts over, and that work counts as lost.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_core.model import Allocation, PoolKind
+from scheduler_core.scenario import Scenario
+from scheduler_core.scheduler import Scheduler
+
+_SUBMIT, _FINISH, _NODE, _WAKE = 0, 1, 2, 3
+"""Event kinds; at equal times, submissions are seen before sessions end."""
+
+
+class VirtualClock:
+    def __init__(self, start: float = 0.0) -> None:
+        self.time = start
+
+    def now(self) -> float:
+        return self.time
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request (the §5 result's ``requests`` entries)."""
+
+    id: str
+    submit: float
+    klass: str
+    team: str
+    pool: str
+    weight: float
+    starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    nodes: list[list[str]] = field(default_factory=list)
+    funded: list[bool] = field(default_factory=list)
+    preemptions: int = 0
+    finished: bool = False
+    finish_time: float | None = None
+
+    @property
+    def wait(self) -> float | None:
+        return self.starts[0] - self.submit if self.starts else None
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of time one request ran, for usage metrics."""
+
+    team: str
+    pool: str
+    start: float
+    end: float
+    rate: float
+    """GPU-equivalents (GPU pools) or cores (CPU pools)."""
+    funded: bool
+
+
+@dataclass
+class SimRun:
+    """Everything a run produced, before it is reduced to metrics."""
+
+    scenario: Scenario
+    records: dict[str, RequestRecord]
+    segments: list[Segment]
+    lost_units: float
+    cycles: int
+    wall_s: float
+
+
+class SimActuator:
+    """Starts and stops sessions in virtual time and remembers what happened."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def launch(self, allocation: Allocation) -> None:
+        sim = self.sim
+        now = sim.clock.now()
+        record = sim.records[allocation.id]
+        record.starts.append(now)
+        record.nodes.append(list(allocation.node_names))
+        record.funded.append(allocation.funded)
+        sim.generation[allocation.id] += 1
+        sim.run_start[allocation.id] = now
+        token = (allocation.id, sim.generation[allocation.id])
+        sim.push(now + sim.remaining[allocation.id], _FINISH, token)
+        sim.push(allocation.protected_until, _WAKE, None)
+
+    def preempt(self, allocation: Allocation, reason: str) -> bool:
+        sim = self.sim
+        now = sim.clock.now()
+        elapsed = now - sim.run_start.pop(allocation.id)
+        sim.generation[allocation.id] += 1
+        record = sim.records[allocation.id]
+        record.ends.append(now)
+        record.preemptions += 1
+        sim.close_segment(allocation, now)
+        if allocation.request.resumable:
+            sim.remaining[allocation.id] = max(0.0, sim.remaining[allocation.id] - elapsed)
+        elif sim.kinds[allocation.pool] is PoolKind.GPU:
+            sim.lost_units += elapsed * allocation.charge_rate
+        sim.push(now + sim.scenario.settings.starvation_bound, _WAKE, None)
+        return True
+
+
+class Simulation:
+    """One run of a scenario through the real scheduler."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.clock = VirtualClock()
+        self.kinds = {p.name: p.kind for p in scenario.pools}
+        self.scheduler = Scheduler(
+            scenario.settings,
+            scenario.pools,
+            scenario.nodes,
+            scenario.teams,
+            self.clock,
+            SimActuator(self),
+        )
+        for seeded in scenario.usage:
+            self.scheduler.ledger.add(seeded.team, seeded.pool, seeded.at, seeded.units)
+        self.records = {
+            r.id: RequestRecord(
+                r.id, r.submit, r.klass.value, r.team, r.pool, r.charge_rate(self.kinds[r.pool])
+            )
+            for r in scenario.requests
+        }
+        self.remaining = dict(scenario.durations)
+        self.generation = dict.fromkeys(self.remaining, 0)
+        self.run_start: dict[str, float] = {}
+        self.segments: list[Segment] = []
+        self.lost_units = 0.0
+        self._events: list[tuple[float, int, int, Any]] = []
+        self._seq = itertools.count()
+        self._by_id = {r.id: r for r in scenario.requests}
+
+    def push(self, when: float, kind: int, payload: Any) -> None:
+        heapq.heappush(self._events, (when, kind, next(self._seq), payload))
+
+    def close_segment(self, allocation: Allocation, now: float) -> None:
+        self.segments.append(
+            Segment(
+                allocation.team,
+                allocation.pool,
+                allocation.start,
+                now,
+                allocation.charge_rate,
+                allocation.funded,
+            )
+        )
+
+    def run(self) -> SimRun:
+        started = time.perf_counter()
+        scenario = self.scenario
+        horizon = scenario.horizon
+        scheduler = self.scheduler
+        tick = scenario.settings.cycle_tick
+        bound = scenario.settings.starvation_bound
+        for request in scenario.requests:
+            self.push(request.submit, _SUBMIT, request.id)
+        for event in scenario.events:
+            self.push(event.at, _NODE, event)
+        next_tick = 0.0
+        events = self._events
+        while events and events[0][0] <= horizon:
+            now = events[0][0]
+            self.clock.time = now
+            changed = False
+            while events and events[0][0] == now:
+                _, kind, _, payload = heapq.heappop(events)
+                changed = changed or kind != _WAKE
+                if kind == _SUBMIT:
+                    scheduler.submit(self._by_id[payload])
+                    self.push(now + bound, _WAKE, None)
+                elif kind == _FINISH:
+                    request_id, generation = payload
+                    if generation == self.generation[request_id]:
+                        self._finish(request_id, now)
+                elif kind == _NODE:
+                    scheduler.set_health(payload.node, payload.health)
+            if not (changed or scheduler.pending):
+                continue
+            scheduler.cycle()
+            if scheduler.pending and now >= next_tick:
+                next_tick = now + tick
+                self.push(next_tick, _WAKE, None)
+        end = horizon
+        self.clock.time = end
+        for allocation in scheduler.running.values():
+            self.close_segment(allocation, end)
+            self.records[allocation.id].ends.append(end)
+        return SimRun(
+            scenario,
+            self.records,
+            self.segments,
+            self.lost_units,
+            scheduler.stats.cycles,
+            time.perf_counter() - started,
+        )
+
+    def _finish(self, request_id: str, now: float) -> None:
+        allocation = self.scheduler.finish(request_id)
+        del self.run_start[request_id]
+        self.remaining[request_id] = 0.0
+        record = self.records[request_id]
+        record.ends.append(now)
+        record.finished = True
+        record.finish_time = now
+        self.close_segment(allocation, now)

@@ -1,0 +1,73 @@
+"""The per-cycle snapshot the policy reads, and the decisions it returns.
+
+The snapshot is frozen: nodes, running allocations, pending requests, each
+team's charged usage in the lookback window, and the reservations kept from the
+previous cycle. The policy does its what-if work on a `Capacity` built from it
+(capacity.py) and never changes the snapshot itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from scheduler_core.model import Allocation, Node, NodeGrant, Pool, Request
+from scheduler_core.settings import Settings
+from scheduler_core.teams import TeamTree
+
+_EMPTY: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the policy may look at in one cycle."""
+
+    settings: Settings
+    pools: Mapping[str, Pool]
+    nodes: tuple[Node, ...]
+    allocations: tuple[Allocation, ...]
+    pending: tuple[Request, ...]
+    teams: TeamTree
+    usage: Mapping[tuple[str, str], float]
+    """Charged units per (team, pool) in the current window (the team's own work only)."""
+    window: float
+    """Length of the lookback window in force, in seconds."""
+    capacity: Mapping[str, float]
+    """Budget units per second each pool can deliver (GPU-equivalents or cores)."""
+    reservations: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
+    """Request id → nodes held for it, as the previous cycle left them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Start ``request`` on ``grants``, after stopping the allocations in ``preempts``."""
+
+    request: Request
+    grants: tuple[NodeGrant, ...]
+    funded: bool
+    protected_until: float
+    charge_rate: float
+    preempts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Stop a running allocation; ``reason`` is ``funded``, ``drain`` or ``node-down``."""
+
+    allocation_id: str
+    reason: str
+    for_request: str | None = None
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What one cycle decided, in the order it must be carried out."""
+
+    admissions: tuple[Admission, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    reservations: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
+    order: tuple[str, ...] = ()
+    """Pending request ids in the order the policy considered them (queue positions)."""
+    funded: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
+    """For each pending request considered: would it be funded if it started now."""

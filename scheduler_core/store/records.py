@@ -1,0 +1,60 @@
+"""The store's own value types: request states, events and snapshot records.
+
+The scheduling vocabulary (nodes, requests, allocations) lives in
+``scheduler_core.model``; these types describe only what the store adds to it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class RequestState(enum.StrEnum):
+    """Where a request is in its life. ``requeued`` ones wait in the queue again."""
+
+    PENDING = "pending"
+    ADMITTED = "admitted"
+    RUNNING = "running"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    REQUEUED = "preempted-requeued"
+
+
+WAITING_STATES = (RequestState.PENDING, RequestState.REQUEUED)
+"""States of requests that are in the queue, waiting for an allocation."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStatus:
+    state: RequestState
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """One entry of the append-only event log."""
+
+    id: int
+    time: float
+    kind: str
+    payload: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    """A saved session: the image it was committed to and what was or was not saved.
+
+    ``unsaved`` maps each item that could not be saved to the reason, so that
+    nothing is dropped silently.
+    """
+
+    id: int
+    request_id: str
+    allocation_id: int | None
+    created: float
+    image: str
+    saved: tuple[str, ...]
+    unsaved: Mapping[str, str]

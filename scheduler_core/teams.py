@@ -1,0 +1,75 @@
+"""The team hierarchy: effective shares, paths from the root, and own shares.
+
+A top-level team's share is a fraction of a pool's capacity; a sub-team's share
+is a fraction of its parent's. A parent team that also submits work of its own
+keeps the part of its share its children do not hold ("own share"), so that its
+own requests compete with its children at the level where their paths split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from scheduler_core.model import Team
+
+OWN = "#own"
+"""Suffix of the virtual leaf that stands for a parent team's own work."""
+
+
+@dataclass(frozen=True)
+class TeamTree:
+    """Teams by name with derived shares. Built once per configuration change."""
+
+    teams: Mapping[str, Team]
+    children: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, teams: Iterable[Team]) -> TeamTree:
+        by_name = {t.name: t for t in teams}
+        children: dict[str, list[str]] = {name: [] for name in by_name}
+        for team in by_name.values():
+            if team.parent is not None:
+                children[team.parent].append(team.name)
+        return cls(by_name, {k: tuple(sorted(v)) for k, v in children.items()})
+
+    def ancestors(self, name: str) -> tuple[str, ...]:
+        """The team's path from its top-level ancestor down to itself."""
+        path = [name]
+        parent = self.teams[name].parent
+        while parent is not None:
+            path.append(parent)
+            parent = self.teams[parent].parent
+        return tuple(reversed(path))
+
+    def share(self, name: str, pool: str) -> float:
+        """The team's fraction of the pool's capacity, children's part included."""
+        team = self.teams[name]
+        own = team.share.get(pool, 0.0)
+        if team.parent is None:
+            return own
+        return own * self.share(team.parent, pool)
+
+    def own_share(self, name: str, pool: str) -> float:
+        """The fraction of the pool that funds the team's own requests."""
+        given = sum(self.teams[c].share.get(pool, 0.0) for c in self.children[name])
+        return self.share(name, pool) * max(0.0, 1.0 - given)
+
+    def has_children(self, name: str) -> bool:
+        return bool(self.children[name])
+
+    def levels(self, name: str) -> tuple[str, ...]:
+        """Names whose ratios order the team's requests, root first.
+
+        A parent's own work gets an extra level (``name#own``) so that it is
+        compared with its children on the children's level.
+        """
+        path = self.ancestors(name)
+        return path + (name + OWN,) if self.has_children(name) else path
+
+    def subtree(self, name: str) -> tuple[str, ...]:
+        """The team and all its descendants."""
+        found = [name]
+        for child in self.children[name]:
+            found.extend(self.subtree(child))
+        return tuple(found)

@@ -1,0 +1,511 @@
+"""The seed-like generator: §5 shape, determinism, load arithmetic, and its CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import statistics
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler_core import cli, generator
+from scheduler_core.errors import InputError
+from scheduler_core.generator import SeedLikeOptions, dumps, load_report, seed_like
+
+SCENARIO_KEYS = {
+    "name",
+    "horizon",
+    "policy",
+    "pools",
+    "nodes",
+    "teams",
+    "usage",
+    "requests",
+    "events",
+}
+NODE_KEYS = {"name", "count", "pool", "gpus", "gpu_model", "cpus", "memory_gib", "labels", "mig"}
+TEAM_KEYS = {"name", "share", "parent"}
+REQUEST_KEYS = {
+    "id",
+    "user",
+    "team",
+    "submit",
+    "pool",
+    "gpus",
+    "nodes",
+    "gpu_fraction",
+    "mig",
+    "cpus",
+    "memory_gib",
+    "labels",
+    "min_runtime",
+    "duration",
+    "resumable",
+    "priority",
+    "class",
+}
+REQUIRED_REQUEST_KEYS = {"id", "user", "team", "submit", "pool", "class", "duration", "min_runtime"}
+CLASSES = {"batch", "interactive", "debug", "dataprep"}
+
+DEFAULT_REQUESTS = 15_000
+COUNT_TOLERANCE = 0.10
+"""Defaults give 15,000 requests within +-10 % (about 14,800 for seed 0)."""
+SMALL = SeedLikeOptions(gpus=64, days=3, teams=5, users=12)
+"""A cluster small enough for property tests."""
+
+
+@pytest.fixture(scope="module")
+def default_scenario() -> dict[str, Any]:
+    return seed_like(SeedLikeOptions())
+
+
+@pytest.fixture(scope="module")
+def default_report(default_scenario: dict[str, Any]) -> generator.LoadReport:
+    return load_report(default_scenario)
+
+
+def gpu_equivalents(request: dict[str, Any]) -> float:
+    """Independent of generator.gpu_weight: MIG 1g is 1/7 of a GPU."""
+    if "mig" in request:
+        return int(request["mig"].split("g.")[0]) / 7
+    if "gpu_fraction" in request:
+        return float(request["gpu_fraction"])
+    return float(request.get("gpus", 0) * request.get("nodes", 1))
+
+
+def local_working_time(t: float, tz_offset: float) -> bool:
+    """Independent of the generator: time 0 is Monday 2024-01-01 00:00 UTC."""
+    zone = datetime.timezone(datetime.timedelta(hours=tz_offset))
+    start = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+    local = (start + datetime.timedelta(seconds=t)).astimezone(zone)
+    return local.weekday() < 5 and 9 <= local.hour < 18
+
+
+# --- determinism ------------------------------------------------------------
+
+
+def test_same_options_give_byte_identical_text() -> None:
+    options = SeedLikeOptions(gpus=128, days=7, seed=11)
+    assert dumps(seed_like(options)) == dumps(seed_like(options))
+
+
+def test_another_seed_gives_another_scenario() -> None:
+    first = seed_like(dataclasses.replace(SMALL, seed=1))
+    second = seed_like(dataclasses.replace(SMALL, seed=2))
+    assert first["requests"] != second["requests"]
+
+
+def test_global_random_state_does_not_matter() -> None:
+    import random
+
+    random.seed(1)
+    first = dumps(seed_like(SMALL))
+    random.seed(2)
+    assert dumps(seed_like(SMALL)) == first
+
+
+def test_default_month_takes_well_under_five_seconds() -> None:
+    started = time.perf_counter()
+    dumps(seed_like(SeedLikeOptions(seed=5)))
+    assert time.perf_counter() - started < 5.0
+
+
+# --- cluster and teams ------------------------------------------------------
+
+
+def test_only_section_5_fields(default_scenario: dict[str, Any]) -> None:
+    assert set(default_scenario) == SCENARIO_KEYS
+    assert default_scenario["policy"] == {"name": "budget"}
+    assert default_scenario["horizon"] == 30 * 86400
+    for node in default_scenario["nodes"]:
+        assert set(node) <= NODE_KEYS
+    for team in default_scenario["teams"]:
+        assert set(team) <= TEAM_KEYS
+    for request in default_scenario["requests"]:
+        assert set(request) <= REQUEST_KEYS, request
+
+
+def test_nodes_are_h100_with_a_mig_node_and_storage_labelled_cpu_nodes(
+    default_scenario: dict[str, Any],
+) -> None:
+    nodes = default_scenario["nodes"]
+    h100 = [n for n in nodes if n["pool"] == "h100"]
+    assert sum(n.get("count", 1) * n["gpus"] for n in h100) == 1024
+    assert all(n["gpus"] == 8 and n["gpu_model"] == "H100" for n in h100)
+    assert h100[0]["name"] == "h100-{i:03d}" and h100[0]["count"] == 127
+    mig = [n for n in h100 if "mig" in n]
+    assert len(mig) == 1
+    assert mig[0]["mig"] == {str(g): ["1g.10gb"] * 7 for g in range(8)}
+    cpu = [n for n in nodes if n["pool"] == "cpu"]
+    assert len(cpu) == 4
+    assert all(n["gpus"] == 0 for n in cpu)
+    assert {n["labels"]["storage"] for n in cpu} == {"weka-a", "weka-b"}
+    names = [n["name"] for n in nodes]
+    assert len(names) == len(set(names))
+    assert {p["name"]: p["kind"] for p in default_scenario["pools"]} == {
+        "h100": "gpu",
+        "cpu": "cpu",
+    }
+
+
+def top_level_sums(scenario: dict[str, Any]) -> dict[str, list[float]]:
+    shares: dict[str, list[float]] = {}
+    for team in scenario["teams"]:
+        if "parent" not in team:
+            for pool, share in team["share"].items():
+                shares.setdefault(pool, []).append(share)
+    return shares
+
+
+def child_sums(scenario: dict[str, Any]) -> dict[str, list[float]]:
+    shares: dict[str, list[float]] = {}
+    for team in scenario["teams"]:
+        if "parent" in team:
+            shares.setdefault(team["parent"], []).append(team["share"])
+    return shares
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    teams=st.integers(1, 40),
+    alpha=st.floats(0.05, 20.0),
+    seed=st.integers(0, 2**32),
+    program=st.booleans(),
+)
+def test_shares_never_sum_over_one(teams: int, alpha: float, seed: int, program: bool) -> None:
+    options = dataclasses.replace(
+        SMALL, days=1, teams=teams, users=teams, share_alpha=alpha, seed=seed, program=program
+    )
+    scenario = seed_like(options)
+    for groups in (top_level_sums(scenario), child_sums(scenario)):
+        for shares in groups.values():
+            assert sum(shares) <= 1.0 and math.fsum(shares) <= 1.0
+            assert all(0 < s <= 1 and round(s, 4) == s for s in shares)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    count=st.integers(1, generator.MAX_TEAMS),
+    alpha=st.floats(0.01, 50.0),
+    seed=st.integers(0, 2**32),
+)
+def test_drawn_shares_have_4_decimals_and_sum_to_at_most_one(
+    count: int, alpha: float, seed: int
+) -> None:
+    import random
+
+    shares = generator.draw_shares(count, alpha, random.Random(seed))
+    assert len(shares) == count
+    assert sum(shares) <= 1.0 and math.fsum(shares) <= 1.0
+    assert math.fsum(shares) >= 0.999
+    assert all(s >= 0.001 and round(s, 4) == s for s in shares)
+
+
+def test_default_teams_are_unequal_with_a_program(default_scenario: dict[str, Any]) -> None:
+    teams = default_scenario["teams"]
+    leaves = [t for t in teams if t["name"] != generator.PROGRAM_TEAM]
+    assert len(leaves) == 15
+    children = [t for t in teams if "parent" in t]
+    assert len(children) == 2
+    assert all(t["parent"] == generator.PROGRAM_TEAM for t in children)
+    assert all(isinstance(t["share"], float) for t in children)
+    top = top_level_sums(default_scenario)
+    assert set(top) == {"h100", "cpu"}
+    assert max(top["h100"]) > 3 * min(top["h100"])
+
+
+def test_program_off_gives_a_flat_list() -> None:
+    scenario = seed_like(dataclasses.replace(SMALL, program=False))
+    assert all("parent" not in t for t in scenario["teams"])
+    assert len(scenario["teams"]) == SMALL.teams
+
+
+def test_users_are_each_in_one_team(default_scenario: dict[str, Any]) -> None:
+    team_of: dict[str, set[str]] = {}
+    for request in default_scenario["requests"]:
+        team_of.setdefault(request["user"], set()).add(request["team"])
+    assert all(len(teams) == 1 for teams in team_of.values())
+    assert 140 <= len(team_of) <= 150
+    leaves = {t["name"] for t in default_scenario["teams"]} - {generator.PROGRAM_TEAM}
+    assert {next(iter(teams)) for teams in team_of.values()} == leaves
+
+
+def test_no_cpu_nodes_means_no_cpu_pool_and_no_dataprep() -> None:
+    scenario = seed_like(dataclasses.replace(SMALL, cpu_nodes=0))
+    assert [p["name"] for p in scenario["pools"]] == ["h100"]
+    assert all(r["class"] != "dataprep" for r in scenario["requests"])
+    assert all(set(t["share"]) == {"h100"} for t in scenario["teams"] if "parent" not in t)
+
+
+def test_policy_knobs_appear_only_when_given() -> None:
+    scenario = seed_like(dataclasses.replace(SMALL, lookback=604800.0, max_min_runtime=14400.0))
+    assert scenario["policy"] == {"name": "budget", "lookback": 604800, "max_min_runtime": 14400}
+
+
+# --- requests ---------------------------------------------------------------
+
+
+def test_every_request_is_valid(default_scenario: dict[str, Any]) -> None:
+    horizon = default_scenario["horizon"]
+    storages = {n["labels"]["storage"] for n in default_scenario["nodes"] if n["pool"] == "cpu"}
+    teams = {t["name"] for t in default_scenario["teams"]}
+    for request in default_scenario["requests"]:
+        assert REQUIRED_REQUEST_KEYS <= set(request), request
+        assert request["class"] in CLASSES
+        assert request["team"] in teams and request["team"] != generator.PROGRAM_TEAM
+        assert 0 <= request["submit"] < horizon
+        assert 0 < request["min_runtime"] <= request["duration"]
+        assert request["min_runtime"] <= 8 * 3600
+        assert {"cpus", "memory_gib"} <= set(request)
+        klass = request["class"]
+        if klass == "debug":
+            assert request["pool"] == "h100"
+            assert request["min_runtime"] <= 900
+            assert 0 < gpu_equivalents(request) <= 2
+            assert 5 * 60 <= request["duration"] <= 40 * 60
+            assert len({"gpus", "gpu_fraction", "mig"} & set(request)) == 1
+            if "gpu_fraction" in request:
+                assert request["gpu_fraction"] in (0.25, 0.5)
+            if "mig" in request:
+                assert request["mig"] == "1g.10gb"
+        elif klass == "batch":
+            assert request["pool"] == "h100"
+            assert request["gpus"] == 8 and 1 <= request["nodes"] <= 8
+            assert request["resumable"] is True
+            assert request["priority"] in (0, 1, 2, 3)
+            assert 30 * 60 <= request["duration"] <= 36 * 3600
+        elif klass == "interactive":
+            assert request["pool"] == "h100"
+            assert 1 <= request["gpus"] <= 8 and request["nodes"] == 1
+            assert request["resumable"] is False
+            assert 3600 <= request["duration"] <= 6 * 3600
+            assert request["min_runtime"] <= 4 * 3600
+        else:
+            assert request["pool"] == "cpu" and request["gpus"] == 0
+            assert 4 <= request["cpus"] <= 32 and 16 <= request["memory_gib"] <= 128
+            assert request["labels"]["storage"] in storages
+            assert request["min_runtime"] == 3600
+            assert 3600 <= request["duration"] <= 8 * 3600
+
+
+def test_ids_are_unique_and_requests_sorted_by_submit(default_scenario: dict[str, Any]) -> None:
+    requests = default_scenario["requests"]
+    ids = [r["id"] for r in requests]
+    assert len(set(ids)) == len(ids)
+    assert ids[0] == "r000001"
+    submits = [r["submit"] for r in requests]
+    assert submits == sorted(submits)
+
+
+def test_all_four_classes_and_all_debug_shapes_occur(default_scenario: dict[str, Any]) -> None:
+    requests = default_scenario["requests"]
+    assert set(Counter(r["class"] for r in requests)) == CLASSES
+    debug = [r for r in requests if r["class"] == "debug"]
+    assert any("mig" in r for r in debug)
+    assert any("gpu_fraction" in r for r in debug)
+    assert {r["gpus"] for r in debug if "gpus" in r} == {1, 2}
+    batch_sizes = {r["gpus"] * r["nodes"] for r in requests if r["class"] == "batch"}
+    assert batch_sizes == {8, 16, 32, 64}
+
+
+def test_default_month_has_about_15000_requests(default_scenario: dict[str, Any]) -> None:
+    count = len(default_scenario["requests"])
+    assert abs(count - DEFAULT_REQUESTS) <= COUNT_TOLERANCE * DEFAULT_REQUESTS
+
+
+def test_counts_scale_with_gpus_and_days(default_scenario: dict[str, Any]) -> None:
+    quarter = seed_like(SeedLikeOptions(gpus=512, days=15))
+    ratio = len(quarter["requests"]) / len(default_scenario["requests"])
+    assert 0.2 <= ratio <= 0.3
+
+
+@pytest.mark.parametrize("tz_offset", [-8.0, 0.0, 5.5, 9.0])
+def test_interactive_submissions_fall_in_working_hours(tz_offset: float) -> None:
+    scenario = seed_like(SeedLikeOptions(gpus=256, days=14, tz_offset=tz_offset))
+    interactive = [r for r in scenario["requests"] if r["class"] == "interactive"]
+    assert interactive
+    for request in interactive:
+        assert local_working_time(request["submit"], tz_offset), request
+        assert generator.is_working_time(request["submit"], tz_offset)
+
+
+def test_debug_is_mostly_in_working_hours(default_scenario: dict[str, Any]) -> None:
+    debug = [r for r in default_scenario["requests"] if r["class"] == "debug"]
+    inside = sum(local_working_time(r["submit"], -8.0) for r in debug) / len(debug)
+    assert abs(inside - (1 - SeedLikeOptions().off_hours)) < 0.03
+
+
+def test_working_windows_match_an_independent_calendar() -> None:
+    windows = generator.working_windows(14 * 86400, -8.0)
+    for t in range(0, 14 * 86400, 1800):
+        inside = any(start <= t < end for start, end in windows)
+        assert inside == local_working_time(t, -8.0), t
+
+
+# --- load -------------------------------------------------------------------
+
+
+def test_offered_load_is_in_the_documented_band(
+    default_scenario: dict[str, Any], default_report: generator.LoadReport
+) -> None:
+    capacity_seconds = 1024 * default_scenario["horizon"]
+    offered = sum(
+        gpu_equivalents(r) * r["duration"]
+        for r in default_scenario["requests"]
+        if r["pool"] == "h100"
+    )
+    load = offered / capacity_seconds
+    target = SeedLikeOptions().load
+    # The last batch arrival overshoots by at most 64 GPUs x 36 h.
+    assert target <= load <= target + 64 * 36 * 3600 / capacity_seconds
+    assert 1.0 <= load <= 1.3
+    assert default_report.load == pytest.approx(load)
+
+
+def test_backlog_puts_two_to_three_times_capacity_in_the_queue(
+    default_scenario: dict[str, Any], default_report: generator.LoadReport
+) -> None:
+    first_hour = sum(
+        gpu_equivalents(r)
+        for r in default_scenario["requests"]
+        if r["submit"] < 3600 and r["pool"] == "h100"
+    )
+    assert 2.5 <= first_hour / 1024 <= 2.5 + 64 / 1024 + 0.05
+    assert default_report.backlog_gpus == pytest.approx(first_hour / 1024)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_outstanding_demand_stands_at_two_to_three_times_capacity(seed: int) -> None:
+    report = load_report(seed_like(SeedLikeOptions(seed=seed)))
+    assert len(report.outstanding) == 30
+    assert 2.0 <= statistics.median(report.outstanding) <= 3.0
+    assert 1.2 <= min(report.outstanding) and max(report.outstanding) <= 4.5
+
+
+def test_teams_ask_for_more_and_less_than_their_share(
+    default_report: generator.LoadReport,
+) -> None:
+    ratios = default_report.team_demand.values()
+    assert min(ratios) < 0.8 and max(ratios) > 1.5
+
+
+def test_format_report_names_the_figures(default_report: generator.LoadReport) -> None:
+    text = generator.format_report(default_report)
+    assert "x capacity" in text and "outstanding" in text and "requests: " in text
+
+
+# --- knobs ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [
+        ({"gpus": -8}, "--gpus"),
+        ({"gpus": 0}, "--gpus"),
+        ({"gpus": 1020}, "--gpus"),
+        ({"days": 0}, "--days"),
+        ({"teams": 0}, "--teams"),
+        ({"users": 4, "teams": 5}, "--users"),
+        ({"mig_nodes": 8, "gpus": 64}, "--mig-nodes"),
+        ({"mig_profile": "9g.80gb"}, "--mig-profile"),
+        ({"cpu_nodes": -1}, "--cpu-nodes"),
+        ({"storages": ()}, "--storages"),
+        ({"share_alpha": 0.0}, "--share-alpha"),
+        ({"demand_max": 0.1}, "--demand-max"),
+        ({"load": 0.0}, "--load"),
+        ({"off_hours": 1.5}, "--off-hours"),
+        ({"tz_offset": 20.0}, "--tz-offset"),
+    ],
+)
+def test_bad_knobs_raise_input_error_naming_the_flag(changes: dict[str, Any], flag: str) -> None:
+    with pytest.raises(InputError) as caught:
+        seed_like(dataclasses.replace(SMALL, **changes))
+    assert caught.value.where == flag
+    assert caught.value.reason
+
+
+def test_docstring_table_lists_every_knob_with_its_default() -> None:
+    doc = generator.__doc__ or ""
+    table = doc[doc.index("knob ") :]
+    rows = {line.split()[0]: line.split()[1] for line in table.splitlines() if line[:1].isalpha()}
+    for knob in dataclasses.fields(SeedLikeOptions):
+        default = getattr(SeedLikeOptions(), knob.name)
+        documented = rows[knob.name]
+        if isinstance(default, tuple):
+            assert documented == ",".join(default)
+        elif isinstance(default, int | float) and not isinstance(default, bool):
+            assert float(documented) == default, knob.name
+        else:
+            assert documented == str(default), knob.name
+
+
+# --- the command line -------------------------------------------------------
+
+
+SMALL_ARGS = ["generate", "seed-like", "--gpus", "64", "--days", "3", "--teams", "5"]
+SMALL_ARGS += ["--users", "12", "--seed", "4"]
+
+
+def test_cli_writes_one_scenario_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(SMALL_ARGS) == 0
+    captured = capsys.readouterr()
+    scenario = json.loads(captured.out)
+    assert captured.err == ""
+    assert set(scenario) == SCENARIO_KEYS
+    options = SeedLikeOptions(gpus=64, days=3, teams=5, users=12, seed=4)
+    assert captured.out == dumps(seed_like(options))
+
+
+def test_cli_output_is_byte_identical_across_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    cli.main(SMALL_ARGS)
+    first = capsys.readouterr().out
+    cli.main(SMALL_ARGS)
+    assert capsys.readouterr().out == first
+
+
+def test_cli_stats_go_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*SMALL_ARGS, "--stats", "--lookback", "7d", "--no-program"]) == 0
+    captured = capsys.readouterr()
+    scenario = json.loads(captured.out)
+    assert scenario["policy"] == {"name": "budget", "lookback": 604800}
+    assert all("parent" not in t for t in scenario["teams"])
+    assert "x capacity" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--gpus", "1004"], "--gpus"),
+        (["--gpus", "-8"], "--gpus"),
+        (["--gpus", "lots"], "--gpus"),
+        (["--teams", "0"], "--teams"),
+        (["--users", "3"], "--users"),
+        (["--days", "0"], "--days"),
+        (["--load", "high"], "--load"),
+        (["--lookback", "soon"], "--lookback"),
+    ],
+)
+def test_cli_bad_knob_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], flag: str
+) -> None:
+    assert cli.main(["generate", "seed-like", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1
+    assert flag in lines[0]
+
+
+def test_cli_has_a_flag_with_help_for_every_knob() -> None:
+    parser = cli.build_parser()
+    help_text = parser.parse_args(["generate", "seed-like"])
+    for knob in dataclasses.fields(SeedLikeOptions):
+        assert hasattr(help_text, knob.name)
+        assert knob.metadata["help"]
