@@ -199,12 +199,11 @@ def measure(steady: bool, runs: int) -> None:
     )
 
 
-def main() -> int:
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+def main(runs: int = 30) -> int:
     measure(steady=True, runs=runs)
     measure(steady=False, runs=max(3, runs // 10))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 30))

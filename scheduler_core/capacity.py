@@ -140,6 +140,19 @@ def labels_match(wanted: Mapping[str, str], have: Mapping[str, str]) -> bool:
     return all(have.get(k) == v for k, v in wanted.items())
 
 
+def could_hold(node: Node, request: Request) -> bool:
+    """Could the node hold the request's per-node part when empty (health aside)?"""
+    if node.pool != request.pool or not labels_match(request.labels, node.labels):
+        return False
+    if node.cpus < request.cpus or node.memory_gib < request.memory_gib:
+        return False
+    if request.mig is not None:
+        return any(inst.profile == request.mig for gpu in node.gpus for inst in gpu.mig)
+    if request.gpu_milli:
+        return bool(node.whole_gpus)
+    return len(node.whole_gpus) >= request.gpus
+
+
 class Capacity:
     """Free capacity of every node, indexed for placement, for one cycle.
 
@@ -148,26 +161,44 @@ class Capacity:
     the request fits, instead of at every node.
     """
 
-    def __init__(self, nodes: Iterable[Node], allocations: Iterable[Allocation]) -> None:
-        self.free: dict[str, NodeFree] = {n.name: NodeFree(n) for n in nodes}
-        for allocation in allocations:
-            for grant in allocation.grants:
-                node = self.free.get(grant.node)
-                if node is not None:
-                    node.take(grant)
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        allocations: Iterable[Allocation],
+        base: Mapping[str, NodeFree] | None = None,
+    ) -> None:
+        """Free capacity of ``nodes`` with ``allocations`` running.
+
+        ``base``, when given, is what is free with those allocations already
+        taken (kept up to date by the scheduler between cycles); it is copied
+        node by node on first change, never changed itself.
+        """
+        self._owned: set[str] = set()
+        if base is None:
+            self.free: dict[str, NodeFree] = {n.name: NodeFree(n) for n in nodes}
+            self._owned.update(self.free)
+            for allocation in allocations:
+                self.take(allocation.grants, index=False)
+        else:
+            self.free = dict(base)
         self.reserved: dict[str, str] = {}
         """Node name → the request id it is held for."""
-        self._by_pool: dict[str, list[NodeFree]] = {}
-        self._buckets: dict[str, list[dict[str, NodeFree]]] = {}
+        self._by_pool: dict[str, list[str]] = {}
+        self._buckets: dict[str, list[dict[str, None]]] = {}
         self._bucket_of: dict[str, int] = {}
-        for node_free in sorted(self.free.values(), key=lambda nf: nf.node.name):
-            pool = node_free.node.pool
-            self._by_pool.setdefault(pool, []).append(node_free)
+        for name in sorted(self.free):
+            self._by_pool.setdefault(self.free[name].node.pool, []).append(name)
         for pool, members in self._by_pool.items():
-            size = max(len(nf.node.gpus) for nf in members) + 1
+            size = max(len(self.free[n].node.gpus) for n in members) + 1
             self._buckets[pool] = [{} for _ in range(size)]
-            for node_free in members:
-                self._index(node_free)
+            for name in members:
+                self._index(self.free[name])
+
+    def _own(self, name: str) -> NodeFree:
+        if name not in self._owned:
+            self.free[name] = self.free[name].copy()
+            self._owned.add(name)
+        return self.free[name]
 
     def _index(self, node_free: NodeFree) -> None:
         name = node_free.node.name
@@ -178,21 +209,28 @@ class Capacity:
             return
         if old is not None:
             del buckets[old][name]
-        buckets[new][name] = node_free
+        buckets[new][name] = None
         self._bucket_of[name] = new
 
+    def free_whole_total(self, pool: str) -> int:
+        """Free whole GPUs in the pool, on any node."""
+        buckets = self._buckets.get(pool, [])
+        return sum(k * len(bucket) for k, bucket in enumerate(buckets))
+
     def pool_nodes(self, pool: str) -> list[NodeFree]:
-        return self._by_pool.get(pool, [])
+        free = self.free
+        return [free[name] for name in self._by_pool.get(pool, ())]
 
     def eligible(self, node_free: NodeFree, request: Request) -> bool:
         """May new work for ``request`` land on this node at all (health, labels, holds)?"""
         node = node_free.node
         if node.health is not Health.READY:
             return False
-        holder = self.reserved.get(node.name)
-        if holder is not None and holder != request.id:
-            return False
-        return labels_match(request.labels, node.labels)
+        if self.reserved:
+            holder = self.reserved.get(node.name)
+            if holder is not None and holder != request.id:
+                return False
+        return not request.labels or labels_match(request.labels, node.labels)
 
     def best(
         self, request: Request, strategy: PlacementStrategy, exclude: frozenset[str] = frozenset()
@@ -240,7 +278,7 @@ class Capacity:
             order = range(len(buckets) - 1, low - 1, -1)
         for k in order:
             if buckets[k]:
-                yield list(buckets[k].values())
+                yield [self.free[name] for name in buckets[k]]
 
     def place(self, request: Request, strategy: PlacementStrategy) -> tuple[NodeGrant, ...] | None:
         """Grants for the request on free slices (taken from capacity), or None."""
@@ -258,18 +296,22 @@ class Capacity:
             used.add(grant.node)
         return tuple(grants)
 
-    def take(self, grants: Iterable[NodeGrant]) -> None:
+    def take(self, grants: Iterable[NodeGrant], index: bool = True) -> None:
         for grant in grants:
-            node_free = self.free[grant.node]
+            if grant.node not in self.free:
+                continue
+            node_free = self._own(grant.node)
             node_free.take(grant)
-            self._index(node_free)
+            if index:
+                self._index(node_free)
 
     def give(self, grants: Iterable[NodeGrant]) -> None:
         for grant in grants:
-            node_free = self.free.get(grant.node)
-            if node_free is not None:
-                node_free.give(grant)
-                self._index(node_free)
+            if grant.node not in self.free:
+                continue
+            node_free = self._own(grant.node)
+            node_free.give(grant)
+            self._index(node_free)
 
 
 def _tightness(

@@ -13,11 +13,12 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
-from scheduler_core.capacity import Capacity
+from scheduler_core.capacity import Capacity, could_hold
 from scheduler_core.model import Allocation, Health, NodeGrant, Request
-from scheduler_core.preemption import find_targets, victim_order
+from scheduler_core.preemption import Victims, find_targets
 from scheduler_core.ranking import PoolRanking
 from scheduler_core.snapshot import Admission, Decisions, Preemption, Snapshot
 
@@ -50,25 +51,64 @@ def queue_order(requests: list[Request]) -> list[Request]:
     return sorted(requests, key=lambda r: (-r.priority, r.submit, r.id))
 
 
-Shape = tuple[object, ...]
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a request needs on each node; a larger shape fits nowhere a smaller one does not."""
+
+    kind: tuple[object, ...]
+    """Pool, labels and MIG profile: shapes of different kinds are not comparable."""
+    gpus: int
+    nodes: int
+    gpu_milli: int
+    cpus: float
+    memory_gib: float
+
+    def covers(self, other: Shape) -> bool:
+        """Is ``other`` at least as large in every dimension (so fails where self fails)?"""
+        return (
+            self.kind == other.kind
+            and other.gpus >= self.gpus
+            and other.nodes >= self.nodes
+            and other.gpu_milli >= self.gpu_milli
+            and other.cpus >= self.cpus
+            and other.memory_gib >= self.memory_gib
+        )
 
 
 def shape_of(request: Request) -> Shape:
-    """Requests with equal shapes fit exactly where each other fits."""
-    return (
-        request.pool,
-        request.gpus,
-        request.nodes,
-        request.gpu_milli,
-        request.mig,
-        request.cpus,
-        request.memory_gib,
-        tuple(sorted(request.labels.items())),
+    labels = tuple(sorted(request.labels.items())) if request.labels else ()
+    kind = (request.pool, request.mig, bool(request.gpu_milli), labels)
+    return Shape(
+        kind, request.gpus, request.nodes, request.gpu_milli, request.cpus, request.memory_gib
     )
+
+
+class Failures:
+    """Shapes that found no room this cycle, with the after-swap key they had.
+
+    Capacity only shrinks while a cycle places work, so a shape that did not fit
+    keeps not fitting, and so does any larger one; a preemption frees slices and
+    clears the record. For victim searches, a team whose key is no lower may
+    preempt a subset of the sessions, so it fails as well.
+    """
+
+    def __init__(self) -> None:
+        self._seen: list[tuple[Shape, tuple[float, ...]]] = []
+
+    def add(self, shape: Shape, key: tuple[float, ...] = ()) -> None:
+        self._seen.append((shape, key))
+
+    def known(self, shape: Shape, key: tuple[float, ...] = ()) -> bool:
+        return any(failed.covers(shape) and key >= at for failed, at in self._seen)
+
+    def clear(self) -> None:
+        self._seen.clear()
 
 
 def health_preemptions(snapshot: Snapshot, now: float) -> list[Preemption]:
     """Sessions on down nodes end now; on draining nodes, once their protection ends."""
+    if all(n.health is Health.READY for n in snapshot.nodes):
+        return []
     health = {n.name: n.health for n in snapshot.nodes}
     found: list[Preemption] = []
     for allocation in snapshot.allocations:
@@ -82,7 +122,7 @@ def health_preemptions(snapshot: Snapshot, now: float) -> list[Preemption]:
 
 def kept_reservations(snapshot: Snapshot, capacity: Capacity) -> None:
     """Carry last cycle's holds over while their request waits and their nodes are ready."""
-    pending = {r.id for r in snapshot.pending}
+    pending = snapshot.queued if snapshot.queued is not None else {r.id for r in snapshot.pending}
     for request_id, nodes in snapshot.reservations.items():
         if request_id not in pending:
             continue
@@ -100,16 +140,9 @@ def choose_reservation(capacity: Capacity, request: Request) -> tuple[str, ...] 
     options = [
         nf
         for nf in capacity.pool_nodes(request.pool)
-        if nf.node.name not in capacity.reserved and capacity.eligible(nf, request)
-    ]
-    if request.gpus or request.gpu_milli or request.mig:
-        options = [nf for nf in options if nf.node.gpus]
-    options = [
-        nf
-        for nf in options
-        if nf.node.cpus >= request.cpus
-        and nf.node.memory_gib >= request.memory_gib
-        and len(nf.node.whole_gpus) >= request.gpus
+        if nf.node.name not in capacity.reserved
+        and capacity.eligible(nf, request)
+        and could_hold(nf.node, request)
     ]
     if len(options) < request.nodes:
         return None
@@ -121,18 +154,23 @@ def choose_reservation(capacity: Capacity, request: Request) -> tuple[str, ...] 
 def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
     """The contract of DESIGN.md §4."""
     settings = snapshot.settings
-    capacity = Capacity(snapshot.nodes, snapshot.allocations)
+    capacity = Capacity(snapshot.nodes, snapshot.allocations, snapshot.free)
     preemptions = health_preemptions(snapshot, now)
     stopped = {p.allocation_id for p in preemptions}
     by_id = {a.id: a for a in snapshot.allocations}
     for allocation_id in stopped:
         capacity.give(by_id[allocation_id].grants)
 
-    preemptible: dict[str, list[Allocation]] = defaultdict(list)
-    for allocation in sorted(snapshot.allocations, key=lambda a: victim_order(a, now)):
-        if allocation.id not in stopped and allocation.protected_until <= now:
-            for node in allocation.node_names:
-                preemptible[node].append(allocation)
+    victim_index: list[Victims] = []
+
+    def victims() -> Victims:
+        """Built on first use: most cycles never search for victims."""
+        if not victim_index:
+            exposed = (
+                a for a in snapshot.allocations if a.id not in stopped and a.protected_until <= now
+            )
+            victim_index.append(Victims(exposed, now))
+        return victim_index[0]
 
     kept_reservations(snapshot, capacity)
     held_per_pool: dict[str, set[str]] = defaultdict(set)
@@ -144,6 +182,7 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
         queues[request.pool][request.team].append(request)
 
     admissions: list[Admission] = []
+    released: list[str] = []
     order: list[str] = []
     funded_now: dict[str, bool] = {}
     pool_kind = {name: pool.kind for name, pool in snapshot.pools.items()}
@@ -155,10 +194,8 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
         heads = dict.fromkeys(team_queues, 0)
         heap = [(ranking.key(team), reqs[0].submit, team) for team, reqs in team_queues.items()]
         heapq.heapify(heap)
-        no_fit: set[Shape] = set()
-        no_victims: dict[Shape, tuple[float, ...]] = {}
-        """Shape → lowest after-swap key for which no victims were found. A team
-        whose key is no lower may preempt a subset of those sessions, so it fails too."""
+        no_fit = Failures()
+        no_victims = Failures()
 
         while heap:
             key, _, team = heapq.heappop(heap)
@@ -182,23 +219,18 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
             shape = shape_of(request)
 
             grants: tuple[NodeGrant, ...] | None = None
-            victims: tuple[str, ...] = ()
+            preempted_ids: tuple[str, ...] = ()
             holder = request.id in held_per_pool[pool_name]
-            if holder or shape not in no_fit:
+            if holder or not no_fit.known(shape):
                 grants = capacity.place(request, settings.placement)
                 if grants is None and not holder:
                     no_fit.add(shape)
             after = ranking.key(team, units) if grants is None and funded else ()
-            failed_at = no_victims.get(shape)
-            if grants is None and funded and (failed_at is None or after < failed_at):
+            if grants is None and funded and not no_victims.known(shape, after):
                 below = frozenset(t for t in team_names if t != team and ranking.key(t) > after)
-
-                def may_preempt(victim: Allocation, below: frozenset[str] = below) -> bool:
-                    return not victim.funded or victim.team in below
-
-                targets = find_targets(request, capacity, preemptible, may_preempt, now)
+                targets = find_targets(request, capacity, victims(), below, now)
                 if targets is None:
-                    no_victims[shape] = after
+                    no_victims.add(shape, after)
                 else:
                     chosen: dict[str, Allocation] = {}
                     for target in targets:
@@ -208,9 +240,8 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
                         capacity.give(victim.grants)
                         stopped.add(victim.id)
                         preemptions.append(Preemption(victim.id, "funded", request.id))
-                        for node in victim.node_names:
-                            preemptible[node] = [a for a in preemptible[node] if a is not victim]
-                    victims = tuple(chosen)
+                        victims().remove(victim)
+                    preempted_ids = tuple(chosen)
                     built = tuple(
                         NodeGrant(t.node, t.slices, request.cpus, request.memory_gib)
                         for t in targets
@@ -225,9 +256,10 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
                     for node in [n for n, r in capacity.reserved.items() if r == request.id]:
                         del capacity.reserved[node]
                     held_per_pool[pool_name].discard(request.id)
+                    released.append(request.id)
                 protected = min_runtime if funded else settings.unallocated_grace
                 admissions.append(
-                    Admission(request, grants, funded, now + protected, rate, victims)
+                    Admission(request, grants, funded, now + protected, rate, preempted_ids)
                 )
                 if funded:
                     ranking.charge(team, units)
@@ -254,6 +286,7 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
         reservations=MappingProxyType({k: tuple(v) for k, v in reservations.items()}),
         order=tuple(order),
         funded=MappingProxyType(funded_now),
+        released=tuple(released),
     )
 
 

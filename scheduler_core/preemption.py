@@ -11,11 +11,12 @@ that work, the one that loses the least work wins.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler_core.capacity import Capacity, NodeFree
-from scheduler_core.model import MILLI, Allocation, Request, Slice
+from scheduler_core.model import MILLI, Allocation, Request, Slice, SliceKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,31 +108,100 @@ def _node_target(
     return Target(name, tuple(chosen), slices, cost)
 
 
+class Victims:
+    """Running allocations that may be preempted this cycle, indexed for the search.
+
+    Per node, cheapest first; per pool, how many GPUs each team's preemptible
+    sessions hold (None: unallocated), so a hopeless search stops in O(teams).
+    """
+
+    def __init__(self, allocations: Iterable[Allocation], now: float) -> None:
+        self.by_node: dict[str, list[Allocation]] = defaultdict(list)
+        self.gpus: dict[str, dict[str | None, int]] = defaultdict(lambda: defaultdict(int))
+        self.node_gpus: dict[str, dict[str | None, int]] = defaultdict(lambda: defaultdict(int))
+        self._permitted: dict[frozenset[str], dict[str, int]] = {}
+        for allocation in sorted(allocations, key=lambda a: victim_order(a, now)):
+            for node in allocation.node_names:
+                self.by_node[node].append(allocation)
+            self._tally(allocation, 1)
+
+    def _tally(self, allocation: Allocation, sign: int) -> None:
+        key = allocation.team if allocation.funded else None
+        for grant in allocation.grants:
+            held = sum(1 for piece in grant.slices if piece.kind is not SliceKind.MIG)
+            self.gpus[allocation.pool][key] += sign * held
+            self.node_gpus[grant.node][key] += sign * held
+
+    def remove(self, allocation: Allocation) -> None:
+        for node in allocation.node_names:
+            self.by_node[node] = [a for a in self.by_node[node] if a is not allocation]
+        self._tally(allocation, -1)
+        self._permitted.clear()
+
+    def gpu_bound(self, pool: str, allowed: frozenset[str]) -> int:
+        """GPUs that stopping every permitted victim in the pool could free, at most."""
+        return _permitted(self.gpus.get(pool, {}), allowed)
+
+    def node_gpu_bounds(self, allowed: frozenset[str]) -> Mapping[str, int]:
+        """Per node, GPUs that stopping every permitted victim there could free, at most."""
+        found = self._permitted.get(allowed)
+        if found is None:
+            found = {node: _permitted(held, allowed) for node, held in self.node_gpus.items()}
+            self._permitted[allowed] = found
+        return found
+
+
+def _permitted(held: Mapping[str | None, int], allowed: frozenset[str]) -> int:
+    return held.get(None, 0) + sum(n for team, n in held.items() if team in allowed)
+
+
 def find_targets(
     request: Request,
     capacity: Capacity,
-    preemptible: Mapping[str, Sequence[Allocation]],
-    may_preempt: Callable[[Allocation], bool],
+    victims: Victims,
+    allowed: frozenset[str],
     now: float,
 ) -> tuple[Target, ...] | None:
     """Nodes (one per requested node) and the victims to stop on each, or None.
 
-    ``preemptible`` lists, per node and cheapest first, running allocations past
-    their protected window or grace; ``may_preempt`` applies the rank rule.
-    A node where the request already fits costs nothing.
+    Victims are unallocated sessions past their grace and funded sessions of
+    teams in ``allowed`` past their protected window (the caller applies the
+    rank rule). A node where the request already fits costs nothing; the
+    caller has found that the request does not fit on free slices alone.
     """
+    whole = request.mig is None and not request.gpu_milli and request.gpus > 0
+    nodes = capacity.pool_nodes(request.pool)
+    if whole:
+        need = request.gpus * request.nodes
+        if (
+            capacity.free_whole_total(request.pool) + victims.gpu_bound(request.pool, allowed)
+            < need
+        ):
+            return None
+        bounds = victims.node_gpu_bounds(allowed)
+        nodes = [nf for nf in nodes if len(nf.whole) + bounds.get(nf.node.name, 0) >= request.gpus]
+        if len(nodes) < request.nodes:
+            return None
     options: list[Target] = []
     free_options = 0
     searched: list[tuple[tuple[float, float, float], NodeFree, list[Allocation]]] = []
-    for node_free in capacity.pool_nodes(request.pool):
+    single = request.nodes == 1
+    for node_free in nodes:
+        name = node_free.node.name
+        on_node = victims.by_node.get(name)
+        if single and not on_node:
+            continue
         if not capacity.eligible(node_free, request):
             continue
-        free_slices = node_free.slices_for(request)
-        if free_slices is not None:
-            options.append(Target(node_free.node.name, (), free_slices, (0.0, 0.0, 0.0)))
-            free_options += 1
+        if not single:
+            free_slices = node_free.slices_for(request)
+            if free_slices is not None:
+                options.append(Target(name, (), free_slices, (0.0, 0.0, 0.0)))
+                free_options += 1
+                continue
+        if not on_node:
             continue
-        candidates = [a for a in preemptible.get(node_free.node.name, ()) if may_preempt(a)]
+        candidates = [a for a in on_node if not a.funded or a.request.team in allowed]
         if candidates:
             first = candidates[0]
             bound = (float(first.funded), lost_work(first, now), 1.0)

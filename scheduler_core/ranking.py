@@ -27,6 +27,7 @@ class PoolRanking:
         self._units: dict[str, float] = {}
         self._budget: dict[str, float] = {}
         self._levels: dict[str, tuple[str, ...]] = {}
+        self._keys: dict[str, Key] = {}
         own_units: dict[str, float] = {
             name: snapshot.usage.get((name, pool), 0.0) for name in tree.teams
         }
@@ -51,7 +52,12 @@ class PoolRanking:
 
     def key(self, team: str, extra: float = 0.0) -> Key:
         """The team's position: ratios root first; ``extra`` units as if already charged."""
-        return tuple(self._ratio(level, extra) for level in self._levels[team])
+        if extra:
+            return tuple(self._ratio(level, extra) for level in self._levels[team])
+        found = self._keys.get(team)
+        if found is None:
+            found = self._keys[team] = tuple(self._ratio(level) for level in self._levels[team])
+        return found
 
     def ratio(self, team: str) -> float:
         """The ratio that decides funding: the team's own (leaf) level."""
@@ -65,3 +71,4 @@ class PoolRanking:
         """Count ``units`` against the team and every level above it."""
         for level in self._levels[team]:
             self._units[level] += units
+        self._keys.clear()

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler_core.capacity import could_hold
 from scheduler_core.errors import InputError
 from scheduler_core.model import (
     MIG_SLICES,
@@ -372,21 +373,7 @@ def _request(
 def why_unplaceable(request: Request, nodes: list[Node]) -> str | None:
     """Why no node of the cluster could ever hold the request, or None if one could."""
     pool_nodes = [n for n in nodes if n.pool == request.pool]
-    fitting = [
-        n
-        for n in pool_nodes
-        if all(n.labels.get(k) == v for k, v in request.labels.items())
-        and n.cpus >= request.cpus
-        and n.memory_gib >= request.memory_gib
-        and (
-            (
-                request.mig is not None
-                and any(i.profile == request.mig for g in n.gpus for i in g.mig)
-            )
-            or (request.gpu_milli and n.whole_gpus)
-            or (request.mig is None and not request.gpu_milli and len(n.whole_gpus) >= request.gpus)
-        )
-    ]
+    fitting = [n for n in pool_nodes if could_hold(n, request)]
     if len(fitting) >= request.nodes:
         return None
     if not pool_nodes:

@@ -10,13 +10,15 @@ confirm"); a start that fails hands its slices back and requeues the request.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol
 
+from scheduler_core.capacity import NodeFree
 from scheduler_core.ledger import UsageLedger
 from scheduler_core.model import Allocation, Health, Node, Pool, PoolKind, Request, Team
 from scheduler_core.policy import decide
@@ -84,6 +86,15 @@ class Scheduler:
         self.stats = CycleStats()
         self._capacity = self._pool_capacity()
         self._node_tuple = tuple(self.nodes.values())
+        self._free = {name: NodeFree(node) for name, node in self.nodes.items()}
+        self._changed = True
+        """Something freed room or changed nodes or holds: the whole queue must be looked at."""
+        self._fresh: set[str] = set()
+        """Requests submitted since the last cycle."""
+        self._expiries: list[tuple[float, str]] = []
+        self._starving: list[tuple[float, str]] = []
+        self._funded: dict[str, bool] = {}
+        self._last_cycle: float | None = None
 
     def _pool_capacity(self) -> dict[str, float]:
         capacity = dict.fromkeys(self.pools, 0.0)
@@ -102,51 +113,111 @@ class Scheduler:
         if capped != request.min_runtime:
             request = replace(request, min_runtime=capped)
         self.pending[request.id] = request
+        self._fresh.add(request.id)
+        heapq.heappush(
+            self._starving, (request.submit + self.settings.starvation_bound, request.id)
+        )
         return request
 
     def cancel(self, request_id: str) -> bool:
         """Remove a pending request; False if it was not pending."""
+        self._changed = True
+        self._fresh.discard(request_id)
+        self._funded.pop(request_id, None)
         return self.pending.pop(request_id, None) is not None
 
     def finish(self, request_id: str) -> Allocation:
         """A session ended by itself: free its slices and stop charging."""
         allocation = self.running.pop(request_id)
-        self._stop_charging(allocation)
+        self._release(allocation)
         return allocation
 
     def launch_failed(self, request_id: str) -> None:
         """The actuator could not start a session: hand back its slices and requeue it."""
         allocation = self.running.pop(request_id)
-        self._stop_charging(allocation)
+        self._release(allocation)
         self.pending[request_id] = allocation.request
 
     def set_health(self, node_name: str, health: Health) -> None:
-        self.nodes[node_name] = replace(self.nodes[node_name], health=health)
+        node = replace(self.nodes[node_name], health=health)
+        self.nodes[node_name] = node
         self._node_tuple = tuple(self.nodes.values())
+        free = self._free[node_name].copy()
+        free.node = node
+        self._free[node_name] = free
+        self._changed = True
+
+    @property
+    def funded(self) -> Mapping[str, bool]:
+        """Would each waiting request be funded, as its last cycle judged."""
+        return MappingProxyType(self._funded)
+
+    def step(self) -> Decisions | None:
+        """Run the cycle that what happened since the last one calls for, if any.
+
+        Called on every event and on the periodic tick. After a cycle every
+        waiting request has failed against the state it left, so: new
+        submissions alone need only themselves looked at; a protected window
+        ending needs only the funded waiting requests (only they may preempt);
+        freed room, node changes, a request reaching the starvation bound, or
+        ``budget_recheck`` passing (budgets drift slowly) need the whole queue.
+        """
+        now = self.clock.now()
+        expired = False
+        while self._expiries and self._expiries[0][0] <= now:
+            _, request_id = heapq.heappop(self._expiries)
+            expired = expired or request_id in self.running
+        starving = False
+        while self._starving and self._starving[0][0] <= now:
+            _, request_id = heapq.heappop(self._starving)
+            starving = starving or request_id in self.pending
+        last = self._last_cycle
+        if self._changed or starving or last is None or now - last >= self.settings.budget_recheck:
+            return self.cycle()
+        scope = set(self._fresh)
+        if expired:
+            scope.update(r for r in self.pending if self._funded.get(r))
+        draining = expired and any(n.health is Health.DRAINING for n in self._node_tuple)
+        if scope or draining:
+            return self.cycle(scope)
+        return None
 
     # -- one cycle ---------------------------------------------------------
 
-    def snapshot(self, now: float) -> Snapshot:
+    def snapshot(self, now: float, scope: Iterable[str] | None = None) -> Snapshot:
+        """The frozen state the policy sees; ``scope`` limits which waiting requests it weighs."""
         start = now - self.settings.lookback
+        if scope is None:
+            pending = tuple(self.pending.values())
+            queued = None
+        else:
+            pending = tuple(self.pending[r] for r in scope if r in self.pending)
+            queued = frozenset(self.pending)
         usage = {key: self.ledger.charged(key[0], key[1], start, now) for key in self.ledger.keys()}
         return Snapshot(
             settings=self.settings,
             pools=self.pools,
             nodes=self._node_tuple,
             allocations=tuple(self.running.values()),
-            pending=tuple(self.pending.values()),
+            pending=pending,
             teams=self.teams,
             usage=usage,
             window=self.settings.lookback,
             capacity=self._capacity,
             reservations=self.reservations,
+            free=MappingProxyType(dict(self._free)),
+            queued=queued,
         )
 
-    def cycle(self) -> Decisions:
-        """Decide and carry out one scheduling cycle."""
+    def cycle(self, scope: Iterable[str] | None = None) -> Decisions:
+        """Decide and carry out one scheduling cycle (over ``scope`` only, if given)."""
         now = self.clock.now()
         t0 = time.perf_counter()
-        snapshot = self.snapshot(now)
+        snapshot = self.snapshot(now, scope)
+        if scope is None:
+            self._last_cycle = now
+            self._changed = False
+        self._fresh.clear()
         t1 = time.perf_counter()
         decisions = decide(snapshot, now)
         t2 = time.perf_counter()
@@ -172,7 +243,7 @@ class Scheduler:
     def apply(self, decisions: Decisions, now: float) -> None:
         for preemption in decisions.preemptions:
             allocation = self.running.pop(preemption.allocation_id)
-            self._stop_charging(allocation)
+            self._release(allocation)
             if self.actuator.preempt(allocation, preemption.reason):
                 self.pending[allocation.id] = allocation.request
         for admission in decisions.admissions:
@@ -186,12 +257,30 @@ class Scheduler:
                 charge_rate=admission.charge_rate,
             )
             self.running[request.id] = allocation
+            self._book(allocation)
+            heapq.heappush(self._expiries, (allocation.protected_until, request.id))
             if allocation.funded:
                 self.ledger.start_charging(request.team, request.pool, now, allocation.charge_rate)
             self.actuator.launch(allocation)
+        self._funded.update(decisions.funded)
+        for admission in decisions.admissions:
+            self._funded.pop(admission.request.id, None)
+        if dict(decisions.reservations) != dict(self.reservations):
+            self._changed = True
         self.reservations = MappingProxyType(dict(decisions.reservations))
 
-    def _stop_charging(self, allocation: Allocation) -> None:
+    def _book(self, allocation: Allocation) -> None:
+        for grant in allocation.grants:
+            free = self._free[grant.node].copy()
+            free.take(grant)
+            self._free[grant.node] = free
+
+    def _release(self, allocation: Allocation) -> None:
+        self._changed = True
+        for grant in allocation.grants:
+            free = self._free[grant.node].copy()
+            free.give(grant)
+            self._free[grant.node] = free
         if allocation.funded:
             self.ledger.stop_charging(
                 allocation.team, allocation.pool, self.clock.now(), allocation.charge_rate

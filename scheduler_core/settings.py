@@ -44,7 +44,10 @@ class Settings:
     unallocated_grace: float = 60.0
     """Unallocated sessions cannot be preempted during their first this-many seconds."""
     cycle_tick: float = 30.0
-    """Seconds between periodic scheduling cycles (cycles also run on every event)."""
+    """Seconds between periodic ticks (cycles also run on every event)."""
+    budget_recheck: float = 300.0
+    """A tick with nothing changed since the last cycle runs one only this often:
+    with no event, only the slow drift of budgets over the window can change a decision."""
     starvation_bound: float = 2 * HOUR
     """A request pending longer than this gets a reservation."""
     max_reservations_per_pool: int = 2

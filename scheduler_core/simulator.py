@@ -12,14 +12,16 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler_core.model import Allocation, PoolKind
 from scheduler_core.scenario import Scenario
 from scheduler_core.scheduler import Scheduler
+from scheduler_core.snapshot import Decisions
 
-_SUBMIT, _FINISH, _NODE, _WAKE = 0, 1, 2, 3
+_SUBMIT, _FINISH, _NODE, _EXPIRY, _STARVE, _TICK = range(6)
 """Event kinds; at equal times, submissions are seen before sessions end."""
 
 
@@ -96,7 +98,7 @@ class SimActuator:
         sim.run_start[allocation.id] = now
         token = (allocation.id, sim.generation[allocation.id])
         sim.push(now + sim.remaining[allocation.id], _FINISH, token)
-        sim.push(allocation.protected_until, _WAKE, None)
+        sim.push(allocation.protected_until, _EXPIRY, allocation.id)
 
     def preempt(self, allocation: Allocation, reason: str) -> bool:
         sim = self.sim
@@ -111,15 +113,25 @@ class SimActuator:
             sim.remaining[allocation.id] = max(0.0, sim.remaining[allocation.id] - elapsed)
         elif sim.kinds[allocation.pool] is PoolKind.GPU:
             sim.lost_units += elapsed * allocation.charge_rate
-        sim.push(now + sim.scenario.settings.starvation_bound, _WAKE, None)
         return True
 
 
-class Simulation:
-    """One run of a scenario through the real scheduler."""
+CycleObserver = Callable[[Scheduler, Decisions, float], None]
 
-    def __init__(self, scenario: Scenario) -> None:
+MAX_FOLLOW_UPS = 5
+"""Cycles run again at once after one that freed room (see Decisions.follow_up)."""
+
+
+class Simulation:
+    """One run of a scenario through the real scheduler.
+
+    ``observer`` sees the scheduler and the decisions after every cycle (tests
+    use it to check invariants).
+    """
+
+    def __init__(self, scenario: Scenario, observer: CycleObserver | None = None) -> None:
         self.scenario = scenario
+        self.observer = observer
         self.clock = VirtualClock()
         self.kinds = {p.name: p.kind for p in scenario.pools}
         self.scheduler = Scheduler(
@@ -173,30 +185,38 @@ class Simulation:
             self.push(request.submit, _SUBMIT, request.id)
         for event in scenario.events:
             self.push(event.at, _NODE, event)
-        next_tick = 0.0
+        tick_pending = False
         events = self._events
+        pending = scheduler.pending
         while events and events[0][0] <= horizon:
             now = events[0][0]
             self.clock.time = now
-            changed = False
             while events and events[0][0] == now:
                 _, kind, _, payload = heapq.heappop(events)
-                changed = changed or kind != _WAKE
                 if kind == _SUBMIT:
                     scheduler.submit(self._by_id[payload])
-                    self.push(now + bound, _WAKE, None)
+                    self.push(now + bound, _STARVE, payload)
                 elif kind == _FINISH:
                     request_id, generation = payload
                     if generation == self.generation[request_id]:
                         self._finish(request_id, now)
                 elif kind == _NODE:
                     scheduler.set_health(payload.node, payload.health)
-            if not (changed or scheduler.pending):
-                continue
-            scheduler.cycle()
-            if scheduler.pending and now >= next_tick:
-                next_tick = now + tick
-                self.push(next_tick, _WAKE, None)
+                elif kind == _TICK:
+                    tick_pending = False
+                # _EXPIRY and _STARVE only wake the scheduler: step() decides.
+            decisions = scheduler.step()
+            rounds = 0
+            while decisions is not None:
+                if self.observer is not None:
+                    self.observer(scheduler, decisions, now)
+                rounds += 1
+                if not decisions.follow_up or rounds >= MAX_FOLLOW_UPS:
+                    break
+                decisions = scheduler.cycle()
+            if pending and not tick_pending:
+                self.push(now + tick, _TICK, None)
+                tick_pending = True
         end = horizon
         self.clock.time = end
         for allocation in scheduler.running.values():

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from scheduler_core.capacity import NodeFree
 from scheduler_core.model import Allocation, Node, NodeGrant, Pool, Request
 from scheduler_core.settings import Settings
 from scheduler_core.teams import TeamTree
@@ -37,6 +38,12 @@ class Snapshot:
     """Budget units per second each pool can deliver (GPU-equivalents or cores)."""
     reservations: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
     """Request id → nodes held for it, as the previous cycle left them."""
+    queued: frozenset[str] | None = None
+    """Every waiting request's id when ``pending`` holds only some of them (a cycle
+    over new arrivals): their reservations still hold. None: ``pending`` is all."""
+    free: Mapping[str, NodeFree] | None = None
+    """What is free on each node with ``allocations`` taken, if the caller keeps it
+    up to date; None makes the policy work it out from the allocations."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +78,13 @@ class Decisions:
     """Pending request ids in the order the policy considered them (queue positions)."""
     funded: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
     """For each pending request considered: would it be funded if it started now."""
+    released: tuple[str, ...] = ()
+    """Requests admitted onto nodes held for them; those holds are gone."""
+
+    @property
+    def follow_up(self) -> bool:
+        """Did this cycle free room that requests it already passed over could use?
+
+        Slices freed by preemption beyond the need, and nodes no longer held,
+        are only seen by the next cycle, which should then run at once."""
+        return bool(self.preemptions or self.released)

@@ -1,0 +1,41 @@
+"""`make bench`: every benchmark in turn, each printing its figures.
+
+* bench.cycle — one scheduling cycle, 128 nodes × 8 GPUs, 1,000 running, 2,000 pending
+* bench.month — the simulator on a generated 30-day, 1,024-GPU month
+* the placement benchmark on the Alibaba trace (`budgethub bench placement`)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bench import cycle, month
+from scheduler_core.cli import main as cli
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-openb"
+
+
+def main() -> int:
+    cycle.main()
+    month.main()
+    if TRACE.is_dir():
+        cli(
+            [
+                "bench",
+                "placement",
+                "--pods",
+                str(TRACE / "openb_pod_list_default.csv"),
+                "--nodes",
+                str(TRACE / "openb_node_list_gpu_node.csv"),
+                "--seeds",
+                "5",
+            ]
+        )
+    else:
+        print(f"placement: skipped, no trace at {TRACE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
