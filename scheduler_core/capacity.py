@@ -188,11 +188,21 @@ class Capacity:
         self._bucket_of: dict[str, int] = {}
         for name in sorted(self.free):
             self._by_pool.setdefault(self.free[name].node.pool, []).append(name)
-        for pool, members in self._by_pool.items():
+
+    def _pool_buckets(self, pool: str) -> list[dict[str, None]] | None:
+        """The pool's nodes by free whole GPUs, built on first use in the cycle."""
+        buckets = self._buckets.get(pool)
+        if buckets is None:
+            members = self._by_pool.get(pool)
+            if not members:
+                return None
             size = max(len(self.free[n].node.gpus) for n in members) + 1
-            self._buckets[pool] = [{} for _ in range(size)]
+            buckets = self._buckets[pool] = [{} for _ in range(size)]
             for name in members:
-                self._index(self.free[name])
+                count = len(self.free[name].whole)
+                buckets[count][name] = None
+                self._bucket_of[name] = count
+        return buckets
 
     def _own(self, name: str) -> NodeFree:
         if name not in self._owned:
@@ -202,7 +212,9 @@ class Capacity:
 
     def _index(self, node_free: NodeFree) -> None:
         name = node_free.node.name
-        buckets = self._buckets[node_free.node.pool]
+        buckets = self._buckets.get(node_free.node.pool)
+        if buckets is None:
+            return
         old = self._bucket_of.get(name)
         new = node_free.free_whole
         if old == new:
@@ -214,7 +226,7 @@ class Capacity:
 
     def free_whole_total(self, pool: str) -> int:
         """Free whole GPUs in the pool, on any node."""
-        buckets = self._buckets.get(pool, [])
+        buckets = self._pool_buckets(pool) or []
         return sum(k * len(bucket) for k, bucket in enumerate(buckets))
 
     def pool_nodes(self, pool: str) -> list[NodeFree]:
@@ -261,7 +273,7 @@ class Capacity:
 
     def _groups(self, request: Request, strategy: PlacementStrategy) -> Iterator[list[NodeFree]]:
         """Groups of nodes to try in turn; a later group never fits better."""
-        buckets = self._buckets.get(request.pool)
+        buckets = self._pool_buckets(request.pool)
         whole_only = request.mig is None and (request.gpus or request.gpu_milli)
         if buckets is None or strategy is PlacementStrategy.FIRST_FIT or not whole_only:
             yield self.pool_nodes(request.pool)
