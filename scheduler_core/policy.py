@@ -93,13 +93,16 @@ class Failures:
     """
 
     def __init__(self) -> None:
-        self._seen: list[tuple[Shape, tuple[float, ...]]] = []
+        self._seen: dict[tuple[object, ...], list[tuple[Shape, tuple[float, ...]]]] = {}
 
     def add(self, shape: Shape, key: tuple[float, ...] = ()) -> None:
-        self._seen.append((shape, key))
+        if not self.known(shape, key):
+            self._seen.setdefault(shape.kind, []).append((shape, key))
 
     def known(self, shape: Shape, key: tuple[float, ...] = ()) -> bool:
-        return any(failed.covers(shape) and key >= at for failed, at in self._seen)
+        return any(
+            failed.covers(shape) and key >= at for failed, at in self._seen.get(shape.kind, ())
+        )
 
     def clear(self) -> None:
         self._seen.clear()
