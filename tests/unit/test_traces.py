@@ -21,7 +21,8 @@ from scheduler_core.traces import (
 DATA = Path(__file__).resolve().parents[1] / "data"
 PODS = DATA / "openb_pods_small.csv"
 NODES = DATA / "openb_nodes_small.csv"
-TRACE = Path("/work/shared/traces/alibaba-openb")
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "alibaba-openb"
+"""The trace in the shared/ folder beside the checkout (where CI puts it too)."""
 
 HEADER = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
@@ -200,7 +201,7 @@ def test_cli_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
 # --- the real trace -------------------------------------------------------------
 
 
-@pytest.mark.skipif(not TRACE.is_dir(), reason="the Alibaba trace is not in /work/shared")
+@pytest.mark.skipif(not TRACE.is_dir(), reason="no shared/traces/alibaba-openb beside the checkout")
 @pytest.mark.parametrize(
     ("node_file", "imported"),
     [("openb_node_list_all_node.csv", 8152 - 897), ("openb_node_list_gpu_node.csv", 6203)],
