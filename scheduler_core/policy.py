@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -291,10 +291,3 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
         funded=MappingProxyType(funded_now),
         released=tuple(released),
     )
-
-
-def positions(decisions: Decisions) -> Mapping[str, int]:
-    """Queue position (1 = next) of each request the cycle left pending."""
-    admitted = {a.request.id for a in decisions.admissions}
-    waiting = [r for r in decisions.order if r not in admitted]
-    return {request_id: i + 1 for i, request_id in enumerate(waiting)}

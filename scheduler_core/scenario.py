@@ -343,6 +343,13 @@ def _request(
     if klass not in {c.value for c in RequestClass}:
         choices = ", ".join(c.value for c in RequestClass)
         raise InputError(f"{where}.class", f"must be one of {choices}, not {klass!r}")
+    weight = (mig_weight(mig) if mig else milli / MILLI if milli else float(gpus)) * nodes
+    if klass == "debug" and weight > settings.debug_max_gpus:
+        raise InputError(
+            f"{where}.gpus",
+            f"a debug request holds at most {settings.debug_max_gpus} GPUs "
+            f"(debug_max_gpus), not {weight:g}",
+        )
     raw_min = data.get("min_runtime")
     min_runtime = None if raw_min is None else _num(raw_min, f"{where}.min_runtime")
     if "duration" not in data:

@@ -14,7 +14,7 @@ import heapq
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Protocol
 
@@ -57,7 +57,6 @@ class CycleStats:
     last_snapshot_s: float = 0.0
     last_decide_s: float = 0.0
     last_apply_s: float = 0.0
-    history: list[float] = field(default_factory=list)
 
 
 class Scheduler:

@@ -110,6 +110,19 @@ BAD = [
     ("nodes.2.mig.0", ["9g.99gb"], "nodes[2].mig.0[0]", "compute slices"),
     ("requests.1.gpu_fraction", 1.5, "requests[1].gpu_fraction", "between 0 and 1"),
     ("horizon", "soon", "horizon", "must be a number"),
+    (
+        "requests.1",
+        {
+            "id": "r2",
+            "team": "robotics",
+            "pool": "h100",
+            "gpus": 4,
+            "duration": 60,
+            "class": "debug",
+        },
+        "requests[1].gpus",
+        "at most 2 GPUs",
+    ),
 ]
 
 
