@@ -178,7 +178,7 @@ class Capacity:
             self.free: dict[str, NodeFree] = {n.name: NodeFree(n) for n in nodes}
             self._owned.update(self.free)
             for allocation in allocations:
-                self.take(allocation.grants, index=False)
+                self.take(allocation.grants)
         else:
             self.free = dict(base)
         self.reserved: dict[str, str] = {}
@@ -308,14 +308,13 @@ class Capacity:
             used.add(grant.node)
         return tuple(grants)
 
-    def take(self, grants: Iterable[NodeGrant], index: bool = True) -> None:
+    def take(self, grants: Iterable[NodeGrant]) -> None:
         for grant in grants:
             if grant.node not in self.free:
                 continue
             node_free = self._own(grant.node)
             node_free.take(grant)
-            if index:
-                self._index(node_free)
+            self._index(node_free)
 
     def give(self, grants: Iterable[NodeGrant]) -> None:
         for grant in grants:

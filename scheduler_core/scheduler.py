@@ -181,6 +181,12 @@ class Scheduler:
             return self.cycle(scope)
         return None
 
+    def next_wake(self) -> float | None:
+        """When step() next has something time-driven to look at (a protected
+        window ending, a request reaching the starvation bound), if ever."""
+        times = [heap[0][0] for heap in (self._expiries, self._starving) if heap]
+        return min(times) if times else None
+
     # -- one cycle ---------------------------------------------------------
 
     def snapshot(self, now: float, scope: Iterable[str] | None = None) -> Snapshot:

@@ -21,7 +21,7 @@ from scheduler_core.scenario import Scenario
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.snapshot import Decisions
 
-_SUBMIT, _FINISH, _NODE, _EXPIRY, _STARVE, _TICK = range(6)
+_SUBMIT, _FINISH, _NODE, _WAKE, _TICK = range(5)
 """Event kinds; at equal times, submissions are seen before sessions end."""
 
 
@@ -98,7 +98,6 @@ class SimActuator:
         sim.run_start[allocation.id] = now
         token = (allocation.id, sim.generation[allocation.id])
         sim.push(now + sim.remaining[allocation.id], _FINISH, token)
-        sim.push(allocation.protected_until, _EXPIRY, allocation.id)
 
     def preempt(self, allocation: Allocation, reason: str) -> bool:
         sim = self.sim
@@ -180,12 +179,13 @@ class Simulation:
         horizon = scenario.horizon
         scheduler = self.scheduler
         tick = scenario.settings.cycle_tick
-        bound = scenario.settings.starvation_bound
         for request in scenario.requests:
             self.push(request.submit, _SUBMIT, request.id)
         for event in scenario.events:
             self.push(event.at, _NODE, event)
         tick_pending = False
+        wakes: set[float] = set()
+        """Times already in the event queue at which the scheduler asked to wake."""
         events = self._events
         pending = scheduler.pending
         while events and events[0][0] <= horizon:
@@ -195,7 +195,6 @@ class Simulation:
                 _, kind, _, payload = heapq.heappop(events)
                 if kind == _SUBMIT:
                     scheduler.submit(self._by_id[payload])
-                    self.push(now + bound, _STARVE, payload)
                 elif kind == _FINISH:
                     request_id, generation = payload
                     if generation == self.generation[request_id]:
@@ -204,7 +203,8 @@ class Simulation:
                     scheduler.set_health(payload.node, payload.health)
                 elif kind == _TICK:
                     tick_pending = False
-                # _EXPIRY and _STARVE only wake the scheduler: step() decides.
+                else:
+                    wakes.discard(now)
             decisions = scheduler.step()
             rounds = 0
             while decisions is not None:
@@ -214,6 +214,10 @@ class Simulation:
                 if not decisions.follow_up or rounds >= MAX_FOLLOW_UPS:
                     break
                 decisions = scheduler.cycle()
+            wake = scheduler.next_wake()
+            if wake is not None and wake not in wakes:
+                self.push(wake, _WAKE, None)
+                wakes.add(wake)
             if pending and not tick_pending:
                 self.push(now + tick, _TICK, None)
                 tick_pending = True
