@@ -174,6 +174,9 @@ class Capacity:
         node by node on first change, never changed itself.
         """
         self._owned: set[str] = set()
+        self._buckets: dict[str, list[dict[str, None]]] = {}
+        """Per pool, node names by free whole GPUs; built on first use."""
+        self._bucket_of: dict[str, int] = {}
         if base is None:
             self.free: dict[str, NodeFree] = {n.name: NodeFree(n) for n in nodes}
             self._owned.update(self.free)
@@ -184,8 +187,6 @@ class Capacity:
         self.reserved: dict[str, str] = {}
         """Node name → the request id it is held for."""
         self._by_pool: dict[str, list[str]] = {}
-        self._buckets: dict[str, list[dict[str, None]]] = {}
-        self._bucket_of: dict[str, int] = {}
         for name in sorted(self.free):
             self._by_pool.setdefault(self.free[name].node.pool, []).append(name)
 
