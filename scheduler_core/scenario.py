@@ -514,3 +514,13 @@ def load_scenario(path: str) -> Scenario:
     except json.JSONDecodeError as error:
         raise InputError(f"{path}:{error.lineno}:{error.colno}", f"not JSON: {error.msg}") from None
     return parse_scenario(data)
+
+
+def parse_pools(raw: Any) -> dict[str, Pool]:
+    """Pools from a list of ``{"name", "kind"}`` objects, as in a scenario."""
+    return _pools(raw)
+
+
+def parse_teams(raw: Any, pools: Mapping[str, Pool]) -> list[Team]:
+    """Teams from a list of ``{"name", "share", "parent"}`` objects, as in a scenario."""
+    return _teams(raw, pools)

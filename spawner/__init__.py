@@ -1,5 +1,5 @@
-"""The JupyterHub side of budgethub (BudgetSpawner, node backends, the Hub extension).
+"""budgethub's JupyterHub side: BudgetSpawner, its embedded scheduler and node backends."""
 
-Not built yet: see the BudgetSpawner issue. The package exists so that the
-distribution's layout is the one DESIGN.md describes.
-"""
+from spawner.spawner import BudgetSpawner
+
+__all__ = ["BudgetSpawner"]

@@ -432,6 +432,17 @@ class Store:
         with self._read() as session:
             return float(session.scalar(query) or 0.0)
 
+    def usage_records(self, since: float) -> list[tuple[str, str, float, float, float]]:
+        """Charged usage ending after ``since``: (team, pool, start, end, units), by start."""
+        query = (
+            select(UsageRow.team, UsageRow.pool, UsageRow.start_time, UsageRow.end_time)
+            .add_columns(UsageRow.units)
+            .where(UsageRow.end_time > since)
+            .order_by(UsageRow.start_time, UsageRow.id)
+        )
+        with self._read() as session:
+            return [(t, p, s, e, u) for t, p, s, e, u in session.execute(query)]
+
     # Events.
 
     def append_event(

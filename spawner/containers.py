@@ -1,0 +1,185 @@
+"""The container a session runs in, as data: built here, started by the node backend.
+
+Pure (no Docker client): kubespawner's ``make_pod`` split, so the rules that
+keep sessions apart (exactly the granted GPUs, limits, no socket, no
+privilege) are tested without an engine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_core.model import MILLI, NodeGrant, SliceKind
+
+LABEL_PREFIX = "org.budgethub"
+WORKSPACE_PATH = "/home/jovyan/work"
+STORAGE_ROOT = "/mnt"
+SESSION_USER = "1000:100"
+"""uid:gid the session runs as (the images' ``jovyan``); never root."""
+
+_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
+
+
+def safe_name(text: str) -> str:
+    """A Docker-safe name part: characters outside [a-zA-Z0-9_.-] become ``-xx`` hex escapes."""
+    return _UNSAFE.sub(lambda m: "-" + m.group(0).encode().hex(), text)
+
+
+def container_name(user: str, server: str) -> str:
+    return f"budgethub-{safe_name(user)}-{safe_name(server) if server else 'default'}"
+
+
+def workspace_volume(user: str) -> str:
+    return f"budgethub-home-{safe_name(user)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    source: str
+    target: str
+    kind: str = "volume"
+    """``volume`` (a named Docker volume) or ``bind`` (a path on the node)."""
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything ``docker create`` needs for one session."""
+
+    name: str
+    image: str
+    command: tuple[str, ...]
+    environment: Mapping[str, str]
+    labels: Mapping[str, str]
+    mounts: tuple[Mount, ...]
+    nano_cpus: int
+    mem_limit_bytes: int
+    gpu_device_ids: tuple[str, ...]
+    """UUIDs handed to the NVIDIA runtime; empty on nodes without real GPUs."""
+    network_mode: str = "host"
+    user: str = SESSION_USER
+    extra_hosts: Mapping[str, str] = field(default_factory=dict)
+
+    def create_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for docker-py's ``containers.create``."""
+        from_mounts = [
+            {
+                "Type": m.kind,
+                "Source": m.source,
+                "Target": m.target,
+                "ReadOnly": m.read_only,
+            }
+            for m in self.mounts
+        ]
+        kwargs: dict[str, Any] = {
+            "image": self.image,
+            "command": list(self.command),
+            "name": self.name,
+            "environment": dict(self.environment),
+            "labels": dict(self.labels),
+            "user": self.user,
+            "network_mode": self.network_mode,
+            "nano_cpus": self.nano_cpus,
+            "mem_limit": self.mem_limit_bytes,
+            "privileged": False,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "detach": True,
+            "mounts": from_mounts,
+        }
+        if self.gpu_device_ids:
+            kwargs["device_requests"] = [
+                {
+                    "driver": "nvidia",
+                    "device_ids": list(self.gpu_device_ids),
+                    "capabilities": [["gpu"]],
+                }
+            ]
+        return kwargs
+
+
+@dataclass(frozen=True, slots=True)
+class SessionIdentity:
+    user: str
+    server: str
+    request_id: str
+    team: str
+    profile: str
+    hub: str
+    """Which Hub owns the container (several Hubs may share an engine)."""
+
+
+def build_container(
+    identity: SessionIdentity,
+    image: str,
+    grant: NodeGrant,
+    *,
+    hub_env: Mapping[str, str],
+    port: int,
+    ip: str,
+    nvidia: bool,
+    storage: tuple[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> ContainerSpec:
+    """The container for one session on one node.
+
+    ``hub_env`` is the Hub's environment for the server (``Spawner.get_env``);
+    ``nvidia`` says whether the node's GPUs are real (the NVIDIA runtime gets the
+    device ids) or virtual (only the environment names them). ``storage`` is
+    ``(name, path on the node)`` for a data-prep session.
+    """
+    device_ids = tuple(s.device_id for s in grant.slices)
+    env = dict(hub_env)
+    env.update(extra_env or {})
+    visible = ",".join(device_ids) if device_ids else "void"
+    env["NVIDIA_VISIBLE_DEVICES"] = visible
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(device_ids)
+    env["BUDGETHUB_GPU_SLICES"] = json.dumps(
+        [
+            {"uuid": s.device_id, "kind": s.kind.value, "weight": round(s.weight, 4)}
+            for s in grant.slices
+        ]
+    )
+    fractions = [s for s in grant.slices if s.kind is SliceKind.FRACTION and s.milli < MILLI]
+    if fractions:
+        # MPS caps a shared GPU's compute for this client to its fraction.
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, fractions[0].milli // 10))
+    env["BUDGETHUB_REQUEST"] = identity.request_id
+    env["BUDGETHUB_TEAM"] = identity.team
+    env["HOME"] = "/home/jovyan"
+    mounts = [Mount(workspace_volume(identity.user), WORKSPACE_PATH)]
+    if storage is not None:
+        name, path = storage
+        mounts.append(Mount(path, f"{STORAGE_ROOT}/{safe_name(name)}", kind="bind"))
+        env["BUDGETHUB_STORAGE"] = f"{STORAGE_ROOT}/{safe_name(name)}"
+    labels = {
+        f"{LABEL_PREFIX}.user": identity.user,
+        f"{LABEL_PREFIX}.server": identity.server,
+        f"{LABEL_PREFIX}.request": identity.request_id,
+        f"{LABEL_PREFIX}.team": identity.team,
+        f"{LABEL_PREFIX}.profile": identity.profile,
+        f"{LABEL_PREFIX}.hub": identity.hub,
+        f"{LABEL_PREFIX}.gpus": ",".join(device_ids),
+        f"{LABEL_PREFIX}.port": str(port),
+    }
+    command = (
+        "jupyterhub-singleuser",
+        f"--ip={ip}",
+        f"--port={port}",
+        f"--ServerApp.root_dir={WORKSPACE_PATH}",
+    )
+    return ContainerSpec(
+        name=container_name(identity.user, identity.server),
+        image=image,
+        command=command,
+        environment=env,
+        labels=labels,
+        mounts=tuple(mounts),
+        nano_cpus=int(grant.cpus * 1e9),
+        mem_limit_bytes=int(grant.memory_gib * 2**30),
+        gpu_device_ids=device_ids if nvidia else (),
+    )

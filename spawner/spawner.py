@@ -1,0 +1,469 @@
+"""BudgetSpawner: a JupyterHub spawner whose sessions the budget scheduler places.
+
+``start()`` checks the user's options against the profiles, submits a request
+to the embedded scheduler, streams the queue position through ``progress()``
+while it waits, then starts the container on the granted node with exactly
+the granted GPUs and returns only once the server answers (the Hub's own
+readiness polling then succeeds at once). The spawner owns the queue wait:
+``start_timeout`` is derived from ``max_queue_wait``, so JupyterHub never
+kills a queued spawn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from jupyterhub.spawner import Spawner, SpawnException
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from traitlets import List, default
+
+from scheduler_core.model import Allocation, Request
+from scheduler_core.store import RequestState
+from spawner.containers import SessionIdentity, build_container
+from spawner.embedded import BudgetScheduler, QueueStatus, Waiter
+from spawner.profiles import FORM_FIELDS, FormError, Profile, parse_profiles, render_form, resolve
+
+DEFAULT_PROFILES: list[dict[str, Any]] = [
+    {
+        "slug": "gpu-notebook",
+        "display_name": "GPU notebook",
+        "description": "JupyterLab with whole GPUs",
+        "class": "interactive",
+        "pool": "gpu",
+        "image": "budgethub/gpu:latest",
+        "gpus": [1, 2, 4, 8],
+        "cpus": 2,
+        "memory_gib": 4,
+        "min_runtime": "1h",
+        "max_min_runtime": "8h",
+    },
+    {
+        "slug": "debug",
+        "display_name": "Debug session",
+        "description": "a slice of a GPU, starts fast, protected up to 15 min",
+        "class": "debug",
+        "pool": "gpu",
+        "image": "budgethub/gpu:latest",
+        "slices": [{"gpu_fraction": 0.25}, {"gpus": 1}],
+        "cpus": 1,
+        "memory_gib": 2,
+        "min_runtime": "15m",
+        "max_min_runtime": "15m",
+    },
+    {
+        "slug": "dataprep",
+        "display_name": "Data-prep session",
+        "description": "CPU only, next to storage (pandas, pyarrow, duckdb)",
+        "class": "dataprep",
+        "pool": "cpu",
+        "image": "budgethub/dataprep:latest",
+        "cpus": 2,
+        "memory_gib": 4,
+        "storage": ["weka-a"],
+        "min_runtime": "1h",
+        "max_min_runtime": "8h",
+    },
+]
+
+
+def _clock(epoch: float) -> str:
+    return time.strftime("%H:%M", time.localtime(epoch))
+
+
+class BudgetSpawner(Spawner):  # type: ignore[misc]
+    """Sessions in Docker containers on the nodes the budget scheduler chooses."""
+
+    profile_list = List(
+        DEFAULT_PROFILES,
+        help="""Profiles a user picks from: [{'slug', 'display_name', 'description', 'class'
+        (debug, interactive, batch, dataprep), 'pool', 'image', 'cpus', 'memory_gib',
+        'gpus': [1, 2, 4, 8] or 'slices': [{'gpus': 1} | {'mig': '1g.18gb'} |
+        {'gpu_fraction': 0.25}], 'min_runtime', 'max_min_runtime', 'resumable', 'labels',
+        'storage': [names]}]""",
+    ).tag(config=True)
+
+    @default("start_timeout")
+    def _default_start_timeout(self) -> int:
+        scheduler = self.scheduler
+        return int(scheduler.max_queue_wait + scheduler.launch_timeout + 60)
+
+    @default("options_form")
+    def _default_options_form(self) -> Any:
+        return BudgetSpawner._render_options_form
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.request_id: str | None = None
+        self.node: str | None = None
+        self.container_id: str | None = None
+        self.last_options: dict[str, Any] = {}
+        self._waiter: Waiter | None = None
+        self._phase = "submitting"
+        self._phase_changed = asyncio.Event()
+
+    # -- helpers -------------------------------------------------------------------
+
+    @property
+    def scheduler(self) -> BudgetScheduler:
+        return BudgetScheduler.instance(config=self.config)
+
+    @property
+    def _prefix(self) -> str:
+        return f"{self.user.name}:{self.name}"
+
+    def _profiles(self) -> list[Profile]:
+        scheduler = self.scheduler
+        try:
+            return parse_profiles(
+                self.profile_list, scheduler.core_settings(), [p["name"] for p in scheduler.pools]
+            )
+        except FormError as error:
+            raise SpawnException(
+                f"The spawner's profile_list is misconfigured ({error}); tell an administrator.",
+                reason="config",
+                status_code=500,
+            ) from None
+
+    def _user_teams(self) -> list[str]:
+        return self.scheduler.team_of_groups([g.name for g in self.user.groups])
+
+    def _set_phase(self, phase: str) -> None:
+        self._phase = phase
+        self._phase_changed.set()
+
+    # -- the form ------------------------------------------------------------------
+
+    async def _render_options_form(self) -> str:
+        scheduler = self.scheduler
+        await scheduler.ensure_started(self.hub.api_url)
+        teams = self._user_teams()
+        hints = {team: scheduler.team_hint(team) for team in teams}
+        notice = scheduler.notices.get((self.user.name, self.name))
+        parts = []
+        if notice:
+            parts.append(f'<div class="alert alert-warning">{notice}</div>')
+        if not teams:
+            parts.append(
+                '<div class="alert alert-danger">You are in no team with an allocation; '
+                "ask an administrator to add you to one.</div>"
+            )
+        parts.append(render_form(self._profiles(), teams, hints))
+        return "\n".join(parts)
+
+    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        """Form fields arrive as lists; keep single values (``resolve`` checks them all)."""
+        options: dict[str, Any] = {}
+        for key, values in formdata.items():
+            if key not in FORM_FIELDS:
+                options[key] = values
+                continue
+            kept = [v for v in values if v != ""]
+            if kept:
+                options[key] = kept[0] if len(kept) == 1 else kept
+        return options
+
+    # -- state ---------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()
+        if self.request_id:
+            state["request_id"] = self.request_id
+        if self.node:
+            state["node"] = self.node
+        if self.container_id:
+            state["container_id"] = self.container_id
+        if self.port:
+            state["port"] = self.port
+        if self.last_options:
+            state["last_options"] = self.last_options
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.request_id = state.get("request_id")
+        self.node = state.get("node")
+        self.container_id = state.get("container_id")
+        self.port = int(state.get("port", 0))
+        self.last_options = dict(state.get("last_options", {}))
+        if self.port and self.request_id:
+            self.scheduler.hold_port(self.port, self.request_id)
+
+    def clear_state(self) -> None:
+        """Forget the ended session; ``last_options`` (the form's defaults) outlive it."""
+        super().clear_state()
+        self.request_id = None
+        self.node = None
+        self.container_id = None
+        self.port = 0
+
+    # -- start ---------------------------------------------------------------------
+
+    def _refuse(self, message: str, reason: str) -> SpawnException:
+        self.log.info("%s: refused: %s", self._prefix, message)
+        return SpawnException(message, reason=reason, status_code=400)
+
+    def _request(self, options: dict[str, Any]) -> Request:
+        profiles = self._profiles()
+        teams = self._user_teams()
+        try:
+            spec = resolve(options, profiles, teams)
+        except FormError as error:
+            raise self._refuse(f"Cannot start: {error.field}: {error.reason}.", "form") from None
+        profile = spec.profile
+        request = Request(
+            id=self.scheduler.new_request_id(self.user.name, self.name),
+            user=self.user.name,
+            team=spec.team,
+            pool=profile.pool,
+            submit=time.time(),
+            gpus=spec.slices.gpus,
+            gpu_milli=spec.slices.gpu_milli,
+            mig=spec.slices.mig,
+            cpus=profile.cpus,
+            memory_gib=profile.memory_gib,
+            labels=spec.labels,
+            min_runtime=spec.min_runtime,
+            resumable=profile.resumable,
+            priority=spec.priority,
+            klass=profile.klass,
+            profile=profile.slug,
+        )
+        why = self.scheduler.check_placeable(request)
+        if why:
+            raise self._refuse(
+                f"Cannot start {profile.display_name} with {spec.slices.display_name}: {why}. "
+                "Pick fewer GPUs or another profile.",
+                "capacity",
+            )
+        return request
+
+    async def start(self) -> tuple[str, int]:
+        scheduler = self.scheduler
+        await scheduler.ensure_started(self.hub.api_url)
+        options = dict(self.user_options or {})
+        self._set_phase("submitting")
+        existing = scheduler.find_request(self.user.name, self.name)
+        if existing is not None:
+            # A spawn queued before a Hub restart: take its place in the queue again.
+            request_id = existing
+            waiter = scheduler.attach(existing)
+            self.log.info("%s: rejoining queued request %s", self._prefix, request_id)
+        else:
+            request = self._request(options)
+            request_id = request.id
+            waiter = scheduler.submit(request, options)
+            self.log.info(
+                "%s: submitted %s (%s, team %s)",
+                self._prefix,
+                request_id,
+                request.profile,
+                request.team,
+            )
+        scheduler.notices.pop((self.user.name, self.name), None)
+        self.request_id = request_id
+        self.last_options = options
+        self._waiter = waiter
+        self._set_phase("queued")
+        try:
+            allocation = await asyncio.wait_for(
+                asyncio.shield(waiter.future), timeout=scheduler.max_queue_wait
+            )
+        except TimeoutError:
+            scheduler.cancel(request_id, "waited the maximum queue time")
+            raise SpawnException(
+                f"Your session waited {scheduler.max_queue_wait / 3600:g} h in the queue, the "
+                "most this Hub allows, and was withdrawn. Try a smaller profile or try later.",
+                reason="queue-timeout",
+                status_code=503,
+            ) from None
+        except asyncio.CancelledError:
+            scheduler.cancel(request_id, "the spawn was cancelled")
+            self.log.info("%s: spawn cancelled; %s left the queue", self._prefix, request_id)
+            raise
+        finally:
+            self._waiter = None
+        return await self._launch(allocation)
+
+    async def _launch(self, allocation: Allocation) -> tuple[str, int]:
+        scheduler = self.scheduler
+        request_id = allocation.id
+        grant = allocation.grants[0]
+        backend = scheduler.backends[grant.node]
+        engine = backend.config
+        self.node = grant.node
+        self._set_phase("launching")
+        profile = next(p for p in self._profiles() if p.slug == allocation.request.profile)
+        port = scheduler.allocate_port(request_id)
+        self.port = port
+        self.ip = engine.address
+        storage_name = allocation.request.labels.get("storage") if profile.storage else None
+        storage = None
+        if storage_name is not None:
+            path = engine.storage.get(storage_name)
+            if path is None:
+                scheduler.finish(request_id, state=RequestState.CANCELLED, reason="no storage")
+                raise SpawnException(
+                    f"Node {grant.node} has no path for storage {storage_name!r}; "
+                    "tell an administrator.",
+                    reason="config",
+                    status_code=500,
+                )
+            storage = (storage_name, path)
+        spec = build_container(
+            SessionIdentity(
+                user=self.user.name,
+                server=self.name,
+                request_id=request_id,
+                team=allocation.request.team,
+                profile=profile.slug,
+                hub=scheduler.hub_name,
+            ),
+            profile.image,
+            grant,
+            hub_env=self.get_env(),
+            port=port,
+            ip=engine.address if engine.network == "host" else "0.0.0.0",
+            nvidia=engine.nvidia,
+            storage=storage,
+            extra_env={
+                "BUDGETHUB_FUNDED": "1" if allocation.funded else "0",
+                "BUDGETHUB_PROTECTED_UNTIL": str(allocation.protected_until),
+            },
+        )
+        try:
+            self.container_id = await backend.launch(spec)
+            await self._wait_until_answers(backend, engine.address, port)
+        except asyncio.CancelledError:
+            await self._remove_container()
+            scheduler.finish(request_id, state=RequestState.CANCELLED, reason="spawn cancelled")
+            raise
+        except Exception as error:
+            logs = await backend.logs(self.container_id) if self.container_id else ""
+            await self._remove_container()
+            scheduler.finish(request_id, state=RequestState.CANCELLED, reason=str(error))
+            self.log.error("%s: launch failed: %s\n%s", self._prefix, error, logs)
+            raise SpawnException(
+                f"Your session was granted on node {grant.node} but its container did not "
+                f"start: {error}",
+                reason="launch",
+                status_code=500,
+            ) from None
+        self.log.info(
+            "%s: running on %s port %d (%s, %s)",
+            self._prefix,
+            grant.node,
+            port,
+            ",".join(s.device_id for s in grant.slices) or "no GPU",
+            "funded" if allocation.funded else "unallocated",
+        )
+        return engine.address, port
+
+    async def _wait_until_answers(self, backend: Any, address: str, port: int) -> None:
+        """Return as soon as the server answers HTTP; fail if the container exits."""
+        url = f"http://{address}:{port}{self.server.base_url if self.server else '/'}api"
+        client = AsyncHTTPClient()
+        deadline = time.monotonic() + self.scheduler.launch_timeout
+        checked = time.monotonic()
+        while time.monotonic() < deadline:
+            try:
+                await client.fetch(HTTPRequest(url, connect_timeout=1, request_timeout=2))
+                return
+            except HTTPClientError:
+                return  # it answered, with an error status: it is up
+            except OSError:
+                pass
+            if time.monotonic() - checked > 1.0 and self.container_id:
+                checked = time.monotonic()
+                state = await backend.state(self.container_id)
+                if state is None or not state.running:
+                    code = state.exit_code if state else "gone"
+                    raise RuntimeError(f"the container exited ({code}) before its server answered")
+            await asyncio.sleep(0.02)
+        raise TimeoutError(f"its server did not answer within {self.scheduler.launch_timeout:g} s")
+
+    # -- progress ------------------------------------------------------------------
+
+    def _queue_message(self, status: QueueStatus) -> str:
+        if status.funded is None:
+            funding = "weighing your team's budget"
+        elif status.funded:
+            funding = f"funded by your team's budget, protected for {status.protected_s / 60:g} min"
+        else:
+            funding = "your team is over its allocation: it will run unallocated (preemptible)"
+        eta = (
+            f"; estimated start {_clock(status.estimated_start)}" if status.estimated_start else ""
+        )
+        return (
+            f"Queued: position {status.position} of {status.waiting} in the pool, "
+            f"{status.team_position} of {status.team_waiting} in your team; {funding}{eta}"
+        )
+
+    async def progress(self) -> Any:
+        scheduler = self.scheduler
+        last = None
+        for _ in range(10**6):  # ends when the Hub stops listening (the spawn finished)
+            if self._phase == "queued" and self.request_id:
+                status = scheduler.queue_status(self.request_id)
+                message = self._queue_message(status) if status else "Granted; starting"
+                event = {"progress": 10, "message": message}
+                if status is not None:
+                    event["queue"] = {
+                        "position": status.position,
+                        "waiting": status.waiting,
+                        "team_position": status.team_position,
+                        "team_waiting": status.team_waiting,
+                        "funded": status.funded,
+                        "estimated_start": status.estimated_start,
+                    }
+            elif self._phase == "launching":
+                message = f"Granted on node {self.node}; starting the container"
+                event = {"progress": 60, "message": message}
+            else:
+                message = "Submitting to the budget scheduler"
+                event = {"progress": 5, "message": message}
+            if message != last:
+                last = message
+                yield event
+            waiter = self._waiter
+            self._phase_changed.clear()
+            waits = [asyncio.ensure_future(self._phase_changed.wait())]
+            if waiter is not None:
+                waiter.changed.clear()
+                waits.append(asyncio.ensure_future(waiter.changed.wait()))
+            done, pending = await asyncio.wait(waits, timeout=5, return_when="FIRST_COMPLETED")
+            for task in pending:
+                task.cancel()
+
+    # -- poll and stop -------------------------------------------------------------
+
+    async def poll(self) -> int | None:
+        scheduler = self.scheduler
+        await scheduler.ensure_started(self.hub.api_url)
+        if not self.container_id or not self.node or self.node not in scheduler.backends:
+            return 0
+        backend = scheduler.backends[self.node]
+        try:
+            state = await backend.state(self.container_id)
+        except Exception as error:  # an engine that does not answer: the node may be down
+            self.log.warning("%s: cannot reach node %s: %s", self._prefix, self.node, error)
+            return None
+        if state is None:
+            return 0
+        return None if state.running else state.exit_code
+
+    async def _remove_container(self) -> None:
+        if self.container_id and self.node:
+            backend = self.scheduler.backends.get(self.node)
+            if backend is not None:
+                await backend.remove(self.container_id)
+        self.container_id = None
+
+    async def stop(self, now: bool = False) -> None:
+        scheduler = self.scheduler
+        await scheduler.ensure_started(self.hub.api_url)
+        await self._remove_container()
+        if self.request_id:
+            scheduler.finish(self.request_id)
+            self.log.info("%s: stopped %s", self._prefix, self.request_id)

@@ -1,0 +1,116 @@
+"""Fixtures for tests against a real Docker engine and a real JupyterHub.
+
+The engine and the images come from ``make test`` (scripts/engine, images/build).
+Without an engine these tests fail, saying so, unless BUDGETHUB_NO_DOCKER=1.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+from docker.errors import DockerException, ImageNotFound
+
+from tests.integration.hub import Hub, free_port, hub_config, remove_containers
+
+IMAGES = ("budgethub/base:latest", "budgethub/gpu:latest", "budgethub/dataprep:latest")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/integration" in str(item.fspath):
+            item.add_marker(pytest.mark.docker)
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[docker.DockerClient]:
+    if os.environ.get("BUDGETHUB_NO_DOCKER") == "1":
+        pytest.skip("BUDGETHUB_NO_DOCKER=1: Docker tests skipped on request")
+    try:
+        client = docker.from_env()
+        client.ping()
+    except DockerException as error:
+        pytest.fail(
+            f"no Docker engine answers ({error}); run `scripts/engine up` "
+            "(make test does), or set BUDGETHUB_NO_DOCKER=1 to skip these tests"
+        )
+    for image in IMAGES:
+        try:
+            client.images.get(image)
+        except ImageNotFound:
+            pytest.fail(f"image {image} is missing; run images/build (make test does)")
+    yield client
+    client.close()
+
+
+def demo_teams() -> list[dict[str, Any]]:
+    return [
+        {"name": "nlp", "share": {"gpu": 0.5, "cpu": 0.5}},
+        {"name": "vision", "share": {"gpu": 0.5, "cpu": 0.5}},
+    ]
+
+
+@pytest.fixture
+def make_hub(engine: docker.DockerClient, tmp_path: Path) -> Iterator[Callable[..., Hub]]:
+    """Start a Hub; ``make_hub(nodes=[...], teams=[...], groups={...})``."""
+    hubs: list[Hub] = []
+    hub_name = f"test-{secrets.token_hex(4)}"
+    engines: set[str | None] = set()
+
+    def make(
+        *,
+        nodes: list[dict[str, Any]],
+        teams: list[dict[str, Any]] | None = None,
+        groups: dict[str, list[str]] | None = None,
+        **kwargs: Any,
+    ) -> Hub:
+        for node in nodes:
+            engines.add(node.get("engine"))
+        port = free_port()
+        directory = tmp_path / f"hub{len(hubs)}"
+        directory.mkdir(exist_ok=True)
+        config = hub_config(
+            directory=tmp_path,
+            port=port,
+            hub_port=free_port(),
+            proxy_api_port=free_port(),
+            hub_name=hub_name,
+            nodes=nodes,
+            teams=teams if teams is not None else demo_teams(),
+            groups=groups if groups is not None else {"nlp": ["ann", "cy"], "vision": ["bo"]},
+            **kwargs,
+        )
+        hub = Hub(tmp_path, config, port)
+        hub.hub_name = hub_name  # type: ignore[attr-defined]
+        hub.start()
+        hubs.append(hub)
+        return hub
+
+    yield make
+    for hub in hubs:
+        hub.stop()
+    for url in engines:
+        remove_containers(hub_name, url)
+
+
+def local_gpu_node(gpus: int = 2, **extra: Any) -> dict[str, Any]:
+    node = {"name": "gpu-1", "pool": "gpu", "gpus": gpus, "cpus": 8, "memory_gib": 16}
+    node.update(extra)
+    return node
+
+
+def cpu_node(storage_path: str, **extra: Any) -> dict[str, Any]:
+    node = {
+        "name": "prep-1",
+        "pool": "cpu",
+        "cpus": 8,
+        "memory_gib": 16,
+        "storage": {"weka-a": storage_path},
+    }
+    node.update(extra)
+    return node

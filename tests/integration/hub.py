@@ -1,0 +1,238 @@
+"""A real JupyterHub (with BudgetSpawner and the pure-Python proxy) in a subprocess.
+
+Everything listens on 127.0.0.1; sessions use host networking and their own
+ports. Each Hub gets its own container label (``hub_name``) so that tests
+never see each other's containers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import requests
+
+VENV_BIN = Path(sys.executable).parent
+ADMIN_TOKEN = secrets.token_hex(16)
+PASSWORD = "budgethub-test"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def hub_config(
+    *,
+    directory: Path,
+    port: int,
+    hub_port: int,
+    proxy_api_port: int,
+    hub_name: str,
+    nodes: list[dict[str, Any]],
+    teams: list[dict[str, Any]],
+    groups: dict[str, list[str]],
+    pools: list[dict[str, str]] | None = None,
+    profiles: list[dict[str, Any]] | None = None,
+    extra: str = "",
+) -> str:
+    pools = pools or [{"name": "gpu", "kind": "gpu"}, {"name": "cpu", "kind": "cpu"}]
+    lines = [
+        "from spawner.hubconfig import configure_hub",
+        "c = get_config()  # noqa",
+        f"configure_hub(c, token={secrets.token_hex(16)!r})",
+        f"c.JupyterHub.bind_url = 'http://127.0.0.1:{port}'",
+        "c.JupyterHub.hub_ip = '127.0.0.1'",
+        f"c.JupyterHub.hub_port = {hub_port}",
+        f"c.ConfigurableHTTPProxy.api_url = 'http://127.0.0.1:{proxy_api_port}'",
+        f"c.ConfigurableHTTPProxy.command = [{str(VENV_BIN / 'configurable-http-proxy')!r}]",
+        f"c.JupyterHub.db_url = 'sqlite:///{directory}/jupyterhub.sqlite'",
+        f"c.JupyterHub.cookie_secret_file = '{directory}/cookie_secret'",
+        f"c.JupyterHub.pid_file = '{directory}/jupyterhub.pid'",
+        "c.JupyterHub.cleanup_servers = False",
+        "c.JupyterHub.cleanup_proxy = True",
+        "c.JupyterHub.allow_named_servers = True",
+        "c.JupyterHub.authenticator_class = 'dummy'",
+        f"c.DummyAuthenticator.password = {PASSWORD!r}",
+        "c.Authenticator.allow_all = True",
+        f"c.JupyterHub.load_groups = {json.dumps({g: {'users': u} for g, u in groups.items()})}",
+        f"c.JupyterHub.services.append({{'name': 'tester', 'api_token': {ADMIN_TOKEN!r}}})",
+        "c.JupyterHub.load_roles.append({'name': 'tester', 'services': ['tester'], "
+        "'scopes': ['admin:users', 'admin:servers', 'access:servers', 'admin:groups', "
+        "'tokens', 'read:users']})",
+        f"c.BudgetScheduler.store_url = 'sqlite:///{directory}/budgethub.sqlite'",
+        f"c.BudgetScheduler.hub_name = {hub_name!r}",
+        f"c.BudgetScheduler.pools = {pools!r}",
+        f"c.BudgetScheduler.nodes = {nodes!r}",
+        f"c.BudgetScheduler.teams = {teams!r}",
+        "c.BudgetScheduler.cycle_tick = 1.0",
+        "c.BudgetScheduler.health_interval = 1.0",
+        "c.BudgetScheduler.launch_timeout = 60",
+        "c.Spawner.http_timeout = 60",
+        "c.JupyterHub.log_level = 'DEBUG'",
+    ]
+    if profiles is not None:
+        lines.append(f"c.BudgetSpawner.profile_list = {profiles!r}")
+    lines.append(extra)
+    return "\n".join(lines) + "\n"
+
+
+class Hub:
+    """A JupyterHub process and a REST client for it."""
+
+    def __init__(self, directory: Path, config: str, port: int) -> None:
+        self.directory = directory
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.api = f"{self.url}/hub/api"
+        self.config_path = directory / "jupyterhub_config.py"
+        self.config_path.write_text(config)
+        self.log_path = directory / "jupyterhub.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.http = requests.Session()
+        self.http.headers["Authorization"] = f"token {ADMIN_TOKEN}"
+
+    def start(self, timeout: float = 60.0) -> None:
+        env = dict(os.environ)
+        env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(VENV_BIN / "jupyterhub"), "-f", str(self.config_path)],
+                cwd=self.directory,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"JupyterHub exited:\n{self.log_tail()}")
+            try:
+                if self.http.get(f"{self.api}/", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"JupyterHub did not answer in {timeout} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        """Stop the Hub (and its proxy); sessions keep running (cleanup_servers=False)."""
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def log_tail(self, lines: int = 80) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- REST -------------------------------------------------------------------
+
+    def server_path(self, user: str, server: str = "") -> str:
+        return (
+            f"{self.api}/users/{user}/servers/{server}"
+            if server
+            else (f"{self.api}/users/{user}/server")
+        )
+
+    def spawn(self, user: str, options: dict[str, Any], server: str = "") -> requests.Response:
+        self.http.post(f"{self.api}/users/{user}", timeout=10)  # create if missing
+        return self.http.post(self.server_path(user, server), json=options, timeout=30)
+
+    def user_model(self, user: str) -> dict[str, Any]:
+        response = self.http.get(f"{self.api}/users/{user}", timeout=10)
+        response.raise_for_status()
+        return dict(response.json())
+
+    def server_model(self, user: str, server: str = "") -> dict[str, Any] | None:
+        model = self.user_model(user).get("servers", {}).get(server)
+        return dict(model) if model else None
+
+    def wait_ready(self, user: str, server: str = "", timeout: float = 90.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            model = self.server_model(user, server)
+            if model and model.get("ready"):
+                return model
+            if model is None and time.monotonic() > deadline - timeout + 5:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"{user}:{server} not ready in {timeout} s:\n{self.log_tail()}")
+
+    def wait_stopped(self, user: str, server: str = "", timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.server_model(user, server) is None:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{user}:{server} did not stop in {timeout} s:\n{self.log_tail()}")
+
+    def stop_server(self, user: str, server: str = "") -> None:
+        response = self.http.delete(self.server_path(user, server), timeout=60)
+        assert response.status_code in (202, 204), response.text
+        self.wait_stopped(user, server)
+
+    def progress(
+        self, user: str, server: str = "", limit: float = 30.0
+    ) -> Iterator[dict[str, Any]]:
+        """Progress events of a pending spawn (the EventStream the spawn page reads)."""
+        url = f"{self.api}/users/{user}/server/progress"
+        if server:
+            url = f"{self.api}/users/{user}/servers/{server}/progress"
+        with self.http.get(url, stream=True, timeout=limit) as response:
+            for line in response.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    yield json.loads(line[5:])
+
+    def through_proxy(self, user: str, path: str = "api", server: str = "") -> requests.Response:
+        prefix = f"/user/{user}/{server + '/' if server else ''}"
+        return self.http.get(f"{self.url}{prefix}{path}", timeout=10, allow_redirects=False)
+
+    def login(self, user: str) -> requests.Session:
+        """A browser-like session logged in as ``user`` (cookies, xsrf)."""
+        browser = requests.Session()
+        page = browser.get(f"{self.url}/hub/login", timeout=10)
+        xsrf = browser.cookies.get("_xsrf", "")
+        response = browser.post(
+            f"{self.url}/hub/login",
+            data={"username": user, "password": PASSWORD, "_xsrf": xsrf},
+            timeout=10,
+            allow_redirects=False,
+        )
+        assert response.status_code in (302, 303), (page.status_code, response.text[:300])
+        return browser
+
+
+def containers(hub_name: str, engine: str | None = None) -> list[Any]:
+    client = docker.DockerClient(base_url=engine) if engine else docker.from_env()
+    try:
+        return list(
+            client.containers.list(all=True, filters={"label": f"org.budgethub.hub={hub_name}"})
+        )
+    finally:
+        client.close()
+
+
+def remove_containers(hub_name: str, engine: str | None = None) -> None:
+    for container in containers(hub_name, engine):
+        container.remove(force=True)

@@ -1,0 +1,237 @@
+"""The spawner's pure parts: profiles and the form, container specs, GPU inventory."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from scheduler_core.model import MILLI, NodeGrant, RequestClass, Slice, SliceKind
+from scheduler_core.settings import Settings
+from spawner.containers import SessionIdentity, build_container, container_name
+from spawner.embedded import ConfigError, parse_nodes
+from spawner.inventory import nvml_gpus, virtual_gpus
+from spawner.profiles import FormError, parse_profiles, render_form, resolve
+from spawner.spawner import DEFAULT_PROFILES
+
+SETTINGS = Settings()
+PROFILES = parse_profiles(DEFAULT_PROFILES, SETTINGS, ["gpu", "cpu"])
+
+
+def test_default_profiles_parse_with_their_caps():
+    by_slug = {p.slug: p for p in PROFILES}
+    assert [s.gpus for s in by_slug["gpu-notebook"].slices] == [1, 2, 4, 8]
+    debug = by_slug["debug"]
+    assert debug.klass is RequestClass.DEBUG
+    assert debug.max_min_runtime == 900
+    assert debug.slices[0].gpu_milli == 250
+    assert by_slug["dataprep"].storage == ("weka-a",)
+
+
+def test_resolve_takes_form_lists_and_rest_values():
+    spec = resolve({"profile": ["gpu-notebook"], "gpus": ["4"]}, PROFILES, ["nlp"])
+    assert (spec.profile.slug, spec.slices.gpus, spec.team) == ("gpu-notebook", 4, "nlp")
+    spec = resolve({"profile": "debug", "slices": "gpu-250m"}, PROFILES, ["nlp"])
+    assert spec.slices.gpu_milli == 250
+    assert spec.min_runtime == 900
+    spec = resolve({"profile": "dataprep"}, PROFILES, ["nlp"])
+    assert spec.labels["storage"] == "weka-a"
+
+
+@pytest.mark.parametrize(
+    ("options", "teams", "field"),
+    [
+        ({"profile": "bitcoin"}, ["nlp"], "profile"),
+        ({"profile": "gpu-notebook", "gpus": 9999}, ["nlp"], "gpus"),
+        ({"profile": "gpu-notebook", "gpus": "-1"}, ["nlp"], "gpus"),
+        ({"profile": "gpu-notebook", "gpus": "many"}, ["nlp"], "gpus"),
+        ({"profile": "gpu-notebook", "team": "vision"}, ["nlp"], "team"),
+        ({"profile": "gpu-notebook"}, ["nlp", "vision"], "team"),
+        ({"profile": "gpu-notebook"}, [], "team"),
+        ({"profile": "gpu-notebook", "priority": -3}, ["nlp"], "priority"),
+        ({"profile": "gpu-notebook", "priority": "1e9"}, ["nlp"], "priority"),
+        ({"profile": "gpu-notebook", "min_runtime": "9h"}, ["nlp"], "min_runtime"),
+        ({"profile": "debug", "min_runtime": "1h"}, ["nlp"], "min_runtime"),
+        ({"profile": "debug", "min_runtime": "soon"}, ["nlp"], "min_runtime"),
+        ({"profile": "dataprep", "storage": "/etc"}, ["nlp"], "storage"),
+        ({"profile": "gpu-notebook", "image": "evil"}, ["nlp"], "image"),
+        ({"profile": ["debug", "gpu-notebook"]}, ["nlp"], "profile"),
+    ],
+)
+def test_forged_options_are_refused_naming_the_field(options, teams, field):
+    with pytest.raises(FormError) as caught:
+        resolve(options, PROFILES, teams)
+    assert caught.value.field == field
+    assert caught.value.reason
+
+
+def test_profile_list_errors_name_the_key():
+    with pytest.raises(FormError, match=r"profile_list\[0\]\.pool"):
+        parse_profiles([{"slug": "x", "pool": "tpu", "image": "i"}], SETTINGS, ["gpu"])
+    with pytest.raises(FormError, match="debug profile offers at most 2"):
+        parse_profiles(
+            [{"slug": "d", "class": "debug", "pool": "gpu", "image": "i", "gpus": [4]}],
+            SETTINGS,
+            ["gpu"],
+        )
+
+
+def test_form_offers_the_users_teams_and_escapes_text():
+    html = render_form(PROFILES, ["nlp", "<b>x</b>"], {"nlp": "(gpu: 10% of budget used)"})
+    assert 'value="gpu-notebook"' in html and 'name="team"' in html
+    assert "10% of budget used" in html
+    assert "<b>x</b>" not in html
+
+
+def grant(*slices: Slice) -> NodeGrant:
+    return NodeGrant("gpu-1", slices, cpus=2, memory_gib=4)
+
+
+IDENTITY = SessionIdentity("ann", "", "ann//abcd", "nlp", "gpu-notebook", "hub-a")
+
+
+def test_container_gets_exactly_the_granted_gpus_and_no_privilege():
+    slices = (Slice("GPU-a", SliceKind.WHOLE), Slice("GPU-b", SliceKind.WHOLE))
+    spec = build_container(
+        IDENTITY,
+        "img",
+        grant(*slices),
+        hub_env={"X": "1"},
+        port=5000,
+        ip="127.0.0.1",
+        nvidia=True,
+    )
+    kwargs = spec.create_kwargs()
+    assert kwargs["environment"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+    assert kwargs["environment"]["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+    assert kwargs["device_requests"][0]["device_ids"] == ["GPU-a", "GPU-b"]
+    assert kwargs["privileged"] is False
+    assert kwargs["user"] == "1000:100"
+    assert kwargs["nano_cpus"] == 2 * 10**9 and kwargs["mem_limit"] == 4 * 2**30
+    assert all("docker.sock" not in m["Source"] for m in kwargs["mounts"])
+    assert kwargs["mounts"][0]["Target"] == "/home/jovyan/work"
+    assert "--port=5000" in kwargs["command"]
+
+
+def test_virtual_gpus_reach_the_environment_but_not_the_runtime():
+    mig = Slice("GPU-a", SliceKind.MIG, mig_uuid="MIG-1", mig_profile="1g.10gb")
+    spec = build_container(
+        IDENTITY, "img", grant(mig), hub_env={}, port=1, ip="127.0.0.1", nvidia=False
+    )
+    kwargs = spec.create_kwargs()
+    assert kwargs["environment"]["NVIDIA_VISIBLE_DEVICES"] == "MIG-1"
+    assert "device_requests" not in kwargs
+    half = Slice("GPU-a", SliceKind.FRACTION, milli=MILLI // 2)
+    spec = build_container(
+        IDENTITY, "img", grant(half), hub_env={}, port=1, ip="127.0.0.1", nvidia=False
+    )
+    assert spec.environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    cpu = build_container(
+        IDENTITY,
+        "img",
+        grant(),
+        hub_env={},
+        port=1,
+        ip="127.0.0.1",
+        nvidia=False,
+        storage=("weka-a", "/srv/weka-a"),
+    )
+    assert cpu.environment["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert cpu.mounts[1].source == "/srv/weka-a" and cpu.mounts[1].kind == "bind"
+
+
+def test_container_names_are_safe_and_distinct():
+    assert container_name("a.b@c", "") == "budgethub-a.b-40c-default"
+    assert container_name("ann", "x") != container_name("ann", "y")
+
+
+class FakeNvml:
+    """pynvml's functions for one machine with a whole H100 and a MIG-partitioned one."""
+
+    def __init__(self) -> None:
+        self.shut = False
+        self.gpus = [
+            {"uuid": b"GPU-0", "name": "NVIDIA H100", "mig": None},
+            {"uuid": "GPU-1", "name": "NVIDIA H100", "mig": ["MIG-1a", None, "MIG-1c"]},
+        ]
+
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+        pass
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self.shut = True
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index):  # noqa: N802
+        return ("gpu", index)
+
+    def nvmlDeviceGetUUID(self, handle):  # noqa: N802
+        if handle[0] == "mig":
+            return self.gpus[handle[1]]["mig"][handle[2]]
+        return self.gpus[handle[1]]["uuid"]
+
+    def nvmlDeviceGetName(self, handle):  # noqa: N802
+        if handle[0] == "mig":
+            return "NVIDIA H100 MIG 1g.10gb" if handle[2] == 0 else "NVIDIA H100 MIG"
+        return self.gpus[handle[1]]["name"]
+
+    def nvmlDeviceGetMemoryInfo(self, handle):  # noqa: N802
+        return SimpleNamespace(total=80 * 2**30)
+
+    def nvmlDeviceGetMigMode(self, handle):  # noqa: N802
+        if self.gpus[handle[1]]["mig"] is None:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return (1, 1)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle):  # noqa: N802
+        return len(self.gpus[handle[1]]["mig"])
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, slot):  # noqa: N802
+        if self.gpus[handle[1]]["mig"][slot] is None:
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return ("mig", handle[1], slot)
+
+    def nvmlDeviceGetAttributes(self, handle):  # noqa: N802
+        return SimpleNamespace(gpuInstanceSliceCount=2, memorySizeMB=20 * 1024)
+
+
+def test_nvml_inventory_reads_whole_gpus_and_mig_instances():
+    fake = FakeNvml()
+    gpus = nvml_gpus(fake)  # type: ignore[arg-type]
+    assert [g.uuid for g in gpus] == ["GPU-0", "GPU-1"]
+    assert gpus[0].mig == () and gpus[0].memory_mib == 80 * 1024 and not gpus[0].virtual
+    assert [(m.uuid, m.profile) for m in gpus[1].mig] == [
+        ("MIG-1a", "1g.10gb"),
+        ("MIG-1c", "2g.20gb"),
+    ]
+    assert fake.shut
+
+
+def test_nodes_config_virtual_gpus_and_errors_name_the_key():
+    pools = {"gpu": SimpleNamespace(kind="gpu"), "cpu": SimpleNamespace(kind="cpu")}
+    from scheduler_core.model import Pool, PoolKind
+
+    pools = {"gpu": Pool("gpu", PoolKind.GPU), "cpu": Pool("cpu", PoolKind.CPU)}
+    nodes, engines = parse_nodes(
+        [
+            {"name": "g", "pool": "gpu", "gpus": 2, "mig": {"1": ["1g.10gb"] * 7}},
+            {"name": "p", "pool": "cpu", "storage": {"weka-a": "/srv/a"}},
+        ],
+        pools,
+    )
+    assert all(g.virtual for g in nodes[0].gpus)
+    assert len(nodes[0].gpus[1].mig) == 7
+    assert nodes[1].labels["storage"] == "weka-a"
+    assert engines["p"].storage == {"weka-a": "/srv/a"}
+    assert virtual_gpus("g", 2)[0].uuid == nodes[0].gpus[0].uuid
+    for bad, key in [
+        ({"name": "x", "pool": "tpu"}, "nodes[0].pool"),
+        ({"name": "x", "pool": "gpu", "gpus": -1}, "nodes[0].gpus"),
+        ({"name": "x", "pool": "cpu", "gpus": 1}, "nodes[0].gpus"),
+        ({"name": "x", "pool": "gpu", "cpus": 0}, "nodes[0].cpus"),
+        ({"name": "x", "pool": "gpu", "colour": "red"}, "nodes[0].colour"),
+    ]:
+        with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
+            parse_nodes([bad], pools)
