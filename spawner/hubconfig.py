@@ -12,6 +12,8 @@ import asyncio
 import logging
 import os
 import secrets
+import sys
+from pathlib import Path
 from typing import Any
 
 SERVICE = "budgethub"
@@ -24,6 +26,8 @@ def configure_hub(c: Any, token: str | None = None) -> None:
     """Make JupyterHub config ``c`` use BudgetSpawner with its embedded scheduler."""
     token = token or os.environ.get("BUDGETHUB_API_TOKEN") or secrets.token_hex(32)
     c.JupyterHub.spawner_class = "budget"
+    # The pure-Python proxy, streaming (spawner/proxy.py): no Node.js needed.
+    c.ConfigurableHTTPProxy.command = [str(Path(sys.executable).parent / "budgethub-proxy")]
     services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
     services = [s for s in services if s.get("name") != SERVICE]
     services.append({"name": SERVICE, "api_token": token, "display": False})

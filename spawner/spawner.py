@@ -156,6 +156,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         """Form fields arrive as lists; keep single values (``resolve`` checks them all)."""
         options: dict[str, Any] = {}
         for key, values in formdata.items():
+            if key.startswith("_"):
+                continue  # the Hub's own fields (_xsrf)
             if key not in FORM_FIELDS:
                 options[key] = values
                 continue
