@@ -399,10 +399,9 @@ class BudgetScheduler(SingletonConfigurable):
         except ValueError:
             pass
 
-    async def requeue_detached(self) -> int:
+    async def requeue_detached(self) -> bool:
         """Start again, through the Hub, the queued spawns no spawner waits for (after a
-        Hub restart). Returns how many were asked for."""
-        asked = 0
+        Hub restart). False if the Hub did not answer (ask again later)."""
         for request_id in list(self.core.pending) + list(self._unclaimed):
             if request_id in self._waiters:
                 continue
@@ -410,10 +409,12 @@ class BudgetScheduler(SingletonConfigurable):
             path = f"users/{user}/servers/{server}" if server else f"users/{user}/server"
             try:
                 await self.hub_api("POST", path, self._options.get(request_id, {}))
-                asked += 1
-            except (HTTPClientError, OSError) as error:
+                self.log.info("budgethub: %s queued again through the Hub", request_id)
+            except HTTPClientError as error:
                 self.log.warning("budgethub: could not requeue %s: %s", request_id, error)
-        return asked
+            except OSError:
+                return False
+        return True
 
     def stop(self) -> None:
         for task in self._tasks:

@@ -60,8 +60,10 @@ async def _start_with_hub() -> None:
         try:
             scheduler = BudgetScheduler.instance(config=app.config)
             await scheduler.ensure_started(app.hub.api_url)
-            await asyncio.sleep(1.0)  # let the Hub finish its own start
-            await scheduler.requeue_detached()
+            for _attempt in range(120):  # the Hub's API answers once its start is done
+                if await scheduler.requeue_detached():
+                    break
+                await asyncio.sleep(0.5)
         except Exception:
             log.exception("budgethub: the embedded scheduler did not start")
         return

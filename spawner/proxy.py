@@ -83,5 +83,6 @@ def main() -> None:
     handlers.ProxyHandler.call_proxy = _streaming_call_proxy  # type: ignore[method-assign]
     sys.exit(cli.main())
 
+
 if __name__ == "__main__":
     main()

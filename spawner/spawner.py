@@ -195,6 +195,11 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
     def clear_state(self) -> None:
         """Forget the ended session; ``last_options`` (the form's defaults) outlive it."""
         super().clear_state()
+        if self.request_id and not self.container_id:
+            scheduler = self.scheduler
+            if scheduler.started:
+                scheduler.cancel(self.request_id, "the spawn was cancelled")
+                self.log.info("%s: %s left the queue", self._prefix, self.request_id)
         self.request_id = None
         self.node = None
         self.container_id = None
@@ -281,8 +286,11 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
                 status_code=503,
             ) from None
         except asyncio.CancelledError:
-            scheduler.cancel(request_id, "the spawn was cancelled")
-            self.log.info("%s: spawn cancelled; %s left the queue", self._prefix, request_id)
+            # A user's cancel is followed by the Hub stopping the server (clear_state takes
+            # the request out of the queue); a Hub shutting down cancels without a stop, and
+            # the request stays queued for the next Hub.
+            scheduler.detach(request_id)
+            self.log.info("%s: no longer waiting for %s", self._prefix, request_id)
             raise
         finally:
             self._waiter = None
