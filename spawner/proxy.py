@@ -15,7 +15,6 @@ from typing import Any
 
 from configurable_http_proxy import cli, handlers
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-from tornado.httputil import ResponseStartLine
 from tornado.iostream import StreamClosedError
 
 _SKIPPED = {"content-length", "transfer-encoding", "content-encoding", "connection"}
@@ -38,8 +37,8 @@ async def _streaming_call_proxy(self: Any, path: str | None = None) -> None:
     def on_header(line: str) -> None:
         nonlocal started
         if line.startswith("HTTP/"):
-            start = ResponseStartLine(*line.rstrip("\r\n").split(" ", 2))
-            self.set_status(int(start.code), start.reason or None)
+            _version, code, reason = (line.rstrip("\r\n").split(" ", 2) + ["", ""])[:3]
+            self.set_status(int(code), reason or None)
             return
         if line.strip() == "":
             started = True
@@ -80,7 +79,7 @@ async def _streaming_call_proxy(self: Any, path: str | None = None) -> None:
 
 
 def main() -> None:
-    handlers.ProxyHandler.call_proxy = _streaming_call_proxy  # type: ignore[method-assign]
+    handlers.ProxyHandler.call_proxy = _streaming_call_proxy
     sys.exit(cli.main())
 
 
