@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint unit bench demo postgres clean
+.PHONY: test lint unit integration bench demo engine images postgres clean
 
 # The virtual environment is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -22,24 +22,40 @@ postgres:
 	@for i in $$(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && exit 0; sleep 1; done; \
 	  echo "PostgreSQL at 127.0.0.1:5432 is not answering; the postgres tests will fail" >&2
 
+# A Docker engine (installed and started if missing) and the session images.
+engine:
+	scripts/engine up
+
+images: engine
+	images/build
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check scheduler_core spawner tests bench
 	$(BIN)/mypy scheduler_core spawner
 
-test: $(STAMP) postgres lint
+test: $(STAMP) postgres lint images
 	$(BIN)/pytest -q
 
+integration: $(STAMP) images
+	$(BIN)/pytest -q tests/integration
+
 unit: $(STAMP)
-	$(BIN)/pytest -q -m "not postgres and not slow"
+	$(BIN)/pytest -q -m "not postgres and not slow and not docker"
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
-demo:
-	@echo "make demo arrives with the BudgetSpawner (JupyterHub) issue; today budgethub is the"
-	@echo "scheduler core and its simulator: try  .venv/bin/budgethub sim examples/debug-fast-start.json"
-	@exit 1
+# The embedded default (jupyterhub_config.py) at http://127.0.0.1:8000.
+demo: $(STAMP) images
+	@mkdir -p .demo
+	@echo
+	@echo "  budgethub demo: http://127.0.0.1:8000"
+	@echo "  log in as ann or bo (team nlp), cy (vision), di (robotics), eve (nlp + vision)"
+	@echo "  or admin; the password is: budgethub.  Ctrl-C stops the Hub (sessions keep running;"
+	@echo "  the next make demo finds them again)."
+	@echo
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyterhub -f jupyterhub_config.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .demo
