@@ -491,6 +491,13 @@ class BudgetScheduler(SingletonConfigurable):
             self.log.warning("budgethub: cannot book %s: %s", allocation.id, error)
             asyncio.get_running_loop().call_soon(self._book_failed, allocation.id)
             return
+        self.log.info(
+            "budgethub: granted %s on %s, %.1f ms after its submission (%s)",
+            allocation.id,
+            ",".join(allocation.node_names),
+            (time.time() - allocation.request.submit) * 1e3,
+            "funded" if allocation.funded else "unallocated",
+        )
         waiter = self._waiters.get(allocation.id)
         if waiter is not None and not waiter.future.done():
             waiter.future.set_result(allocation)

@@ -467,7 +467,16 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         if self.container_id and self.node:
             backend = self.scheduler.backends.get(self.node)
             if backend is not None:
-                await backend.remove(self.container_id)
+                try:
+                    await backend.remove(self.container_id)
+                except Exception as error:  # an engine that is down: the node's problem now
+                    self.log.warning(
+                        "%s: could not remove %s on %s: %s",
+                        self._prefix,
+                        self.container_id[:12],
+                        self.node,
+                        error,
+                    )
         self.container_id = None
 
     async def stop(self, now: bool = False) -> None:

@@ -1,0 +1,279 @@
+"""Spawn benchmarks: BudgetSpawner against stock DockerSpawner, same image and engine.
+
+Two real Hubs run side by side (127.0.0.1 only, host networking): one with
+BudgetSpawner's debug profile, one with DockerSpawner 14 on the same image
+(``budgethub/gpu``). Spawns alternate between them in one run. Measured:
+
+* sequential spawn latency (REST POST until the Hub answers 201, i.e. ready),
+  and the bare container start (docker run -> jupyter server answering);
+* ten spawns at once and ten stops at once, per spawner;
+* grant latency (submit -> admission, from the Hub log) with free capacity;
+* the Hub's responsiveness (GET /hub/api/ round trip) idle and while 150 users
+  hold 500 queued requests.
+
+Run: ``python -m bench.spawn [--rounds N]`` (needs the engine and images of
+``make images``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import docker
+import requests
+
+from tests.integration.hub import Hub, free_port, hub_config, remove_containers
+
+IMAGE = "budgethub/gpu:latest"
+DEBUG = {"profile": "debug", "slices": "gpu-250m"}
+
+DOCKERSPAWNER = """
+from dockerspawner import DockerSpawner
+from jupyterhub.utils import random_port
+
+
+class HostDockerSpawner(DockerSpawner):
+    # Stock DockerSpawner on host networking: its own port per server.
+    async def start(self):
+        self.port = random_port()
+        return await super().start()
+
+    async def get_ip_and_port(self):
+        return "127.0.0.1", self.port
+
+
+c.JupyterHub.spawner_class = HostDockerSpawner
+c.DockerSpawner.image = {image!r}
+c.DockerSpawner.network_name = "host"
+c.DockerSpawner.extra_host_config = {{"network_mode": "host"}}
+c.DockerSpawner.remove = True
+c.DockerSpawner.use_internal_ip = True  # no port bindings on host networking
+c.DockerSpawner.name_template = "bench-ds-{{username}}"
+"""
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def timed(action: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    action()
+    return time.perf_counter() - t0
+
+
+def spawn_ready(hub: Hub, user: str, options: dict[str, Any]) -> None:
+    response = hub.spawn(user, options)
+    if response.status_code == 202:
+        hub.wait_ready(user, timeout=120)
+    elif response.status_code != 201:
+        raise RuntimeError(f"{user}: {response.status_code} {response.text}")
+
+
+def stop(hub: Hub, user: str) -> None:
+    hub.stop_server(user)
+
+
+def bare_container_start(rounds: int) -> list[float]:
+    """docker run -> the jupyter server answering, no Hub."""
+    client = docker.from_env()
+    times = []
+    for _ in range(rounds):
+        port = free_port()
+        t0 = time.perf_counter()
+        container = client.containers.run(
+            IMAGE,
+            ["jupyter", "server", f"--ServerApp.port={port}", "--ServerApp.ip=127.0.0.1"],
+            network_mode="host",
+            detach=True,
+            remove=False,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    requests.get(f"http://127.0.0.1:{port}/api", timeout=1)
+                    break
+                except requests.ConnectionError:
+                    time.sleep(0.02)
+            times.append(time.perf_counter() - t0)
+        finally:
+            container.remove(force=True)
+    return times
+
+
+def concurrently(action: Callable[[str], Any], users: list[str]) -> list[float]:
+    with ThreadPoolExecutor(len(users)) as pool:
+        return list(pool.map(lambda u: timed(lambda: action(u)), users))
+
+
+def api_round_trips(hub: Hub, seconds: float) -> list[float]:
+    times = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        times.append(timed(lambda: hub.http.get(f"{hub.api}/", timeout=30)))
+        time.sleep(0.05)
+    return times
+
+
+def p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def start_hubs(directory: Path, users: list[str]) -> tuple[Hub, Hub]:
+    groups = {"bench": users}
+    teams = [{"name": "bench", "share": {"gpu": 1.0, "cpu": 1.0}}]
+    nodes = [{"name": "gpu-1", "pool": "gpu", "gpus": 8, "cpus": 16, "memory_gib": 32}]
+    hubs = []
+    for name, extra in (
+        ("budget", "c.JupyterHub.concurrent_spawn_limit = 0\n"),
+        ("dockerspawner", DOCKERSPAWNER.format(image=IMAGE)),
+    ):
+        home = directory / name
+        home.mkdir()
+        port = free_port()
+        config = hub_config(
+            directory=home,
+            port=port,
+            hub_port=free_port(),
+            proxy_api_port=free_port(),
+            hub_name=f"bench-{name}",
+            nodes=nodes,
+            teams=teams,
+            groups=groups,
+            extra=extra + "c.JupyterHub.log_level = 'INFO'\n",
+        )
+        hub = Hub(home, config, port)
+        hub.start()
+        hubs.append(hub)
+    return hubs[0], hubs[1]
+
+
+def queued_load(hub: Hub, seconds: float) -> dict[str, float]:
+    """Fill the GPUs, queue 500 requests of 150 users, measure the Hub meanwhile."""
+    fillers = [f"fill{i}" for i in range(8)]
+    for user in fillers:
+        hub.http.post(f"{hub.api}/users/{user}", timeout=10)
+        hub.http.post(f"{hub.api}/groups/bench/users", json={"users": [user]}, timeout=10)
+    concurrently(lambda u: spawn_ready(hub, u, {"profile": "gpu-notebook", "gpus": 1}), fillers)
+    users = [f"q{i:03d}" for i in range(150)]
+    hub.http.post(f"{hub.api}/users", json={"usernames": users}, timeout=60)
+    hub.http.post(f"{hub.api}/groups/bench/users", json={"users": users}, timeout=60)
+    wanted = [(users[i % 150], f"s{i // 150}") for i in range(500)]
+
+    def queue(item: tuple[str, str]) -> int:
+        user, server = item
+        path = hub.server_path(user, server)
+        return hub.http.post(path, json=DEBUG, timeout=120).status_code
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(20) as pool:
+        codes = list(pool.map(queue, wanted))
+    submitted_s = time.perf_counter() - t0
+    queued = sum(1 for code in codes if code == 202)
+    trips = api_round_trips(hub, seconds)
+    return {
+        "queued": queued,
+        "submit_500_s": submitted_s,
+        "api_p50_ms": p(trips, 0.5) * 1e3,
+        "api_p99_ms": p(trips, 0.99) * 1e3,
+        "api_max_ms": max(trips) * 1e3,
+    }
+
+
+def grant_latencies(hub: Hub) -> list[float]:
+    text = hub.log_path.read_text(errors="replace")
+    return [float(ms) for ms in re.findall(r"granted \S+ on \S+, ([\d.]+) ms after", text)]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m bench.spawn")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--load-seconds", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    users = [f"u{i}" for i in range(10)]
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        budget, stock = start_hubs(Path(tmp), users)
+        try:
+            for hub in (budget, stock):
+                hub.http.post(f"{hub.api}/users", json={"usernames": users}, timeout=30)
+            # Warm both (image layers in the page cache, first-use paths).
+            spawn_ready(budget, "u0", DEBUG)
+            stop(budget, "u0")
+            spawn_ready(stock, "u0", {})
+            stop(stock, "u0")
+            seq: dict[str, list[float]] = {"budget": [], "dockerspawner": []}
+            for _ in range(args.rounds):
+                seq["budget"].append(timed(lambda: spawn_ready(budget, "u1", DEBUG)))
+                stop(budget, "u1")
+                seq["dockerspawner"].append(timed(lambda: spawn_ready(stock, "u1", {})))
+                stop(stock, "u1")
+            bare = bare_container_start(args.rounds)
+            conc: dict[str, dict[str, float]] = {}
+            for name, hub, options in (
+                ("budget", budget, DEBUG),
+                ("dockerspawner", stock, {}),
+            ):
+                spawns = concurrently(lambda u, h=hub, o=options: spawn_ready(h, u, o), users)
+                stops = concurrently(lambda u, h=hub: stop(h, u), users)
+                conc[name] = {"spawn_median_s": median(spawns), "stop_median_s": median(stops)}
+            grants = grant_latencies(budget)
+            idle = api_round_trips(budget, 5)
+            stock.stop()
+            load = queued_load(budget, args.load_seconds)
+        finally:
+            budget.stop()
+            stock.stop()
+            remove_containers("bench-budget")
+            client = docker.from_env()
+            for container in client.containers.list(all=True, filters={"name": "bench-ds-"}):
+                container.remove(force=True)
+    results = {
+        "sequential_median_s": {k: median(v) for k, v in seq.items()},
+        "ratio_budget_to_dockerspawner": median(seq["budget"]) / median(seq["dockerspawner"]),
+        "bare_container_median_s": median(bare),
+        "ratio_budget_to_bare": median(seq["budget"]) / median(bare),
+        "concurrent_10": conc,
+        "grant_latency_ms": {"n": len(grants), "median": median(grants), "max": max(grants)},
+        "hub_api_idle_ms": {"p50": p(idle, 0.5) * 1e3, "p99": p(idle, 0.99) * 1e3},
+        "hub_api_500_queued": load,
+    }
+    print(
+        "spawn (debug profile, free capacity), median of "
+        f"{args.rounds} alternating: budgethub {results['sequential_median_s']['budget']:.2f} s, "
+        f"DockerSpawner {results['sequential_median_s']['dockerspawner']:.2f} s "
+        f"(ratio {results['ratio_budget_to_dockerspawner']:.2f}; bar <= 1.10); bare container "
+        f"{results['bare_container_median_s']:.2f} s (budgethub / bare "
+        f"{results['ratio_budget_to_bare']:.2f})"
+    )
+    for name, row in conc.items():
+        print(
+            f"10 at once, {name}: spawn median {row['spawn_median_s']:.2f} s, "
+            f"stop median {row['stop_median_s']:.2f} s"
+        )
+    g = results["grant_latency_ms"]
+    print(
+        f"grant latency (submit -> admission, free capacity): median {g['median']:.1f} ms, "
+        f"max {g['max']:.1f} ms over {g['n']} grants (bar <= 100 ms)"
+    )
+    print(
+        f"Hub API round trip: idle p50 {results['hub_api_idle_ms']['p50']:.1f} ms "
+        f"p99 {results['hub_api_idle_ms']['p99']:.1f} ms; with {load['queued']} queued "
+        f"requests of 150 users: p50 {load['api_p50_ms']:.1f} ms, p99 {load['api_p99_ms']:.1f} "
+        f"ms, max {load['api_max_ms']:.1f} ms (500 submitted in {load['submit_500_s']:.1f} s)"
+    )
+    return results
+
+
+if __name__ == "__main__":
+    main()
