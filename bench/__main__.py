@@ -2,6 +2,7 @@
 
 * bench.cycle — one scheduling cycle, 128 nodes × 8 GPUs, 1,000 running, 2,000 pending
 * bench.month — the simulator on a generated 30-day, 1,024-GPU month
+* bench.compare — budget and the four baselines on that month (`budgethub compare`)
 * the placement benchmark on the Alibaba trace (`budgethub bench placement`)
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bench import cycle, month
+from bench import compare, cycle, month
 from scheduler_core.cli import main as cli
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-openb"
@@ -19,6 +20,7 @@ TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-ope
 def main() -> int:
     cycle.main()
     month.main()
+    compare.main([])
     if TRACE.is_dir():
         cli(
             [

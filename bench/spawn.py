@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import statistics
 import tempfile
 import time
@@ -202,8 +203,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     users = [f"u{i}" for i in range(10)]
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        budget, stock = start_hubs(Path(tmp), users)
+    work = Path(tempfile.gettempdir()) / "budgethub-bench-spawn"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    if True:  # the Hubs' logs stay in the work directory for a failed run
+        budget, stock = start_hubs(work, users)
         try:
             for hub in (budget, stock):
                 hub.http.post(f"{hub.api}/users", json={"usernames": users}, timeout=30)

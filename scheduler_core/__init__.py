@@ -6,3 +6,5 @@ the simulator drive the same `decide` function.
 """
 
 __version__ = "0.1.0"
+
+from scheduler_core import baselines as baselines  # registers the baseline policies

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "scheduler_core.commands.trace",
     "scheduler_core.commands.bench",
     "scheduler_core.commands.compare",
+    "scheduler_core.commands.sweep",
 )
 """Modules that add subcommands; a module that is not there yet is skipped."""
 

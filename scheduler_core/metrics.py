@@ -8,6 +8,15 @@ hour), where demand is the GPU-equivalents of its submitted, unfinished
 requests (running or waiting); used counts every GPU-second the team ran,
 funded or not; delivered = min(used, owed); fulfilment = Σ delivered / Σ owed.
 A parent team's figures cover its sub-teams.
+
+Extra fields beyond §5: ``wait_s`` always has ``all`` and the four classes
+(``n`` 0 and null percentiles for a class with no requests); ``occupancy_hourly``
+is the GPU pools' busy fraction hour by hour; ``stranded_gpu_h`` is GPU time
+stranded by fragmentation: the free GPU-equivalents of a pool (on ready nodes),
+integrated over the times when some waiting request of that pool needed no more
+GPU-equivalents than were free in the pool in total, yet fewer nodes than it
+asks for each had its per-node part free (GPU-equivalents count, whatever kind
+of slice is free). ``stranded_share`` is that over all GPU time in the horizon.
 """
 
 from __future__ import annotations
@@ -17,11 +26,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from scheduler_core.model import PoolKind
-from scheduler_core.simulator import SimRun
+from scheduler_core.model import Health, PoolKind
+from scheduler_core.simulator import RequestRecord, SimRun
 from scheduler_core.teams import TeamTree
 
 HOUR = 3600.0
+CLASSES = ("debug", "interactive", "batch", "dataprep")
+"""Request classes that always appear in ``wait_s``."""
+_EPS = 1e-9
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -130,9 +142,11 @@ def result(run: SimRun) -> dict[str, Any]:
                 unallocated += amount
     gpu_capacity = sum(capacity[p] for p in gpu_pools)
 
+    classes = sorted(set(CLASSES) | set(waits_by_class))
+    stranded = stranded_gpu_seconds(run)
     metrics: dict[str, Any] = {
         "wait_s": {"all": wait_summary(all_waits)}
-        | {klass: wait_summary(waits) for klass, waits in sorted(waits_by_class.items())},
+        | {klass: wait_summary(waits_by_class.get(klass, ())) for klass in classes},
         "occupancy": _round(used / (gpu_capacity * horizon), 4) if gpu_capacity else None,
         "unallocated_share": _round(unallocated / used, 4) if used else 0.0,
         "preemptions": sum(r.preemptions for r in run.records.values()),
@@ -140,6 +154,9 @@ def result(run: SimRun) -> dict[str, Any]:
         "never_started": never_started,
         "finished": sum(1 for r in run.records.values() if r.finished),
         "cycles": run.cycles,
+        "stranded_gpu_h": _round(stranded / HOUR, 2),
+        "stranded_share": _round(stranded / (gpu_capacity * horizon), 4) if gpu_capacity else 0.0,
+        "occupancy_hourly": occupancy_hourly(run, gpu_pools, gpu_capacity),
     }
     metrics["teams"] = team_metrics(run, gpu_pools, capacity)
     owed = sum(t["owed_gpu_h"] for n, t in metrics["teams"].items() if t["top_level"])
@@ -221,3 +238,137 @@ def team_metrics(
 def _sum_series(series: Iterable[list[float]]) -> list[float]:
     """Hour-by-hour sums of equally long series."""
     return [sum(values) for values in zip(*series, strict=True)]
+
+
+def occupancy_hourly(run: SimRun, gpu_pools: list[str], gpu_capacity: float) -> list[float]:
+    """The GPU pools' busy fraction in each hour of the horizon (the last may be partial)."""
+    horizon = run.scenario.horizon
+    hours = max(1, math.ceil(horizon / HOUR))
+    if not gpu_capacity:
+        return [0.0] * hours
+    busy = HourlySeries(hours)
+    pools = set(gpu_pools)
+    for segment in run.segments:
+        if segment.pool in pools:
+            busy.add(segment.start, min(segment.end, horizon), segment.rate)
+    out = []
+    for hour, used in enumerate(busy.values()):
+        length = min(HOUR, horizon - hour * HOUR)
+        out.append(_round(used / (gpu_capacity * length), 4) if length > 0 else 0.0)
+    return out
+
+
+def waiting_spans(record: RequestRecord, horizon: float) -> list[tuple[float, float]]:
+    """When the request waited: before its first start and after each preemption."""
+    spans: list[tuple[float, float]] = []
+    begin = record.submit
+    for i, start in enumerate(record.starts):
+        spans.append((begin, start))
+        begin = record.ends[i] if i < len(record.ends) else horizon
+    if not record.finished and record.preemptions >= len(record.starts):
+        spans.append((begin, horizon))
+    return [(a, min(b, horizon)) for a, b in spans if min(b, horizon) > a]
+
+
+class _PoolFree:
+    """Free GPU-equivalents per ready node of one pool, with a count of nodes per amount free."""
+
+    def __init__(self) -> None:
+        self.capacity: dict[str, float] = {}
+        self.used: dict[str, float] = defaultdict(float)
+        self.ready: dict[str, bool] = {}
+        self.by_free: dict[float, int] = defaultdict(int)
+        self.total = 0.0
+
+    def _free(self, node: str) -> float:
+        if not self.ready[node]:
+            return 0.0
+        return round(max(0.0, self.capacity[node] - self.used[node]), 6)
+
+    def add(self, node: str, capacity: float, ready: bool) -> None:
+        self.capacity[node] = capacity
+        self.ready[node] = ready
+        free = self._free(node)
+        self.by_free[free] += 1
+        self.total += free
+
+    def change(self, node: str, used: float = 0.0, ready: bool | None = None) -> None:
+        old = self._free(node)
+        self.by_free[old] -= 1
+        if not self.by_free[old]:
+            del self.by_free[old]
+        self.total -= old
+        self.used[node] += used
+        if ready is not None:
+            self.ready[node] = ready
+        new = self._free(node)
+        self.by_free[new] += 1
+        self.total += new
+
+    def nodes_with(self, amount: float) -> int:
+        return sum(n for free, n in self.by_free.items() if free + _EPS >= amount)
+
+
+def stranded_gpu_seconds(run: SimRun) -> float:
+    """Free GPU-seconds while fragmentation kept a waiting request out (module docstring)."""
+    scenario = run.scenario
+    horizon = scenario.horizon
+    kinds = {p.name: p.kind for p in scenario.pools}
+    pool_of = {n.name: n.pool for n in scenario.nodes}
+    # (time, order, pool, payload): node changes before waiting changes at one time.
+    events: list[tuple[float, int, str, tuple[Any, ...]]] = []
+    pools: dict[str, _PoolFree] = defaultdict(_PoolFree)
+    for node in scenario.nodes:
+        if kinds[node.pool] is not PoolKind.GPU:
+            continue
+        pools[node.pool].add(node.name, node.gpu_capacity, node.health is Health.READY)
+    for event in scenario.events:
+        if event.node in pools[pool_of[event.node]].capacity:
+            ready = event.health is Health.READY
+            events.append((event.at, 0, pool_of[event.node], ("health", event.node, ready)))
+    for request in scenario.requests:
+        record = run.records[request.id]
+        if kinds[request.pool] is not PoolKind.GPU or request.submit > horizon:
+            continue
+        for i, start in enumerate(record.starts):
+            held = record.nodes[i]
+            per_node = record.weight / len(held)
+            end = record.ends[i] if i < len(record.ends) else horizon
+            for name in held:
+                events.append((start, 0, request.pool, ("use", name, per_node)))
+                events.append((end, 0, request.pool, ("use", name, -per_node)))
+        need = (round(request.gpu_weight / request.nodes, 6), request.nodes)
+        for begin, end in waiting_spans(record, horizon):
+            events.append((begin, 1, request.pool, ("wait", need, 1)))
+            events.append((end, 1, request.pool, ("wait", need, -1)))
+    events.sort(key=lambda e: (e[0], e[1]))
+    waiting: dict[str, dict[tuple[float, int], int]] = defaultdict(lambda: defaultdict(int))
+    stranded = 0.0
+    i = 0
+    while i < len(events):
+        now = events[i][0]
+        while i < len(events) and events[i][0] == now:
+            _, _, pool, payload = events[i]
+            if payload[0] == "use":
+                pools[pool].change(payload[1], used=payload[2])
+            elif payload[0] == "health":
+                pools[pool].change(payload[1], ready=payload[2])
+            else:
+                waiting[pool][payload[1]] += payload[2]
+            i += 1
+        until = min(events[i][0], horizon) if i < len(events) else horizon
+        if until <= now:
+            continue
+        for pool, needs in waiting.items():
+            free = pools[pool]
+            if free.total > _EPS and any(
+                count > 0 and _blocked(free, per_node, nodes)
+                for (per_node, nodes), count in needs.items()
+            ):
+                stranded += free.total * (until - now)
+    return stranded
+
+
+def _blocked(free: _PoolFree, per_node: float, nodes: int) -> bool:
+    """Enough free GPU-equivalents in the pool, but not enough on enough nodes?"""
+    return per_node * nodes <= free.total + _EPS and free.nodes_with(per_node) < nodes

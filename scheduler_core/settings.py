@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,6 +16,15 @@ from typing import Any
 
 HOUR = 3600.0
 DAY = 86400.0
+
+
+class LegacyPreemption(enum.StrEnum):
+    """Which preemptible sessions non-preemptible work may stop under the ``legacy`` baseline."""
+
+    LIMIT = "limit"
+    """Any: being within the team's limit is what counts."""
+    PRIORITY = "priority"
+    """Only those of strictly lower declared priority (Kubernetes priority classes)."""
 
 
 class PlacementStrategy(enum.StrEnum):
@@ -54,6 +64,18 @@ class Settings:
     """At most this many reservations hold nodes in one pool at once."""
     placement: PlacementStrategy = PlacementStrategy.BEST_FIT
     """Which free slices a request gets."""
+    fairshare_half_life: float = 7 * DAY
+    """``fairshare`` baseline: usage loses half its weight after this long (Slurm's
+    PriorityDecayHalfLife)."""
+    fairshare_max_age: float = 7 * DAY
+    """``fairshare`` baseline: waiting this long earns the full age factor (PriorityMaxAge)."""
+    fairshare_age_weight: float = 0.1
+    """``fairshare`` baseline: weight of the age factor next to the fair-share factor's 1
+    (PriorityWeightAge / PriorityWeightFairshare; Slurm sites often use 1000 / 10000)."""
+    legacy_preemption: LegacyPreemption = LegacyPreemption.PRIORITY
+    """``legacy`` baseline: ``priority`` (default) lets non-preemptible work stop only
+    preemptible sessions of strictly lower declared priority, as priority-class
+    schedulers do (the seed's "before": debug p90 of hours); ``limit`` lets it stop any."""
 
     def capped_min_runtime(self, requested: float | None, klass: str) -> float:
         """The protected minimum runtime a request actually gets."""
@@ -66,7 +88,9 @@ class Settings:
 
 
 COUNT_FIELDS = frozenset({"debug_max_gpus", "max_reservations_per_pool"})
-"""Settings that are whole numbers; every other numeric setting is a duration."""
+"""Settings that are whole numbers."""
+WEIGHT_FIELDS = frozenset({"fairshare_age_weight"})
+"""Settings that are plain non-negative numbers; every other numeric setting is a duration."""
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)?\s*$")
 _UNIT = {None: 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": HOUR, "d": DAY, "w": 7 * DAY}
@@ -125,6 +149,11 @@ def _setting_value(key: str, raw: Any) -> Any:
         if raw not in {p.value for p in PlacementStrategy}:
             raise ValueError(f"{raw!r} is not one of {choices}")
         return PlacementStrategy(raw)
+    if key == "legacy_preemption":
+        choices = ", ".join(p.value for p in LegacyPreemption)
+        if raw not in {p.value for p in LegacyPreemption}:
+            raise ValueError(f"{raw!r} is not one of {choices}")
+        return LegacyPreemption(raw)
     if key == "name":
         if not isinstance(raw, str) or not raw:
             raise ValueError(f"{raw!r} is not a policy name")
@@ -133,4 +162,31 @@ def _setting_value(key: str, raw: Any) -> Any:
         if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
             raise ValueError(f"{raw!r} is not a whole number >= 0")
         return raw
+    if key in WEIGHT_FIELDS:
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 <= raw < math.inf:
+            raise ValueError(f"{raw!r} is not a number >= 0")
+        return float(raw)
     return parse_duration(raw)
+
+
+def setting_from_text(key: str, text: str) -> Any:
+    """The value of setting ``key`` written as command-line text (``7d``, ``2``, ``best-fit``).
+
+    Raises SettingError naming the key for an unknown setting or a bad value.
+    """
+    if key not in SETTING_NAMES:
+        raise SettingError(key, f"unknown setting (known: {', '.join(SETTING_NAMES)})")
+    raw: Any = text.strip()
+    try:
+        if key in COUNT_FIELDS:
+            if not raw.isdigit():
+                raise ValueError(f"{text!r} is not a whole number >= 0")
+            raw = int(raw)
+        elif key in WEIGHT_FIELDS:
+            try:
+                raw = float(raw)
+            except ValueError:
+                raise ValueError(f"{text!r} is not a number >= 0") from None
+        return _setting_value(key, raw)
+    except ValueError as error:
+        raise SettingError(key, str(error)) from None

@@ -214,10 +214,18 @@ class _Rows:
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, str]]]:
         try:
-            handle = self.path.open(newline="", encoding="utf-8")
+            raw = self.path.read_bytes()
         except OSError as error:
             raise InputError(self.where(0, self.columns[0]), error.strerror or str(error)) from None
-        with handle:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line, column = self._locate(raw, error.start)
+            raise InputError(
+                self.where(line, column),
+                f"not UTF-8: byte {raw[error.start]:#04x} ({error.reason})",
+            ) from None
+        with io.StringIO(text, newline="") as handle:
             reader = csv.reader(handle)
             header: list[str] | None = None
             rows = 0
@@ -245,10 +253,6 @@ class _Rows:
                     yield reader.line_num, dict(zip(header, cells, strict=True))
             except csv.Error as error:
                 raise InputError(self.where(reader.line_num, "-"), f"not CSV: {error}") from None
-            except UnicodeDecodeError as error:
-                raise InputError(
-                    self.where(reader.line_num + 1, "-"), f"not UTF-8: {error}"
-                ) from None
         if header is None:
             raise InputError(
                 self.where(1, self.columns[0]),
@@ -256,6 +260,15 @@ class _Rows:
             )
         if rows == 0:
             raise InputError(self.where(2, self.columns[0]), f"no {self.what} after the header")
+
+    def _locate(self, raw: bytes, offset: int) -> tuple[int, str]:
+        """Line (from 1) and column name of the byte at ``offset`` ("-" if unknown)."""
+        line = raw.count(b"\n", 0, offset) + 1
+        start = raw.rfind(b"\n", 0, offset) + 1
+        cell = raw.count(b",", start, offset)
+        header = raw.split(b"\n", 1)[0].decode("utf-8", errors="replace").strip().split(",")
+        column = header[cell].strip() if line > 1 and cell < len(header) else "-"
+        return line, column
 
 
 def _number(rows: _Rows, line: int, column: str, text: str) -> float:

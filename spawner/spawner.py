@@ -371,26 +371,38 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         return engine.address, port
 
     async def _wait_until_answers(self, backend: Any, address: str, port: int) -> None:
-        """Return as soon as the server answers HTTP; fail if the container exits."""
+        """Return as soon as the server answers HTTP; fail if the container exits.
+
+        A bare TCP connect is the cheap probe while the server boots (many spawns
+        at once share the Hub's event loop); HTTP is asked only once the port is open.
+        """
         url = f"http://{address}:{port}{self.server.base_url if self.server else '/'}api"
         client = AsyncHTTPClient()
         deadline = time.monotonic() + self.scheduler.launch_timeout
         checked = time.monotonic()
+        interval = 0.02
         while time.monotonic() < deadline:
             try:
-                await client.fetch(HTTPRequest(url, connect_timeout=1, request_timeout=2))
-                return
-            except HTTPClientError:
-                return  # it answered, with an error status: it is up
+                _reader, writer = await asyncio.open_connection(address, port)
             except OSError:
                 pass
+            else:
+                writer.close()
+                try:
+                    await client.fetch(HTTPRequest(url, connect_timeout=2, request_timeout=5))
+                    return
+                except HTTPClientError:
+                    return  # it answered, with an error status: it is up
+                except OSError:
+                    pass
             if time.monotonic() - checked > 1.0 and self.container_id:
                 checked = time.monotonic()
                 state = await backend.state(self.container_id)
                 if state is None or not state.running:
                     code = state.exit_code if state else "gone"
                     raise RuntimeError(f"the container exited ({code}) before its server answered")
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(interval)
+            interval = min(interval * 1.2, 0.1)
         raise TimeoutError(f"its server did not answer within {self.scheduler.launch_timeout:g} s")
 
     # -- progress ------------------------------------------------------------------

@@ -59,7 +59,9 @@ def test_a_full_cluster_queues_with_positions_and_starts_in_turn(make_hub):
     message = next(e["message"] for e in cy_events if "queue" in e)
     assert "position 2 of 2 in the pool" in message
     assert "1 of 1 in your team" in message
-    assert "funded by your team's budget" in message
+    assert "funded by your team's budget, protected for 60 min" in message
+    bo_message = next(e["message"] for e in bo_events if "queue" in e)
+    assert "estimated start" in bo_message  # when ann's protected hour ends, at the latest
     assert hub.server_model("bo")["pending"] == "spawn"
 
     hub.stop_server("ann")
@@ -89,6 +91,29 @@ def test_cancelling_a_queued_spawn_takes_it_out_of_the_queue(make_hub):
     assert hub.server_model("bo") is None
     assert [c.labels["org.budgethub.user"] for c in containers(hub.hub_name)] == []
     assert "left the queue" in hub.log_tail(400)
+
+
+def test_a_spawn_that_waits_past_the_maximum_queue_wait_ends_with_a_message(make_hub):
+    hub = make_hub(
+        nodes=[local_gpu_node(gpus=1)], extra="c.BudgetScheduler.max_queue_wait = 4.0"
+    )
+    hub.spawn("ann", ONE_GPU)
+    hub.wait_ready("ann")
+    assert hub.spawn("bo", ONE_GPU).status_code == 202
+    events: list[dict[str, Any]] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=queue_events, args=(hub, "bo", events, stop))
+    watcher.start()
+    watcher.join(timeout=60)
+    failed = [e for e in events if e.get("failed")]
+    assert failed, events
+    assert "waited 0.00111111 h in the queue" in failed[0]["message"] or (
+        "in the queue, the most this Hub allows" in failed[0]["message"]
+    )
+    wait_for(lambda: hub.server_model("bo") is None, 20, "bo's server to clear")
+    hub.stop_server("ann")
+    time.sleep(2)
+    assert [c.labels["org.budgethub.user"] for c in containers(hub.hub_name)] == []
 
 
 def test_a_funded_request_displaces_an_unallocated_session_and_its_user_sees_why(make_hub):

@@ -1,0 +1,12 @@
+"""Baseline policies the budget policy is measured against (`budgethub compare`).
+
+Importing this package registers ``legacy``, ``fairshare``, ``quota`` and
+``fifo`` in `scheduler_core.policy.POLICIES`; each shares the simulator,
+placement (capacity.py) and metrics with the budget policy.
+"""
+
+from scheduler_core.baselines import fairshare, fifo, legacy, quota
+
+BASELINES = ("legacy", "fairshare", "quota", "fifo")
+
+__all__ = ["BASELINES", "fairshare", "fifo", "legacy", "quota"]
