@@ -271,7 +271,8 @@ class BudgetScheduler(SingletonConfigurable):
         self._by_session: dict[tuple[str, str], str] = {}
         self._options: dict[str, dict[str, Any]] = {}
         self._ports: dict[int, str] = {}
-        self._order: list[str] = []
+        self._order: dict[str, None] = {}
+        """Waiting requests in the order the last full cycle weighed them (newer ones after)."""
         self._kick: asyncio.Handle | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.notices: dict[tuple[str, str], str] = {}
@@ -472,10 +473,9 @@ class BudgetScheduler(SingletonConfigurable):
             self.core.cycle()
         if decisions is not None:
             if decisions.order and len(decisions.order) >= len(self.core.pending):
-                self._order = list(decisions.order)
+                self._order = dict.fromkeys(decisions.order)
             for request_id in self.core.pending:
-                if request_id not in self._order:
-                    self._order.append(request_id)
+                self._order.setdefault(request_id)
             for waiter in self._waiters.values():
                 waiter.changed.set()
         self.cycle_ms.append((time.perf_counter() - t0) * 1e3)
