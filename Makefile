@@ -43,7 +43,7 @@ integration: $(STAMP) images
 unit: $(STAMP)
 	$(BIN)/pytest -q -m "not postgres and not slow and not docker"
 
-bench: $(STAMP)
+bench: $(STAMP) images
 	$(BIN)/python -m bench
 
 # The embedded default (jupyterhub_config.py) at http://127.0.0.1:8000.

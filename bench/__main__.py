@@ -4,6 +4,7 @@
 * bench.month — the simulator on a generated 30-day, 1,024-GPU month
 * bench.compare — budget and the four baselines on that month (`budgethub compare`)
 * the placement benchmark on the Alibaba trace (`budgethub bench placement`)
+* bench.spawn — BudgetSpawner against DockerSpawner on the local engine (`make images` first)
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bench import compare, cycle, month
+from bench import compare, cycle, month, spawn
 from scheduler_core.cli import main as cli
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-openb"
@@ -36,6 +37,7 @@ def main() -> int:
         )
     else:
         print(f"placement: skipped, no trace at {TRACE}")
+    spawn.main([])
     return 0
 
 
