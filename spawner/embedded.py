@@ -236,7 +236,11 @@ class BudgetScheduler(SingletonConfigurable):
     ).tag(config=True)
     health_interval = Float(10.0, help="Seconds between engine health checks.").tag(config=True)
     port_range = Tuple(
-        Integer(), Integer(), default_value=(52000, 52999), help="Ports for sessions (host net)."
+        Integer(),
+        Integer(),
+        default_value=(61000, 61999),
+        help="""Ports for sessions on host networking; above Linux's ephemeral range
+        (32768-60999), so no outgoing connection on the node takes one first.""",
     ).tag(config=True)
     hub_api_token = Unicode(
         help="""Token of the `budgethub` service (scopes: servers, read:users), used to stop
