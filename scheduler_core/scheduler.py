@@ -137,6 +137,20 @@ class Scheduler:
         self._release(allocation)
         self.pending[request_id] = allocation.request
 
+    def adopt(self, allocation: Allocation) -> None:
+        """Take in a session that is already running (found again after a restart):
+        its slices are held and, if funded, its team is charged from its start."""
+        if allocation.id in self.pending or allocation.id in self.running:
+            raise ValueError(f"request {allocation.id} is already queued or running")
+        self.running[allocation.id] = allocation
+        self._book(allocation)
+        self._changed = True
+        heapq.heappush(self._expiries, (allocation.protected_until, allocation.id))
+        if allocation.funded:
+            self.ledger.start_charging(
+                allocation.team, allocation.pool, allocation.start, allocation.charge_rate
+            )
+
     def set_health(self, node_name: str, health: Health) -> None:
         node = replace(self.nodes[node_name], health=health)
         self.nodes[node_name] = node
