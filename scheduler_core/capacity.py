@@ -6,11 +6,21 @@ and gives back grants on it as it decides. Placement follows DESIGN.md §4 rule
 requests (nodes are indexed by their count of free whole GPUs, so best fit is a
 walk up that index rather than a scan of every node), fractional GPUs packed
 onto GPUs already shared before a fresh GPU is broken.
+
+A search scores each candidate node without building its slices; only the
+winner's slices are made, since most nodes a search looks at lose. Of equally
+tight nodes the first tried wins, so the order within an index bucket matters:
+it starts as name order (the scheduler's kept `WholeIndex` is name-ordered, as a
+fresh build would be) and a node that moves goes to the back, also when a
+multi-node placement fails (`_as_if_taken_and_given` leaves exactly what taking
+and giving back each part would, without doing it).
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 from scheduler_core.model import (
     MILLI,
@@ -27,12 +37,15 @@ from scheduler_core.model import (
 from scheduler_core.settings import PlacementStrategy
 
 _EPS = 1e-9
+_READY = Health.READY
+
+Tightness = tuple[float, ...]
 
 
 class NodeFree:
     """What is still free on one node."""
 
-    __slots__ = ("node", "cpus", "memory_gib", "whole", "shared", "mig", "_gpus")
+    __slots__ = ("node", "cpus", "memory_gib", "whole", "shared", "mig", "_gpus", "_in_order")
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -46,6 +59,9 @@ class NodeFree:
             for inst in gpu.mig:
                 self.mig.setdefault(inst.profile, []).append((gpu.uuid, inst))
         self._gpus = {g.uuid: g for g in node.gpus}
+        indexes = [g.index for g in self.whole]
+        self._in_order = all(a < b for a, b in zip(indexes, indexes[1:], strict=False))
+        """Are the whole GPUs listed by index (as `give` keeps them)?"""
 
     def copy(self) -> NodeFree:
         clone = NodeFree.__new__(NodeFree)
@@ -56,6 +72,7 @@ class NodeFree:
         clone.shared = dict(self.shared)
         clone.mig = {k: list(v) for k, v in self.mig.items()}
         clone._gpus = self._gpus
+        clone._in_order = self._in_order
         return clone
 
     @property
@@ -87,6 +104,43 @@ class NodeFree:
         if request.gpus > len(self.whole):
             return None
         return tuple(Slice(g.uuid, SliceKind.WHOLE) for g in self.whole[: request.gpus])
+
+    def tightness(self, request: Request) -> Tightness | None:
+        """How tightly the request fits here now (smaller is tighter), or None if it does not.
+
+        None exactly when `slices_for` is None. Fractions prefer a GPU already
+        shared (the fuller the better); whole-GPU and CPU-only work prefers the
+        node with the fewest GPUs left, so that empty nodes stay whole for
+        whole-node requests.
+        """
+        if request.cpus > self.cpus + _EPS or request.memory_gib > self.memory_gib + _EPS:
+            return None
+        cpus_left = self.cpus - request.cpus
+        if request.mig is not None:
+            free = self.mig.get(request.mig)
+            if not free:
+                return None
+            return (float(len(free)), cpus_left)
+        whole = len(self.whole)
+        if request.gpu_milli:
+            need = request.gpu_milli
+            best_used = -1
+            for used in self.shared.values():
+                if used + need <= MILLI and used > best_used:
+                    best_used = used
+            if best_used >= 0:
+                return (0.0, float(MILLI - best_used - need), float(whole), cpus_left)
+            if not whole:
+                return None
+            return (1.0, float(MILLI - need), float(whole), cpus_left)
+        if request.gpus > whole:
+            return None
+        return (
+            float(whole - request.gpus),
+            float(len(self.shared)),
+            cpus_left,
+            self.memory_gib - request.memory_gib,
+        )
 
     def take(self, grant: NodeGrant) -> None:
         self.cpus -= grant.cpus
@@ -153,6 +207,94 @@ def could_hold(node: Node, request: Request) -> bool:
     return len(node.whole_gpus) >= request.gpus
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Which nodes each pool has, in name order, and which of them have MIG instances.
+
+    Fixed while the set of nodes is: the scheduler keeps one and hands it to
+    every cycle, so that a cycle does not sort node names again.
+    """
+
+    by_pool: Mapping[str, tuple[str, ...]]
+    mig_by_pool: Mapping[str, tuple[str, ...]]
+
+    @classmethod
+    def of(cls, nodes: Iterable[Node]) -> Layout:
+        by_pool: dict[str, list[str]] = {}
+        mig_by_pool: dict[str, list[str]] = {}
+        for node in sorted(nodes, key=lambda n: n.name):
+            by_pool.setdefault(node.pool, []).append(node.name)
+            if any(gpu.mig for gpu in node.gpus):
+                mig_by_pool.setdefault(node.pool, []).append(node.name)
+        return cls(
+            {pool: tuple(names) for pool, names in by_pool.items()},
+            {pool: tuple(names) for pool, names in mig_by_pool.items()},
+        )
+
+
+@dataclass(frozen=True)
+class WholeBuckets:
+    """Per pool, node names by their count of free whole GPUs (name order within a
+    count), and each node's count: the index `Capacity` builds, as of one moment."""
+
+    names: Mapping[str, tuple[tuple[str, ...], ...]]
+    counts: Mapping[str, Mapping[str, int]]
+    """Per pool, node name → free whole GPUs."""
+
+
+def _bucket_sizes(nodes: Iterable[Node]) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for node in nodes:
+        sizes[node.pool] = max(sizes.get(node.pool, 0), len(node.gpus) + 1)
+    return sizes
+
+
+class WholeIndex:
+    """`WholeBuckets` kept up to date by the scheduler as sessions start and end."""
+
+    def __init__(self, free: Mapping[str, NodeFree]) -> None:
+        self._pool_of = {name: nf.node.pool for name, nf in free.items()}
+        self._counts: dict[str, dict[str, int]] = {}
+        self._buckets: dict[str, list[list[str]]] = {
+            pool: [[] for _ in range(size)]
+            for pool, size in _bucket_sizes(nf.node for nf in free.values()).items()
+        }
+        for name in sorted(free):
+            pool, count = self._pool_of[name], len(free[name].whole)
+            self._counts.setdefault(pool, {})[name] = count
+            self._buckets[pool][count].append(name)
+        self._frozen: WholeBuckets | None = None
+
+    def update(self, node_free: NodeFree) -> None:
+        """The node's free whole GPUs may have changed."""
+        name = node_free.node.name
+        pool = self._pool_of[name]
+        count = len(node_free.whole)
+        counts = self._counts[pool]
+        old = counts[name]
+        if old == count:
+            return
+        buckets = self._buckets[pool]
+        buckets[old].remove(name)
+        insort(buckets[count], name)
+        counts[name] = count
+        self._frozen = None
+
+    def count(self, name: str) -> int:
+        return self._counts[self._pool_of[name]][name]
+
+    def frozen(self) -> WholeBuckets:
+        if self._frozen is None:
+            self._frozen = WholeBuckets(
+                {
+                    pool: tuple(tuple(bucket) for bucket in buckets)
+                    for pool, buckets in self._buckets.items()
+                },
+                {pool: dict(counts) for pool, counts in self._counts.items()},
+            )
+        return self._frozen
+
+
 class Capacity:
     """Free capacity of every node, indexed for placement, for one cycle.
 
@@ -166,13 +308,22 @@ class Capacity:
         nodes: Iterable[Node],
         allocations: Iterable[Allocation],
         base: Mapping[str, NodeFree] | None = None,
+        layout: Layout | None = None,
+        whole: WholeBuckets | None = None,
     ) -> None:
         """Free capacity of ``nodes`` with ``allocations`` running.
 
         ``base``, when given, is what is free with those allocations already
         taken (kept up to date by the scheduler between cycles); it is copied
-        node by node on first change, never changed itself.
+        node by node on first change, never changed itself. ``layout``, when
+        given, must describe the same nodes, and ``whole`` (used only with
+        ``base``) the same free whole GPUs as ``base``.
         """
+        self.touched: list[str] = []
+        """Nodes changed by take and give, in order (so searches may keep answers up to date)."""
+        self.grown: list[str] = []
+        """Nodes where something may have been given back, in order (room can only
+        have grown there)."""
         self._owned: set[str] = set()
         self._buckets: dict[str, list[dict[str, None]]] = {}
         """Per pool, node names by free whole GPUs; built on first use."""
@@ -184,11 +335,13 @@ class Capacity:
                 self.take(allocation.grants)
         else:
             self.free = dict(base)
+        self._whole = whole if base is not None else None
         self.reserved: dict[str, str] = {}
         """Node name → the request id it is held for."""
-        self._by_pool: dict[str, list[str]] = {}
-        for name in sorted(self.free):
-            self._by_pool.setdefault(self.free[name].node.pool, []).append(name)
+        if layout is None:
+            layout = Layout.of(nf.node for nf in self.free.values())
+        self._by_pool = layout.by_pool
+        self._mig_by_pool = layout.mig_by_pool
 
     def _pool_buckets(self, pool: str) -> list[dict[str, None]] | None:
         """The pool's nodes by free whole GPUs, built on first use in the cycle."""
@@ -197,12 +350,22 @@ class Capacity:
             members = self._by_pool.get(pool)
             if not members:
                 return None
-            size = max(len(self.free[n].node.gpus) for n in members) + 1
+            whole = self._whole
+            if whole is not None and pool in whole.names:
+                free = self.free
+                if not any(free[name].node.pool == pool for name in self.touched):
+                    # Nothing in the pool changed yet: the kept index is this one.
+                    buckets = self._buckets[pool] = [dict.fromkeys(b) for b in whole.names[pool]]
+                    self._bucket_of.update(whole.counts[pool])
+                    return buckets
+            free = self.free
+            size = max(len(free[n].node.gpus) for n in members) + 1
             buckets = self._buckets[pool] = [{} for _ in range(size)]
+            bucket_of = self._bucket_of
             for name in members:
-                count = len(self.free[name].whole)
+                count = len(free[name].whole)
                 buckets[count][name] = None
-                self._bucket_of[name] = count
+                bucket_of[name] = count
         return buckets
 
     def _own(self, name: str) -> NodeFree:
@@ -217,7 +380,7 @@ class Capacity:
         if buckets is None:
             return
         old = self._bucket_of.get(name)
-        new = node_free.free_whole
+        new = len(node_free.whole)
         if old == new:
             return
         if old is not None:
@@ -230,6 +393,18 @@ class Capacity:
         buckets = self._pool_buckets(pool) or []
         return sum(k * len(bucket) for k, bucket in enumerate(buckets))
 
+    def free_whole_nodes(self, pool: str, at_least: int) -> Iterator[NodeFree]:
+        """Nodes of the pool with at least ``at_least`` free whole GPUs (``at_least`` >= 1)."""
+        buckets = self._pool_buckets(pool) or []
+        free = self.free
+        for k in range(at_least, len(buckets)):
+            for name in buckets[k]:
+                yield free[name]
+
+    def pool_names(self, pool: str) -> tuple[str, ...]:
+        """The pool's node names, in name order."""
+        return self._by_pool.get(pool, ())
+
     def pool_nodes(self, pool: str) -> list[NodeFree]:
         free = self.free
         return [free[name] for name in self._by_pool.get(pool, ())]
@@ -237,7 +412,7 @@ class Capacity:
     def eligible(self, node_free: NodeFree, request: Request) -> bool:
         """May new work for ``request`` land on this node at all (health, labels, holds)?"""
         node = node_free.node
-        if node.health is not Health.READY:
+        if node.health is not _READY:
             return False
         if self.reserved:
             holder = self.reserved.get(node.name)
@@ -252,35 +427,61 @@ class Capacity:
 
         With bucketed best/worst fit, the first bucket holding a fitting node
         decides: nodes in later buckets fit less tightly (or more, for worst fit).
+        Of equally tight nodes, the first tried wins.
         """
-        found: list[tuple[tuple[float, ...], NodeFree, tuple[Slice, ...]]] = []
-        reverse = strategy is PlacementStrategy.WORST_FIT
+        first_fit = strategy is PlacementStrategy.FIRST_FIT
+        worst = strategy is PlacementStrategy.WORST_FIT
+        reserved = self.reserved
+        labels = request.labels
+        request_id = request.id
+        pick: NodeFree | None = None
+        pick_key: Tightness = ()
         for group in self._groups(request, strategy):
             for node_free in group:
-                if node_free.node.name in exclude or not self.eligible(node_free, request):
+                node = node_free.node
+                name = node.name
+                if node.health is not _READY or name in exclude:
                     continue
-                slices = node_free.slices_for(request)
-                if slices is None:
+                if reserved:
+                    holder = reserved.get(name)
+                    if holder is not None and holder != request_id:
+                        continue
+                if labels and not labels_match(labels, node.labels):
                     continue
-                if strategy is PlacementStrategy.FIRST_FIT:
-                    return node_free, slices
-                found.append((_tightness(node_free, request, slices), node_free, slices))
-            if found:
+                key = node_free.tightness(request)
+                if key is None:
+                    continue
+                if first_fit:
+                    pick = node_free
+                    break
+                if pick is None or (key > pick_key if worst else key < pick_key):
+                    pick, pick_key = node_free, key
+            if pick is not None:
                 break
-        if not found:
+        if pick is None:
             return None
-        pick = max(found, key=lambda i: i[0]) if reverse else min(found, key=lambda i: i[0])
-        return pick[1], pick[2]
+        slices = pick.slices_for(request)
+        assert slices is not None
+        return pick, slices
 
-    def _groups(self, request: Request, strategy: PlacementStrategy) -> Iterator[list[NodeFree]]:
+    def _groups(
+        self, request: Request, strategy: PlacementStrategy
+    ) -> Iterator[Iterable[NodeFree]]:
         """Groups of nodes to try in turn; a later group never fits better."""
-        buckets = self._pool_buckets(request.pool)
-        whole_only = request.mig is None and (request.gpus or request.gpu_milli)
+        pool = request.pool
+        free = self.free
+        # Built here whatever the request, so that the index keeps one order of nodes.
+        buckets = self._pool_buckets(pool)
+        if request.mig is not None:
+            # Only nodes with MIG instances can hold a MIG slice; order as in the pool.
+            yield (free[name] for name in self._mig_by_pool.get(pool, ()))
+            return
+        whole_only = request.gpus or request.gpu_milli
         if buckets is None or strategy is PlacementStrategy.FIRST_FIT or not whole_only:
-            yield self.pool_nodes(request.pool)
+            yield (free[name] for name in self._by_pool.get(pool, ()))
             return
         if request.gpu_milli:
-            shared = [nf for nf in self.pool_nodes(request.pool) if nf.shared]
+            shared = [nf for nf in self.pool_nodes(pool) if nf.shared]
             if shared:
                 yield shared
             low = 1
@@ -290,29 +491,114 @@ class Capacity:
         if strategy is PlacementStrategy.WORST_FIT:
             order = range(len(buckets) - 1, low - 1, -1)
         for k in order:
-            if buckets[k]:
-                yield [self.free[name] for name in buckets[k]]
+            bucket = buckets[k]
+            if bucket:
+                yield [free[name] for name in bucket]
 
     def place(self, request: Request, strategy: PlacementStrategy) -> tuple[NodeGrant, ...] | None:
         """Grants for the request on free slices (taken from capacity), or None."""
-        grants: list[NodeGrant] = []
-        used: set[str] = set()
-        for _ in range(request.nodes):
-            found = self.best(request, strategy, frozenset(used))
+        if request.nodes == 1:
+            found = self.best(request, strategy)
             if found is None:
-                self.give(grants)
                 return None
             node_free, slices = found
             grant = NodeGrant(node_free.node.name, slices, request.cpus, request.memory_gib)
             self.take((grant,))
+            return (grant,)
+        # Nodes are taken one at a time, each the best of those not yet taken; a
+        # node's fit does not depend on what lands elsewhere, so the picks can be
+        # listed first and only then taken (or, if too few, not taken at all).
+        picks = self._picks(request, strategy)
+        if len(picks) < request.nodes:
+            self._as_if_taken_and_given(request, picks)
+            return None
+        grants: list[NodeGrant] = []
+        for name in picks:
+            pieces = self.free[name].slices_for(request)
+            assert pieces is not None
+            grant = NodeGrant(name, pieces, request.cpus, request.memory_gib)
+            self.take((grant,))
             grants.append(grant)
-            used.add(grant.node)
         return tuple(grants)
+
+    def _picks(self, request: Request, strategy: PlacementStrategy) -> list[str]:
+        """The nodes `best` would pick in turn for a multi-node request (at most ``nodes``)."""
+        first_fit = strategy is PlacementStrategy.FIRST_FIT
+        worst = strategy is PlacementStrategy.WORST_FIT
+        reserved = self.reserved
+        labels = request.labels
+        need = request.nodes
+        picks: dict[str, None] = {}
+        for group in self._groups(request, strategy):
+            fitting: list[tuple[Tightness, str]] = []
+            for node_free in group:
+                node = node_free.node
+                name = node.name
+                if node.health is not _READY or name in picks:
+                    continue
+                if reserved:
+                    holder = reserved.get(name)
+                    if holder is not None and holder != request.id:
+                        continue
+                if labels and not labels_match(labels, node.labels):
+                    continue
+                key = node_free.tightness(request)
+                if key is None:
+                    continue
+                if first_fit:
+                    picks[name] = None
+                    if len(picks) == need:
+                        return list(picks)
+                else:
+                    fitting.append((key, name))
+            # Stable: of equally tight nodes, the first tried goes first, as in `best`.
+            fitting.sort(key=lambda item: item[0], reverse=worst)
+            for _, name in fitting:
+                picks[name] = None
+                if len(picks) == need:
+                    return list(picks)
+        return list(picks)
+
+    def _as_if_taken_and_given(self, request: Request, names: list[str]) -> None:
+        """Leave the nodes as taking the request's part on each, then giving it all
+        back, would: same free slices, but each node goes to the back of its bucket,
+        a MIG instance to the back of its list, and CPUs and memory through the
+        same float arithmetic."""
+        for name in names:
+            node_free = self._own(name)
+            self.touched.append(name)
+            self.grown.append(name)
+            taken = 0
+            if request.mig is not None:
+                free = node_free.mig[request.mig]
+                free.append(free.pop(0))
+            elif request.gpu_milli:
+                need = request.gpu_milli
+                if not any(used + need <= MILLI for used in node_free.shared.values()):
+                    taken = 1
+            else:
+                taken = request.gpus
+            if taken and not node_free._in_order:
+                # Whole GPUs come back in index order, as `NodeFree.give` puts them.
+                gpus = node_free.whole[:taken]
+                del node_free.whole[:taken]
+                for gpu in gpus:
+                    node_free._add_whole(gpu.uuid)
+            node_free.cpus -= request.cpus
+            node_free.cpus += request.cpus
+            node_free.memory_gib -= request.memory_gib
+            node_free.memory_gib += request.memory_gib
+            buckets = self._buckets.get(node_free.node.pool)
+            if taken and buckets is not None:
+                bucket = buckets[len(node_free.whole)]
+                del bucket[name]
+                bucket[name] = None
 
     def take(self, grants: Iterable[NodeGrant]) -> None:
         for grant in grants:
             if grant.node not in self.free:
                 continue
+            self.touched.append(grant.node)
             node_free = self._own(grant.node)
             node_free.take(grant)
             self._index(node_free)
@@ -321,31 +607,8 @@ class Capacity:
         for grant in grants:
             if grant.node not in self.free:
                 continue
+            self.touched.append(grant.node)
+            self.grown.append(grant.node)
             node_free = self._own(grant.node)
             node_free.give(grant)
             self._index(node_free)
-
-
-def _tightness(
-    node_free: NodeFree, request: Request, slices: tuple[Slice, ...]
-) -> tuple[float, ...]:
-    """Smaller is a tighter fit: what would be left free after placing the request.
-
-    Fractions prefer a GPU already shared (the fuller the better); whole-GPU and
-    CPU-only work prefers the node with the fewest GPUs left, so that empty nodes
-    stay whole for whole-node requests.
-    """
-    if request.mig is not None:
-        return (float(len(node_free.mig.get(request.mig, ()))), node_free.cpus - request.cpus)
-    if request.gpu_milli:
-        piece = slices[0]
-        used = node_free.shared.get(piece.gpu_uuid)
-        fresh = 1.0 if used is None else 0.0
-        left = MILLI - (used or 0) - piece.milli
-        return (fresh, float(left), float(node_free.free_whole), node_free.cpus - request.cpus)
-    return (
-        float(node_free.free_whole - request.gpus),
-        float(len(node_free.shared)),
-        node_free.cpus - request.cpus,
-        node_free.memory_gib - request.memory_gib,
-    )

@@ -3,13 +3,19 @@
 Each (team, pool) keeps its cumulative charge as a piecewise-linear function of
 time (breakpoints where the charge rate changes, plus jumps for seeded history).
 Usage over any window is then two binary searches, so a simulated month with
-tens of thousands of cycles never re-sums its history.
+tens of thousands of cycles never re-sums its history. A cycle's view of the
+window (`UsageLedger.window`) works a figure out only when the policy asks for it.
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar, overload
+
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -19,10 +25,14 @@ class _Curve:
     rates: list[float] = field(default_factory=list)
 
     def at(self, when: float) -> float:
-        i = bisect_right(self.times, when) - 1
-        if i < 0:
-            return 0.0
-        return self.cumulative[i] + self.rates[i] * (when - self.times[i])
+        times = self.times
+        if times and when >= times[-1]:
+            i = len(times) - 1  # the common case: now, after the last change
+        else:
+            i = bisect_right(times, when) - 1
+            if i < 0:
+                return 0.0
+        return self.cumulative[i] + self.rates[i] * (when - times[i])
 
     def rate(self) -> float:
         return self.rates[-1] if self.rates else 0.0
@@ -51,8 +61,14 @@ class UsageLedger:
 
     def __init__(self) -> None:
         self._curves: dict[tuple[str, str], _Curve] = {}
+        self._horizon = -math.inf
+        """The latest end of a window handed out."""
+        self.revision = 0
+        """Goes up with every change that reaches back into a window handed out."""
 
-    def _curve(self, team: str, pool: str) -> _Curve:
+    def _curve(self, team: str, pool: str, when: float, lump: float) -> _Curve:
+        if when < self._horizon or (lump and when <= self._horizon):
+            self.revision += 1
         key = (team, pool)
         curve = self._curves.get(key)
         if curve is None:
@@ -61,15 +77,15 @@ class UsageLedger:
 
     def start_charging(self, team: str, pool: str, when: float, rate: float) -> None:
         """From ``when`` on, the team is charged ``rate`` more units per second."""
-        self._curve(team, pool).change(when, rate, 0.0)
+        self._curve(team, pool, when, 0.0).change(when, rate, 0.0)
 
     def stop_charging(self, team: str, pool: str, when: float, rate: float) -> None:
         """From ``when`` on, the team is charged ``rate`` fewer units per second."""
-        self._curve(team, pool).change(when, -rate, 0.0)
+        self._curve(team, pool, when, 0.0).change(when, -rate, 0.0)
 
     def add(self, team: str, pool: str, when: float, units: float) -> None:
         """Record ``units`` already used, all at time ``when`` (seeded history)."""
-        self._curve(team, pool).change(when, 0.0, units)
+        self._curve(team, pool, when, units).change(when, 0.0, units)
 
     def charged(self, team: str, pool: str, start: float, end: float) -> float:
         """Units charged in the window ``(start, end]``."""
@@ -85,3 +101,91 @@ class UsageLedger:
 
     def keys(self) -> list[tuple[str, str]]:
         return list(self._curves)
+
+    def window(self, start: float, end: float) -> WindowUsage:
+        """Units charged per (team, pool) in ``(start, end]``, for every pair charged so far.
+
+        Its figures stay right while `revision` does not change."""
+        self._horizon = max(self._horizon, end)
+        return WindowUsage(dict(self._curves), start, end, self.revision)
+
+
+class WindowUsage(Mapping[tuple[str, str], float]):
+    """Charged units per (team, pool) in one window, each worked out on first look.
+
+    Changes to the ledger come at or after the latest time it holds, so those
+    made after the window's end leave its figures as they were.
+    """
+
+    def __init__(
+        self, curves: dict[tuple[str, str], _Curve], start: float, end: float, revision: int = 0
+    ) -> None:
+        self._curves = curves
+        self._start = start
+        self._end = end
+        self._known: dict[tuple[str, str], float] = {}
+        self.revision = revision
+        """The ledger's revision when this was made."""
+
+    def __getitem__(self, key: tuple[str, str]) -> float:
+        found = self._known.get(key)
+        if found is None:
+            curve = self._curves[key]
+            found = self._known[key] = curve.at(self._end) - curve.at(self._start)
+        return found
+
+    @overload
+    def get(self, key: tuple[str, str], /) -> float | None: ...
+
+    @overload
+    def get(self, key: tuple[str, str], default: float, /) -> float: ...
+
+    @overload
+    def get(self, key: tuple[str, str], default: _T, /) -> float | _T: ...
+
+    def get(self, key: tuple[str, str], default: object = None, /) -> object:
+        if key not in self._curves:
+            return default
+        return self[key]
+
+    def of_pool(self, pool: str, teams: Iterable[str]) -> dict[str, float]:
+        """Each team's figure in the pool (0 for a team never charged there)."""
+        known = self._known
+        curves = self._curves
+        start, end = self._start, self._end
+        out: dict[str, float] = {}
+        for team in teams:
+            key = (team, pool)
+            found = known.get(key)
+            if found is None:
+                curve = curves.get(key)
+                if curve is None:
+                    out[team] = 0.0
+                    continue
+                times = curve.times
+                last = len(times) - 1
+                # `_Curve.at` twice, inline: this runs for every team in every cycle.
+                if times[last] <= end:
+                    at_end = curve.cumulative[last] + curve.rates[last] * (end - times[last])
+                else:
+                    at_end = curve.at(end)
+                found = known[key] = at_end - curve.at(start)
+            out[team] = found
+        return out
+
+    @property
+    def end(self) -> float:
+        return self._end
+
+    @property
+    def start(self) -> float:
+        return self._start
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._curves)
+
+    def __len__(self) -> int:
+        return len(self._curves)
+
+    def __repr__(self) -> str:
+        return f"WindowUsage({dict(self)!r})"

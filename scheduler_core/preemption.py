@@ -7,16 +7,23 @@ multi-node request, a set of nodes): unallocated sessions past their grace
 first, then funded sessions past their protected window whose team ranks below
 the requester's once the requester's protected time is counted. Among the sets
 that work, the one that loses the least work wins.
+
+The scheduler keeps the exposed sessions (past their protected window) in an
+`ExposedIndex` between cycles, so a cycle starts its `Victims` without looking
+at every running session; each node's victims are put in order only when a
+search first reaches that node, because the order (lost work) depends on the time.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler_core.capacity import Capacity, NodeFree
 from scheduler_core.model import MILLI, Allocation, Request, Slice, SliceKind
+
+Tally = Mapping[str | None, int]
+"""GPUs held by preemptible sessions, per funding team (None: unallocated)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +51,18 @@ def victim_order(allocation: Allocation, now: float) -> tuple[int, float, float,
     return (int(allocation.funded), lost_work(allocation, now), -allocation.start, allocation.id)
 
 
+def held_gpus(allocation: Allocation) -> list[tuple[str, int]]:
+    """Per node of the allocation, the GPUs (whole or shared, not MIG) it holds there."""
+    return [
+        (grant.node, sum(1 for piece in grant.slices if piece.kind is not SliceKind.MIG))
+        for grant in allocation.grants
+    ]
+
+
 def _could_fit(node_free: NodeFree, request: Request, candidates: Sequence[Allocation]) -> bool:
     """A cheap upper bound: could stopping every candidate make room at all?"""
     name = node_free.node.name
-    cpus, memory, whole = node_free.cpus, node_free.memory_gib, node_free.free_whole
+    cpus, memory, whole = node_free.cpus, node_free.memory_gib, len(node_free.whole)
     whole += len(node_free.shared)
     for victim in candidates:
         for grant in victim.grants:
@@ -108,51 +123,313 @@ def _node_target(
     return Target(name, tuple(chosen), slices, cost)
 
 
-class Victims:
-    """Running allocations that may be preempted this cycle, indexed for the search.
+class ExposedIndex:
+    """Running sessions past their protected window, kept by the scheduler between cycles.
 
-    Per node, cheapest first; per pool, how many GPUs each team's preemptible
-    sessions hold (None: unallocated), so a hopeless search stops in O(teams).
+    Every change replaces the containers it touches instead of changing them,
+    so `frozen` can hand a cycle a consistent copy cheaply (and only when
+    something changed since the last one).
     """
 
-    def __init__(self, allocations: Iterable[Allocation], now: float) -> None:
-        self.by_node: dict[str, list[Allocation]] = defaultdict(list)
-        self.gpus: dict[str, dict[str | None, int]] = defaultdict(lambda: defaultdict(int))
-        self.node_gpus: dict[str, dict[str | None, int]] = defaultdict(lambda: defaultdict(int))
-        self._permitted: dict[frozenset[str], dict[str, int]] = {}
-        for allocation in sorted(allocations, key=lambda a: victim_order(a, now)):
-            for node in allocation.node_names:
-                self.by_node[node].append(allocation)
-            self._tally(allocation, 1)
+    def __init__(self) -> None:
+        self._by_node: dict[str, tuple[Allocation, ...]] = {}
+        self._gpus: dict[str, dict[str | None, int]] = {}
+        self._node_gpus: dict[str, dict[str | None, int]] = {}
+        self._totals: dict[str, tuple[int, int]] = {}
+        self._ids: set[str] = set()
+        self._frozen: ExposedSessions | None = None
+
+    def __contains__(self, allocation_id: object) -> bool:
+        return allocation_id in self._ids
+
+    def held(self, node: str) -> int:
+        """GPUs the exposed sessions on the node hold."""
+        found = self._totals.get(node)
+        return found[0] if found is not None else 0
+
+    def add(self, allocation: Allocation) -> None:
+        self._ids.add(allocation.id)
+        for node in allocation.node_names:
+            self._by_node[node] = self._by_node.get(node, ()) + (allocation,)
+        self._tally(allocation, 1)
+
+    def remove(self, allocation: Allocation) -> None:
+        """Forget the allocation (whatever object stands for its id)."""
+        if allocation.id not in self._ids:
+            return
+        self._ids.discard(allocation.id)
+        for node in allocation.node_names:
+            kept = tuple(a for a in self._by_node.get(node, ()) if a.id != allocation.id)
+            if kept:
+                self._by_node[node] = kept
+            else:
+                self._by_node.pop(node, None)
+        self._tally(allocation, -1)
 
     def _tally(self, allocation: Allocation, sign: int) -> None:
         key = allocation.team if allocation.funded else None
-        for grant in allocation.grants:
-            held = sum(1 for piece in grant.slices if piece.kind is not SliceKind.MIG)
-            self.gpus[allocation.pool][key] += sign * held
-            self.node_gpus[grant.node][key] += sign * held
+        pool = dict(self._gpus.get(allocation.pool, {}))
+        for node, held in held_gpus(allocation):
+            _count(pool, key, sign * held)
+            on_node = dict(self._node_gpus.get(node, {}))
+            _count(on_node, key, sign * held)
+            self._node_gpus[node] = on_node
+            self._totals[node] = _totals(on_node)
+        self._gpus[allocation.pool] = pool
+        self._frozen = None
+
+    def frozen(self) -> ExposedSessions:
+        """The exposed sessions as they are now; later changes do not show in it."""
+        if self._frozen is None:
+            self._frozen = ExposedSessions(
+                dict(self._by_node), dict(self._gpus), dict(self._node_gpus), dict(self._totals)
+            )
+        return self._frozen
+
+
+def _totals(held: Tally) -> tuple[int, int]:
+    return (sum(held.values()), held.get(None, 0))
+
+
+def _count(tally: dict[str | None, int], key: str | None, change: int) -> None:
+    """Add ``change`` to a tally, dropping teams that come to hold nothing."""
+    count = tally.get(key, 0) + change
+    if count:
+        tally[key] = count
+    else:
+        tally.pop(key, None)
+
+
+@dataclass(frozen=True)
+class ExposedSessions:
+    """Sessions past their protected window: per node (any order), and GPU tallies."""
+
+    by_node: Mapping[str, tuple[Allocation, ...]]
+    gpus: Mapping[str, Tally]
+    """Per pool."""
+    node_gpus: Mapping[str, Tally]
+    """Per node."""
+    totals: Mapping[str, tuple[int, int]]
+    """Per node: GPUs held by every exposed session, and by the unallocated ones."""
+
+
+class _Roomy:
+    """Nodes that could reach a GPU count, and how far the change logs were read."""
+
+    __slots__ = ("capacity", "capacity_read", "victims_read", "names")
+
+    def __init__(self, capacity: Capacity, victims_read: int, names: dict[str, None]) -> None:
+        self.capacity = capacity
+        self.capacity_read = len(capacity.touched)
+        self.victims_read = victims_read
+        self.names = names
+
+
+class Victims:
+    """Running allocations that may be preempted this cycle, indexed for the search.
+
+    Per node, cheapest first (ordered on first use); per pool, how many GPUs
+    each team's preemptible sessions hold (None: unallocated), so a hopeless
+    search stops in O(teams). Removals copy what they change: the sessions
+    given to the constructor, or the `ExposedSessions`, are never changed.
+    """
+
+    def __init__(self, allocations: Iterable[Allocation], now: float) -> None:
+        by_node: dict[str, list[Allocation]] = {}
+        gpus: dict[str, dict[str | None, int]] = {}
+        node_gpus: dict[str, dict[str | None, int]] = {}
+        for allocation in allocations:
+            key = allocation.team if allocation.funded else None
+            pool = gpus.setdefault(allocation.pool, {})
+            for node, held in held_gpus(allocation):
+                by_node.setdefault(node, []).append(allocation)
+                pool[key] = pool.get(key, 0) + held
+                on_node = node_gpus.setdefault(node, {})
+                on_node[key] = on_node.get(key, 0) + held
+        self._setup(by_node, gpus, node_gpus, None, now)
+
+    @classmethod
+    def of(
+        cls, exposed: ExposedSessions, now: float, reach: Mapping[str, int] | None = None
+    ) -> Victims:
+        """The victims of a cycle at ``now`` from the scheduler's exposed sessions.
+
+        ``reach``, if given, is each node's free whole GPUs plus what the exposed
+        sessions there hold, for the capacity the cycle starts from."""
+        victims = cls.__new__(cls)
+        victims._setup(exposed.by_node, exposed.gpus, exposed.node_gpus, exposed.totals, now)
+        victims._reach = reach
+        return victims
+
+    def _setup(
+        self,
+        by_node: Mapping[str, Sequence[Allocation]],
+        gpus: Mapping[str, Tally],
+        node_gpus: Mapping[str, Tally],
+        totals: Mapping[str, tuple[int, int]] | None,
+        now: float,
+    ) -> None:
+        self._now = now
+        self._base = by_node
+        self._base_gpus = gpus
+        self._base_node_gpus = node_gpus
+        self._base_totals = totals
+        self._sorted: dict[str, list[Allocation]] = {}
+        self._gpus: dict[str, dict[str | None, int]] = {}
+        """Pool tallies changed by removals (copies; the base is never changed)."""
+        self._node_gpus: dict[str, dict[str | None, int]] = {}
+        self._totals: dict[str, tuple[int, int]] = {}
+        self._permitted: dict[frozenset[str], dict[str, int]] = {}
+        self._touched: list[str] = []
+        """Nodes whose victims changed, in order (read by `roomy`)."""
+        self._roomy: dict[tuple[str, int], _Roomy] = {}
+        self._reach: Mapping[str, int] | None = None
+
+    def on(self, node: str) -> Sequence[Allocation]:
+        """The node's victims, cheapest first."""
+        found = self._sorted.get(node)
+        if found is None:
+            base = self._base.get(node)
+            if not base:
+                return ()
+            now = self._now
+            found = self._sorted[node] = sorted(base, key=lambda a: victim_order(a, now))
+        return found
+
+    def has(self, node: str) -> bool:
+        """Does the node hold any victim?"""
+        found = self._sorted.get(node)
+        return bool(found if found is not None else self._base.get(node))
 
     def remove(self, allocation: Allocation) -> None:
         for node in allocation.node_names:
-            self.by_node[node] = [a for a in self.by_node[node] if a is not allocation]
-        self._tally(allocation, -1)
+            self._sorted[node] = [a for a in self.on(node) if a is not allocation]
+        key = allocation.team if allocation.funded else None
+        for node, held in held_gpus(allocation):
+            pool = self._gpus.get(allocation.pool)
+            if pool is None:
+                pool = self._gpus[allocation.pool] = dict(self._base_gpus.get(allocation.pool, {}))
+            pool[key] = pool.get(key, 0) - held
+            on_node = self._node_gpus.get(node)
+            if on_node is None:
+                on_node = self._node_gpus[node] = dict(self._base_node_gpus.get(node, {}))
+            on_node[key] = on_node.get(key, 0) - held
+            self._totals[node] = _totals(on_node)
+            self._touched.append(node)
         self._permitted.clear()
+
+    def _node_tally(self, node: str) -> Tally:
+        found = self._node_gpus.get(node)
+        return found if found is not None else self._base_node_gpus.get(node, {})
 
     def gpu_bound(self, pool: str, allowed: frozenset[str]) -> int:
         """GPUs that stopping every permitted victim in the pool could free, at most."""
-        return _permitted(self.gpus.get(pool, {}), allowed)
+        found = self._gpus.get(pool)
+        return _permitted(found if found is not None else self._base_gpus.get(pool, {}), allowed)
+
+    def node_totals(self, node: str) -> tuple[int, int]:
+        """GPUs held on the node by every victim, and by unallocated ones only."""
+        found = self._totals.get(node)
+        if found is None:
+            base = self._base_totals
+            if base is not None:
+                found = base.get(node, (0, 0))
+            else:
+                found = _totals(self._node_tally(node))
+            self._totals[node] = found
+        return found
+
+    def roomy(self, capacity: Capacity, pool: str, gpus: int) -> list[NodeFree]:
+        """Nodes of the pool whose free whole GPUs and every victim's GPUs reach ``gpus``.
+
+        Kept up to date through the change logs of capacity and of the victims:
+        a cycle asks this again for every team and shape it tries.
+        """
+        free = capacity.free
+        found = self._roomy.get((pool, gpus))
+        if found is None or found.capacity is not capacity:
+            reach = self._reach
+            if reach is None:
+                names = {
+                    name: None
+                    for name in capacity.pool_names(pool)
+                    if self._reaches(free[name], gpus)
+                }
+                self._roomy[(pool, gpus)] = _Roomy(capacity, len(self._touched), names)
+                return [free[name] for name in names]
+            # As the cycle started; the change logs below bring it up to date.
+            names = {name: None for name in capacity.pool_names(pool) if reach[name] >= gpus}
+            found = self._roomy[(pool, gpus)] = _Roomy(capacity, 0, names)
+            found.capacity_read = 0
+        names = found.names
+        touched = capacity.touched
+        for log, read in ((touched, found.capacity_read), (self._touched, found.victims_read)):
+            for name in log[read:]:
+                node_free = free.get(name)
+                if node_free is None or node_free.node.pool != pool:
+                    continue
+                if self._reaches(node_free, gpus):
+                    names[name] = None
+                else:
+                    names.pop(name, None)
+        found.capacity_read = len(touched)
+        found.victims_read = len(self._touched)
+        return [free[name] for name in names]
+
+    def _reaches(self, node_free: NodeFree, gpus: int) -> bool:
+        short = gpus - len(node_free.whole)
+        return short <= 0 or self.node_totals(node_free.node.name)[0] >= short
+
+    def node_gpu_bound(self, node: str, allowed: frozenset[str]) -> int:
+        """GPUs that stopping every permitted victim on the node could free, at most."""
+        found = self.bounds(allowed)
+        bound = found.get(node)
+        if bound is None:
+            bound = found[node] = _permitted(self._node_tally(node), allowed)
+        return bound
+
+    def bounds(self, allowed: frozenset[str]) -> dict[str, int]:
+        """`node_gpu_bound` answers found so far for ``allowed`` (filled in by it)."""
+        found = self._permitted.get(allowed)
+        if found is None:
+            found = self._permitted[allowed] = {}
+        return found
 
     def node_gpu_bounds(self, allowed: frozenset[str]) -> Mapping[str, int]:
         """Per node, GPUs that stopping every permitted victim there could free, at most."""
-        found = self._permitted.get(allowed)
-        if found is None:
-            found = {node: _permitted(held, allowed) for node, held in self.node_gpus.items()}
-            self._permitted[allowed] = found
-        return found
+        nodes = set(self._base_node_gpus) | set(self._node_gpus)
+        return {node: self.node_gpu_bound(node, allowed) for node in nodes}
 
 
-def _permitted(held: Mapping[str | None, int], allowed: frozenset[str]) -> int:
-    return held.get(None, 0) + sum(n for team, n in held.items() if team in allowed)
+def _permitted(held: Tally, allowed: frozenset[str]) -> int:
+    total = 0
+    for team, count in held.items():
+        if team is None or team in allowed:
+            total += count
+    return total
+
+
+def offers(
+    capacity: Capacity,
+    victims: Victims,
+    request: Request,
+    allowed: frozenset[str],
+    node_free: NodeFree,
+) -> bool:
+    """Could the node be one of `find_targets`'s answers for the request?
+
+    That is: new work may land there, and the request fits once every
+    permitted victim there stops (or, for a multi-node request, fits already).
+    The more room and victims a node has, the more surely this holds.
+    """
+    if not capacity.eligible(node_free, request):
+        return False
+    if request.nodes > 1 and node_free.tightness(request) is not None:
+        return True
+    candidates = [
+        a for a in victims.on(node_free.node.name) if not a.funded or a.request.team in allowed
+    ]
+    return bool(candidates) and _freed(node_free, candidates).slices_for(request) is not None
 
 
 def find_targets(
@@ -169,27 +446,52 @@ def find_targets(
     rank rule). A node where the request already fits costs nothing; the
     caller has found that the request does not fit on free slices alone.
     """
+    return search_targets(request, capacity, victims, allowed, now)[0]
+
+
+def search_targets(
+    request: Request,
+    capacity: Capacity,
+    victims: Victims,
+    allowed: frozenset[str],
+    now: float,
+) -> tuple[tuple[Target, ...] | None, bool]:
+    """`find_targets`, and whether a failure was for want of nodes that `offers`
+    (fewer than the request needs): then it fails again until one of them grows."""
     whole = request.mig is None and not request.gpu_milli and request.gpus > 0
-    nodes = capacity.pool_nodes(request.pool)
     if whole:
-        need = request.gpus * request.nodes
+        gpus = request.gpus
+        need = gpus * request.nodes
         if (
             capacity.free_whole_total(request.pool) + victims.gpu_bound(request.pool, allowed)
             < need
         ):
-            return None
-        bounds = victims.node_gpu_bounds(allowed)
-        nodes = [nf for nf in nodes if len(nf.whole) + bounds.get(nf.node.name, 0) >= request.gpus]
+            return None, True
+        nodes: list[NodeFree] = []
+        bounds = victims.bounds(allowed)
+        for nf in victims.roomy(capacity, request.pool, gpus):
+            short = gpus - len(nf.whole)
+            if short > 0:
+                # Permitted victims hold at least the unallocated GPUs.
+                name = nf.node.name
+                if victims.node_totals(name)[1] < short:
+                    freeable = bounds.get(name)
+                    if freeable is None:
+                        freeable = victims.node_gpu_bound(name, allowed)
+                    if freeable < short:
+                        continue
+            nodes.append(nf)
         if len(nodes) < request.nodes:
-            return None
+            return None, True
+    else:
+        nodes = capacity.pool_nodes(request.pool)
     options: list[Target] = []
     free_options = 0
-    searched: list[tuple[tuple[float, float, float], NodeFree, list[Allocation]]] = []
+    searched: list[tuple[tuple[float, float, float], str, NodeFree]] = []
     single = request.nodes == 1
     for node_free in nodes:
         name = node_free.node.name
-        on_node = victims.by_node.get(name)
-        if single and not on_node:
+        if single and not victims.has(name):
             continue
         if not capacity.eligible(node_free, request):
             continue
@@ -199,27 +501,26 @@ def find_targets(
                 options.append(Target(name, (), free_slices, (0.0, 0.0, 0.0)))
                 free_options += 1
                 continue
-        if not on_node:
-            continue
-        candidates = [a for a in on_node if not a.funded or a.request.team in allowed]
-        if candidates:
-            first = candidates[0]
-            bound = (float(first.funded), lost_work(first, now), 1.0)
-            searched.append((bound, node_free, candidates))
+        for first in victims.on(name):
+            if not first.funded or first.request.team in allowed:
+                bound = (float(first.funded), lost_work(first, now), 1.0)
+                searched.append((bound, name, node_free))
+                break
     if free_options >= request.nodes:
-        return None
+        return None, False
     # Branch and bound: a node's cost is at least that of its cheapest victim,
     # so once `request.nodes` options cost no more than the next bound, stop.
-    searched.sort(key=lambda item: (item[0], item[1].node.name))
-    for bound, node_free, candidates in searched:
+    searched.sort(key=lambda item: (item[0], item[1]))
+    for bound, name, node_free in searched:
         if len(options) >= request.nodes:
             options.sort(key=lambda t: (t.cost, t.node))
             if options[request.nodes - 1].cost <= bound:
                 break
+        candidates = [a for a in victims.on(name) if not a.funded or a.request.team in allowed]
         target = _node_target(node_free, request, candidates, now)
         if target is not None:
             options.append(target)
     if len(options) < request.nodes:
-        return None
+        return None, True
     options.sort(key=lambda t: (t.cost, t.node))
-    return tuple(options[: request.nodes])
+    return tuple(options[: request.nodes]), False

@@ -5,44 +5,100 @@ running funded sessions are still certain to be charged (the rest of their
 protected windows): a team cannot fund more protected time than its budget
 holds. Keys compare level by level from the root, so two teams are ordered by
 the ratios of the ancestors where their paths split.
+
+The tree's derived facts (levels, subtrees, shares) are worked out once per
+`TeamTree` object and pool, not once per cycle: a tree is frozen, so they cannot change.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
+from scheduler_core.ledger import WindowUsage
+from scheduler_core.model import Allocation
 from scheduler_core.snapshot import Snapshot
-from scheduler_core.teams import OWN
+from scheduler_core.teams import OWN, TeamTree
 
 Key = tuple[float, ...]
+
+
+class _TreeFacts:
+    """Levels, subtrees and per-pool shares of one team tree."""
+
+    def __init__(self, tree: TeamTree) -> None:
+        self.tree = tree
+        self.levels = {name: tree.levels(name) for name in tree.teams}
+        self.subtrees = {name: tree.subtree(name) for name in tree.teams}
+        self.parents = tuple(name for name in tree.teams if tree.has_children(name))
+        self._budgets: dict[tuple[str, float], dict[str, float]] = {}
+
+    def budgets(self, pool: str, budget_rate: float) -> dict[str, float]:
+        """Budget units of every level (team, and ``parent#own``) over the window."""
+        found = self._budgets.get((pool, budget_rate))
+        if found is None:
+            tree = self.tree
+            found = {name: tree.share(name, pool) * budget_rate for name in tree.teams}
+            for name in self.parents:
+                found[name + OWN] = tree.own_share(name, pool) * budget_rate
+            if len(self._budgets) >= 64:
+                self._budgets.clear()
+            self._budgets[(pool, budget_rate)] = found
+        return found
+
+
+_FACTS: dict[int, _TreeFacts] = {}
+
+
+def _facts(tree: TeamTree) -> _TreeFacts:
+    found = _FACTS.get(id(tree))
+    if found is None or found.tree is not tree:
+        if len(_FACTS) >= 64:
+            _FACTS.clear()
+        found = _FACTS[id(tree)] = _TreeFacts(tree)
+    return found
 
 
 class PoolRanking:
     """Ratios of every team level in one pool, updated as the cycle admits funded work."""
 
-    def __init__(self, snapshot: Snapshot, pool: str, now: float) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        pool: str,
+        now: float,
+        protected: Iterable[Allocation] | None = None,
+    ) -> None:
+        """``protected``, when given, holds (in the order of the snapshot's allocations)
+        every funded allocation of the pool still inside its protected window at
+        ``now``, and perhaps others of them."""
         tree = snapshot.teams
-        self._tree = tree
+        facts = _facts(tree)
         budget_rate = snapshot.capacity.get(pool, 0.0) * snapshot.window
-        self._units: dict[str, float] = {}
-        self._budget: dict[str, float] = {}
-        self._levels: dict[str, tuple[str, ...]] = {}
+        self._budget = facts.budgets(pool, budget_rate)
+        """Shared by every ranking of the tree and pool: never changed here."""
+        self._levels = facts.levels
         self._keys: dict[str, Key] = {}
-        own_units: dict[str, float] = {
-            name: snapshot.usage.get((name, pool), 0.0) for name in tree.teams
-        }
-        for allocation in snapshot.allocations:
-            if allocation.pool == pool and allocation.funded and allocation.protected_until > now:
-                own_units[allocation.team] += allocation.charge_rate * (
+        self.charges = 0
+        """How many times `charge` was called (keys change only then)."""
+        usage = snapshot.usage
+        if isinstance(usage, WindowUsage):
+            own_units = usage.of_pool(pool, tree.teams)
+        else:
+            own_units = {name: usage.get((name, pool), 0.0) for name in tree.teams}
+        if protected is None:
+            protected = [a for a in snapshot.allocations if a.funded and a.pool == pool]
+        for allocation in protected:
+            if allocation.protected_until > now:
+                own_units[allocation.request.team] += allocation.charge_rate * (
                     allocation.protected_until - now
                 )
-        for name in tree.teams:
-            self._units[name] = sum(own_units[t] for t in tree.subtree(name))
-            self._budget[name] = tree.share(name, pool) * budget_rate
-            if tree.has_children(name):
-                self._units[name + OWN] = own_units[name]
-                self._budget[name + OWN] = tree.own_share(name, pool) * budget_rate
-            self._levels[name] = tree.levels(name)
+        units = dict(own_units)
+        subtrees = facts.subtrees
+        for name in facts.parents:
+            units[name] = sum(own_units[t] for t in subtrees[name])
+            units[name + OWN] = own_units[name]
+        self._units = units
 
     def _ratio(self, level: str, extra: float = 0.0) -> float:
         budget = self._budget[level]
@@ -53,11 +109,16 @@ class PoolRanking:
     def key(self, team: str, extra: float = 0.0) -> Key:
         """The team's position: ratios root first; ``extra`` units as if already charged."""
         if extra:
-            return tuple(self._ratio(level, extra) for level in self._levels[team])
+            return tuple([self._ratio(level, extra) for level in self._levels[team]])
         found = self._keys.get(team)
         if found is None:
-            found = self._keys[team] = tuple(self._ratio(level) for level in self._levels[team])
+            found = self._keys[team] = tuple([self._ratio(level) for level in self._levels[team]])
         return found
+
+    def leaf(self, team: str) -> tuple[float, float]:
+        """Units charged and budget at the team's own (leaf) level, which decides funding."""
+        level = self._levels[team][-1]
+        return self._units[level], self._budget[level]
 
     def ratio(self, team: str) -> float:
         """The ratio that decides funding: the team's own (leaf) level."""
@@ -72,3 +133,4 @@ class PoolRanking:
         for level in self._levels[team]:
             self._units[level] += units
         self._keys.clear()
+        self.charges += 1

@@ -1,0 +1,291 @@
+"""The scheduler's kept indexes are only a faster road to the same decisions.
+
+Between cycles the scheduler keeps the queue sorted, the protected and exposed
+sessions, nodes by free whole GPUs, and victim searches known to fail (a
+`CycleIndex`). Every cycle of random runs is decided twice here: with those
+indexes, and from the snapshot without them (what is free on each node, the
+allocations and the pending requests); the two must agree in every field.
+Smaller tests pin the pieces the indexes rely on: failed multi-node
+placements, the ledger's window, failure records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler_core import scheduler as scheduler_module
+from scheduler_core.capacity import Capacity, NodeFree
+from scheduler_core.errors import InputError
+from scheduler_core.ledger import UsageLedger
+from scheduler_core.model import Gpu, MigInstance, Node, NodeGrant, Request, Slice, SliceKind
+from scheduler_core.policy import Failures, decide
+from scheduler_core.scenario import Scenario, parse_scenario
+from scheduler_core.settings import PlacementStrategy
+from scheduler_core.simulator import Simulation
+from scheduler_core.snapshot import Decisions, Snapshot, shape_of
+
+TEAMS = ["a", "b", "c", "d", "e"]
+
+
+@st.composite
+def busy_scenarios(draw: st.DrawFn) -> Scenario:
+    """Small clusters under pressure: multi-node, fractional and MIG requests, sub-teams,
+    node events, every placement strategy, and reservations."""
+    nodes: list[dict[str, Any]] = []
+    for i in range(draw(st.integers(1, 6))):
+        gpus = draw(st.sampled_from([1, 2, 4, 8]))
+        node: dict[str, Any] = {
+            "name": f"g{i}",
+            "pool": "g",
+            "gpus": gpus,
+            "cpus": draw(st.sampled_from([8, 32, 64])),
+            "memory_gib": draw(st.sampled_from([64, 256])),
+        }
+        if draw(st.booleans()) and gpus >= 2:
+            node["mig"] = {"0": ["1g.10gb"] * draw(st.integers(1, 7))}
+        nodes.append(node)
+    nodes.append({"name": "c0", "pool": "cpu", "cpus": 32, "labels": {"storage": "s1"}})
+    nodes.append({"name": "c1", "pool": "cpu", "cpus": 16, "labels": {"storage": "s1"}})
+    raw = [draw(st.integers(1, 10)) for _ in range(draw(st.integers(1, 5)))]
+    teams: list[dict[str, Any]] = [
+        {"name": TEAMS[i], "share": round(w / sum(raw) * 0.99, 4)} for i, w in enumerate(raw)
+    ]
+    if len(teams) >= 3 and draw(st.booleans()):
+        teams[1].update(parent="a", share=0.5)
+        teams[2].update(parent="a", share=0.3)
+    usage = [
+        {
+            "team": t["name"],
+            "pool": "g",
+            "gpu_seconds": draw(st.sampled_from([0, 1e5, 1e6, 1e7])),
+            "ago": 3600,
+        }
+        for t in teams
+    ]
+    requests: list[dict[str, Any]] = []
+    for i in range(draw(st.integers(1, 40))):
+        kind = draw(st.sampled_from(["whole", "whole", "fraction", "mig", "cpu"]))
+        request: dict[str, Any] = {
+            "id": f"r{i}",
+            "user": "u",
+            "team": draw(st.sampled_from([t["name"] for t in teams])),
+            "submit": draw(st.integers(0, 6000)),
+            "pool": "g",
+            "duration": draw(st.integers(60, 20000)),
+            "min_runtime": draw(st.sampled_from([0, 300, 900, 3600, 28800])),
+            "resumable": draw(st.booleans()),
+            "priority": draw(st.integers(-2, 2)),
+            "class": draw(st.sampled_from(["debug", "interactive", "batch"])),
+            "cpus": draw(st.sampled_from([1, 4, 8, 0.5])),
+        }
+        if kind == "whole":
+            request["gpus"] = draw(st.sampled_from([0, 1, 2, 4, 8]))
+            request["nodes"] = draw(st.sampled_from([1, 1, 2, 3]))
+        elif kind == "fraction":
+            request["gpu_fraction"] = draw(st.sampled_from([0.25, 0.5, 0.75]))
+            request["nodes"] = draw(st.sampled_from([1, 1, 2]))
+        elif kind == "mig":
+            request["mig"] = "1g.10gb"
+            request["nodes"] = draw(st.sampled_from([1, 1, 2]))
+        else:
+            request.update(pool="cpu", labels={"storage": "s1"}, **{"class": "dataprep"})
+        requests.append(request)
+    events = [
+        {
+            "at": draw(st.integers(0, 20000)),
+            "node": draw(st.sampled_from([n["name"] for n in nodes])),
+            "state": draw(st.sampled_from(["draining", "down", "ready"])),
+        }
+        for _ in range(draw(st.integers(0, 3)))
+    ]
+    events.sort(key=lambda e: e["at"])
+    policy = {
+        "name": "budget",
+        "starvation_bound": draw(st.sampled_from([600, 3600])),
+        "placement": draw(st.sampled_from([p.value for p in PlacementStrategy])),
+        "max_reservations_per_pool": draw(st.sampled_from([0, 1, 2])),
+        "unallocated_grace": draw(st.sampled_from([0, 60])),
+    }
+    data = {
+        "name": "busy",
+        "horizon": 40000,
+        "policy": policy,
+        "pools": [{"name": "g", "kind": "gpu"}, {"name": "cpu", "kind": "cpu"}],
+        "nodes": nodes,
+        "teams": teams,
+        "usage": usage,
+        "requests": requests,
+        "events": events,
+    }
+    placeable = []
+    for request in requests:
+        try:
+            parse_scenario(data | {"requests": [request]})
+        except InputError:
+            continue
+        placeable.append(request)
+    return parse_scenario(data | {"requests": placeable})
+
+
+def _fields(decisions: Decisions) -> tuple[Any, ...]:
+    return (
+        decisions.admissions,
+        decisions.preemptions,
+        dict(decisions.reservations),
+        decisions.order,
+        dict(decisions.funded),
+        decisions.released,
+    )
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(busy_scenarios())
+def test_indexes_decide_as_the_bare_snapshot_does(scenario: Scenario) -> None:
+    checked: list[int] = []
+
+    def both(snapshot: Snapshot, now: float) -> Decisions:
+        assert snapshot.index is not None
+        fast = decide(snapshot, now)
+        bare = decide(dataclasses.replace(snapshot, index=None), now)
+        assert _fields(fast) == _fields(bare)
+        checked.append(1)
+        return fast
+
+    with mock.patch.object(scheduler_module, "decide", both):
+        Simulation(scenario).run()
+    assert checked or not scenario.requests
+
+
+def _node(name: str, gpus: int = 8, cpus: float = 10.0, mig: int = 0) -> Node:
+    devices = tuple(
+        Gpu(
+            f"{name}-gpu{i}",
+            i,
+            mig=tuple(MigInstance(f"{name}-{i}-mig{j}", "1g.10gb") for j in range(mig))
+            if i == 0
+            else (),
+        )
+        for i in range(gpus)
+    )
+    return Node(name, "g", cpus, 256.0, devices)
+
+
+def _state(capacity: Capacity) -> list[tuple[Any, ...]]:
+    buckets = capacity._buckets.get("g", [])
+    return [tuple(bucket) for bucket in buckets] + [
+        (
+            name,
+            nf.cpus,
+            nf.memory_gib,
+            [g.uuid for g in nf.whole],
+            dict(nf.shared),
+            {k: [i.uuid for _, i in v] for k, v in nf.mig.items()},
+        )
+        for name, nf in sorted(capacity.free.items())
+    ]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"gpus": 2, "nodes": 3, "cpus": 0.3},
+        {"gpu_milli": 500, "nodes": 3, "cpus": 0.7},
+        {"mig": "1g.10gb", "nodes": 3, "cpus": 0.1},
+        {"gpus": 0, "nodes": 4, "cpus": 3.3},
+    ],
+)
+def test_a_failed_multi_node_placement_leaves_what_take_and_give_would(
+    shape: dict[str, Any],
+) -> None:
+    """The old way took each node's part as it went and gave it all back on failure;
+    the state it left (bucket order, MIG order, float CPUs) is what a cycle sees next."""
+    nodes = [_node("n0", 4, mig=3), _node("n1", 8, mig=2), _node("n2", 2, cpus=0.2)]
+    request = Request("big", "u", "a", "g", 0.0, **shape)
+    placed = Capacity(nodes, [])
+    placed._pool_buckets("g")
+    old = Capacity(nodes, [])
+    old._pool_buckets("g")
+    # Shuffle the buckets a little first, as earlier placements would.
+    for capacity in (placed, old):
+        grant = NodeGrant("n0", (Slice("n0-gpu1", SliceKind.WHOLE),), 0.1, 1.0)
+        capacity.take((grant,))
+        capacity.give((grant,))
+    assert placed.place(request, PlacementStrategy.BEST_FIT) is None
+    grants: list[NodeGrant] = []
+    used: set[str] = set()
+    for _ in range(request.nodes):
+        found = old.best(request, PlacementStrategy.BEST_FIT, frozenset(used))
+        if found is None:
+            break
+        grant = NodeGrant(found[0].node.name, found[1], request.cpus, request.memory_gib)
+        old.take((grant,))
+        grants.append(grant)
+        used.add(grant.node)
+    assert len(grants) < request.nodes
+    old.give(grants)
+    assert _state(placed) == _state(old)
+
+
+def test_a_multi_node_placement_takes_the_nodes_best_would_pick_in_turn() -> None:
+    nodes = [_node(f"n{i}", 8) for i in range(4)]
+    capacity = Capacity(nodes, [])
+    small = Request("s", "u", "a", "g", 0.0, gpus=5)
+    capacity.place(small, PlacementStrategy.BEST_FIT)
+    request = Request("big", "u", "a", "g", 0.0, gpus=3, nodes=3)
+    grants = capacity.place(request, PlacementStrategy.BEST_FIT)
+    assert grants is not None
+    assert [g.node for g in grants] == ["n0", "n1", "n2"]  # the tight one first, then by name
+    assert all(len(g.slices) == 3 for g in grants)
+
+
+def test_tightness_is_none_exactly_when_nothing_fits() -> None:
+    free = NodeFree(_node("n", 2, cpus=4.0, mig=2))
+    for request in [
+        Request("a", "u", "t", "g", 0.0, gpus=1, cpus=4.0),
+        Request("b", "u", "t", "g", 0.0, gpus=2),
+        Request("c", "u", "t", "g", 0.0, gpu_milli=250, cpus=5.0),
+        Request("d", "u", "t", "g", 0.0, mig="1g.10gb"),
+        Request("e", "u", "t", "g", 0.0, mig="2g.20gb"),
+        Request("f", "u", "t", "g", 0.0, gpus=0, cpus=1.0),
+    ]:
+        assert (free.tightness(request) is None) == (free.slices_for(request) is None)
+
+
+def test_a_window_keeps_its_figures_while_charges_come_later() -> None:
+    ledger = UsageLedger()
+    ledger.add("a", "g", 0.0, 100.0)
+    ledger.start_charging("a", "g", 10.0, 2.0)
+    window = ledger.window(5.0, 50.0)
+    assert window[("a", "g")] == pytest.approx(80.0)
+    assert window.get(("b", "g"), 0.0) == 0.0
+    revision = ledger.revision
+    ledger.stop_charging("a", "g", 50.0, 2.0)
+    ledger.start_charging("b", "g", 60.0, 1.0)
+    assert ledger.revision == revision  # nothing reached back into the window
+    assert window[("a", "g")] == pytest.approx(80.0)
+    assert ledger.window(5.0, 50.0)[("a", "g")] == window[("a", "g")]
+    ledger.start_charging("a", "g", 70.0, 1.0)
+    ledger.window(0.0, 100.0)
+    ledger.stop_charging("a", "g", 90.0, 1.0)  # before the end of a window handed out
+    assert ledger.revision == revision + 1
+
+
+def test_failures_remembered_by_number_answer_as_the_records_do() -> None:
+    small = shape_of(Request("s", "u", "a", "g", 0.0, gpus=2))
+    large = shape_of(Request("l", "u", "a", "g", 0.0, gpus=4))
+    other = shape_of(Request("o", "u", "a", "g", 0.0, gpu_milli=500))
+    failures = Failures()
+    failures.add(small, (0.5,), 1)
+    assert failures.known(large, (0.6,), 2)
+    assert failures.exact[2] == (0.6,)
+    assert failures.known(large, (0.7,), 2)
+    assert not failures.known(large, (0.4,), 2)
+    assert not failures.known(other, (0.9,), 3)
+    failures.clear()
+    assert not failures.known(small, (0.9,), 1)
