@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint unit integration bench demo engine images postgres clean
+.PHONY: test lint unit integration bench demo engine images browser postgres clean
 
 # The virtual environment is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -29,15 +29,20 @@ engine:
 images: engine
 	images/build
 
+# Debian's headless Chromium for the browser test (Playwright drives it; no download).
+browser:
+	@command -v chromium >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check scheduler_core spawner tests bench
 	$(BIN)/mypy scheduler_core spawner
 
-test: $(STAMP) postgres lint images
+test: $(STAMP) postgres lint images browser
 	$(BIN)/pytest -q
 
-integration: $(STAMP) images
+integration: $(STAMP) images browser
 	$(BIN)/pytest -q tests/integration
 
 unit: $(STAMP)
