@@ -278,7 +278,7 @@ class BudgetScheduler(SingletonConfigurable):
         self._order: dict[str, None] = {}
         """Waiting requests in the order the last full cycle weighed them (newer ones after)."""
         self._kick: asyncio.Handle | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[None]] = []  # held so the loops are not collected
         self.notices: dict[tuple[str, str], str] = {}
         self.cycle_ms: list[float] = []
         """Wall time of recent cycles on the event loop (the Hub's lag from scheduling)."""
@@ -420,13 +420,6 @@ class BudgetScheduler(SingletonConfigurable):
             except OSError:
                 return False
         return True
-
-    def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        if self.started:
-            self.store.close()
-        self.started = False
 
     # -- loops -------------------------------------------------------------------
 
