@@ -98,6 +98,32 @@ class Gpu:
     virtual: bool = False
 
 
+def virtual_gpus(
+    node: str,
+    count: int,
+    model: str = "virtual GPU",
+    mig: Mapping[int, list[str]] | None = None,
+    memory_mib: int = 0,
+) -> tuple[Gpu, ...]:
+    """GPUs declared in config or a scenario (no NVML): stable UUIDs derived from the
+    node's name, MIG instances by GPU index, marked virtual."""
+    layout = mig or {}
+    return tuple(
+        Gpu(
+            uuid=virtual_uuid("GPU", node, g),
+            index=g,
+            model=model,
+            memory_mib=memory_mib,
+            mig=tuple(
+                MigInstance(virtual_uuid("MIG", node, g, j), profile)
+                for j, profile in enumerate(layout.get(g, ()))
+            ),
+            virtual=True,
+        )
+        for g in range(count)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
     name: str

@@ -22,9 +22,7 @@ from scheduler_core.errors import InputError
 from scheduler_core.model import (
     MIG_SLICES,
     MILLI,
-    Gpu,
     Health,
-    MigInstance,
     Node,
     Pool,
     PoolKind,
@@ -33,7 +31,7 @@ from scheduler_core.model import (
     Team,
     frozen_labels,
     mig_weight,
-    virtual_uuid,
+    virtual_gpus,
 )
 from scheduler_core.settings import SettingError, Settings, settings_from_mapping
 
@@ -224,20 +222,7 @@ def _nodes(raw: Any, pools: Mapping[str, Pool]) -> list[Node]:
             if name in seen:
                 raise InputError(f"{where}.name", f"node {name!r} is defined twice")
             seen.add(name)
-            gpu_list = tuple(
-                Gpu(
-                    uuid=virtual_uuid("GPU", name, g),
-                    index=g,
-                    model=model,
-                    memory_mib=memory_mib,
-                    mig=tuple(
-                        MigInstance(virtual_uuid("MIG", name, g, j), profile)
-                        for j, profile in enumerate(mig.get(g, ()))
-                    ),
-                    virtual=True,
-                )
-                for g in range(gpus)
-            )
+            gpu_list = virtual_gpus(name, gpus, model, mig, memory_mib)
             nodes.append(Node(name, pool, cpus, memory, gpu_list, labels, Health(state)))
     return nodes
 

@@ -12,7 +12,9 @@ import re
 from types import ModuleType
 from typing import Any
 
-from scheduler_core.model import Gpu, MigInstance, virtual_uuid
+from scheduler_core.model import Gpu, MigInstance, virtual_gpus
+
+__all__ = ["InventoryError", "nvml_gpus", "virtual_gpus"]
 
 _MIG_NAME = re.compile(r"(\d+g\.\d+gb)")
 
@@ -74,23 +76,3 @@ def nvml_gpus(nvml: ModuleType | None = None) -> tuple[Gpu, ...]:
         return tuple(gpus)
     finally:
         nvml.nvmlShutdown()
-
-
-def virtual_gpus(
-    node: str, count: int, model: str = "virtual GPU", mig: dict[int, list[str]] | None = None
-) -> tuple[Gpu, ...]:
-    """GPUs declared in config: stable UUIDs derived from the node name, marked virtual."""
-    layout = mig or {}
-    return tuple(
-        Gpu(
-            uuid=virtual_uuid("GPU", node, g),
-            index=g,
-            model=model,
-            mig=tuple(
-                MigInstance(virtual_uuid("MIG", node, g, j), profile)
-                for j, profile in enumerate(layout.get(g, ()))
-            ),
-            virtual=True,
-        )
-        for g in range(count)
-    )
