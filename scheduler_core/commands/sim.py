@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from scheduler_core.errors import InputError
+from scheduler_core.evaluation import fmt_wait
 from scheduler_core.metrics import result
 from scheduler_core.policy import POLICIES
 from scheduler_core.scenario import Scenario, load_scenario
@@ -52,16 +53,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt_wait(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value < 120:
-        return f"{value:.0f}s"
-    if value < 7200:
-        return f"{value / 60:.1f}m"
-    return f"{value / 3600:.1f}h"
-
-
 def print_summary(outcome: dict[str, Any]) -> None:
     metrics = outcome["metrics"]
     print(
@@ -72,8 +63,8 @@ def print_summary(outcome: dict[str, Any]) -> None:
     print(f"{'class':<12}{'n':>7}{'p50':>9}{'p90':>9}{'p99':>9}")
     for klass, waits in metrics["wait_s"].items():
         print(
-            f"{klass:<12}{waits['n']:>7}{_fmt_wait(waits['p50']):>9}"
-            f"{_fmt_wait(waits['p90']):>9}{_fmt_wait(waits['p99']):>9}"
+            f"{klass:<12}{waits['n']:>7}{fmt_wait(waits['p50']):>9}"
+            f"{fmt_wait(waits['p90']):>9}{fmt_wait(waits['p99']):>9}"
         )
     print()
     occupancy = metrics["occupancy"]
