@@ -214,6 +214,11 @@ class Scheduler:
         self._growth.append(node_name)
 
     @property
+    def capacity(self) -> Mapping[str, float]:
+        """Budget units per second each pool delivers (GPU-equivalents or cores)."""
+        return MappingProxyType(self._capacity)
+
+    @property
     def funded(self) -> Mapping[str, bool]:
         """Would each waiting request be funded, as its last cycle judged."""
         return MappingProxyType(self._funded)

@@ -161,6 +161,12 @@ def split_request_id(request_id: str) -> tuple[str, str]:
     return user, server
 
 
+def server_path(request_id: str) -> str:
+    """The Hub REST path of the server a request is for."""
+    user, server = split_request_id(request_id)
+    return f"users/{user}/servers/{server}" if server else f"users/{user}/server"
+
+
 class BudgetScheduler(SingletonConfigurable):
     """The budget scheduler embedded in the Hub (one per Hub process)."""
 
@@ -279,6 +285,7 @@ class BudgetScheduler(SingletonConfigurable):
         """Waiting requests in the order the last full cycle weighed them (newer ones after)."""
         self._kick: asyncio.Handle | None = None
         self._tasks: list[asyncio.Task[None]] = []  # held so the loops are not collected
+        self._background: set[asyncio.Task[None]] = set()
         self.notices: dict[tuple[str, str], str] = {}
         self.cycle_ms: list[float] = []
         """Wall time of recent cycles on the event loop (the Hub's lag from scheduling)."""
@@ -410,8 +417,7 @@ class BudgetScheduler(SingletonConfigurable):
         for request_id in list(self.core.pending) + list(self._unclaimed):
             if request_id in self._waiters:
                 continue
-            user, server = split_request_id(request_id)
-            path = f"users/{user}/servers/{server}" if server else f"users/{user}/server"
+            path = server_path(request_id)
             try:
                 await self.hub_api("POST", path, self._options.get(request_id, {}))
                 self.log.info("budgethub: %s queued again through the Hub", request_id)
@@ -529,12 +535,13 @@ class BudgetScheduler(SingletonConfigurable):
         waiter = self._waiters.get(allocation.id)
         if waiter is not None:
             waiter.changed.set()
-        asyncio.get_running_loop().create_task(self._stop_through_hub(allocation, message))
+        task = asyncio.get_running_loop().create_task(self._stop_through_hub(allocation))
+        self._background.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._background.discard)
         return False
 
-    async def _stop_through_hub(self, allocation: Allocation, message: str) -> None:
-        user, server = split_request_id(allocation.id)
-        path = f"users/{user}/servers/{server}" if server else f"users/{user}/server"
+    async def _stop_through_hub(self, allocation: Allocation) -> None:
+        path = server_path(allocation.id)
         try:
             await self.hub_api("DELETE", path)
         except (HTTPClientError, OSError) as error:
@@ -719,15 +726,6 @@ class BudgetScheduler(SingletonConfigurable):
                 return max(end, time.time())
         return None
 
-    def capacity(self, pool: str) -> float:
-        """GPU-equivalents (GPU pools) or cores (CPU pools) of a pool's nodes."""
-        kind = self.core_pools[pool].kind
-        return sum(
-            n.gpu_capacity if kind is PoolKind.GPU else n.cpus
-            for n in self.node_list
-            if n.pool == pool
-        )
-
     def team_of_groups(self, groups: list[str]) -> list[str]:
         """The user's groups that are teams with an allocation."""
         names = {t.name for t in self.core_teams}
@@ -744,7 +742,7 @@ class BudgetScheduler(SingletonConfigurable):
             share = self.core.teams.share(team, pool_name)
             if share <= 0:
                 continue
-            budget = share * self.capacity(pool_name) * self.settings.lookback
+            budget = share * self.core.capacity[pool_name] * self.settings.lookback
             used = self.core.ledger.charged(team, pool_name, start, now)
             parts.append(f"{pool_name}: {used / budget:.0%} of budget used" if budget else "")
         return f"({'; '.join(p for p in parts if p)})" if parts else ""
