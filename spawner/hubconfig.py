@@ -20,6 +20,8 @@ SERVICE = "budgethub"
 SCOPES = ["servers", "read:users", "read:groups"]
 
 log = logging.getLogger(__name__)
+_STARTING: set[asyncio.Task[None]] = set()
+"""The start-up task, held (the event loop keeps only weak references to tasks)."""
 
 
 def configure_hub(c: Any, token: str | None = None) -> None:
@@ -41,7 +43,7 @@ def configure_hub(c: Any, token: str | None = None) -> None:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return  # loaded outside a running Hub (e.g. by a test reading the file)
-    loop.create_task(_start_with_hub())
+    _STARTING.add(loop.create_task(_start_with_hub()))
 
 
 async def _start_with_hub() -> None:
