@@ -3,9 +3,20 @@
 One cycle: handle unhealthy nodes (rule 6), keep last cycle's reservations
 (rule 7), then for each pool take the pending requests team by team, the team
 with the lowest occupancy ratio first (rule 1; declared priority and submit
-time order only a team's own queue), fund them while the team's budget holds
-(rule 2), place them on free slices (rule 3) or, when funded, on slices freed
-by preemption (rule 4). Policies are registered by name in `POLICIES`.
+time order only a team's own queue), fund them while the team is under its
+allocation (rule 2, see `funds`), place them on free slices (rule 3) or, when
+funded, on slices freed by preemption (rule 4). Policies are registered by name
+in `POLICIES`.
+
+Why funding has two tests and reservations go only to funded requests: with the
+window budget alone, a team that was quiet could fund several times its share at
+once, and then, its budget spent, run nothing funded for days while still owed its
+share hour by hour (on the seed-like month, funded use above a team's share came
+to twice the GPU-hours teams were short). So a team is always funded within its
+share of the pool now (`guaranteed_share`), and the window budget funds work beyond
+that only up to `funded_burst` times the share. Holding nodes for a request that
+would run unallocated drained them for work that must yield to the first funded
+request: most idle GPUs sat on such nodes.
 
 A team at the head of the queue keeps it, without a trip through the heap,
 while its next request still sorts first: the order is the heap's, only cheaper.
@@ -27,6 +38,7 @@ from scheduler_core.capacity import Capacity, could_hold
 from scheduler_core.model import Allocation, Health, Node, NodeGrant, PoolKind, Request
 from scheduler_core.preemption import Victims, offers, search_targets
 from scheduler_core.ranking import Key, PoolRanking
+from scheduler_core.settings import Settings
 from scheduler_core.snapshot import (
     Admission,
     CycleIndex,
@@ -49,6 +61,8 @@ __all__ = [
     "budget_policy",
     "choose_reservation",
     "decide",
+    "funded_rates",
+    "funds",
     "health_preemptions",
     "kept_reservations",
     "queue_order",
@@ -224,6 +238,38 @@ def kept_reservations(snapshot: Snapshot, capacity: Capacity) -> None:
                 capacity.reserved[node] = request_id
 
 
+def funds(
+    within_budget: bool, running: float, rate: float, share_rate: float, settings: Settings
+) -> bool:
+    """Rule 2: is a request of ``rate`` units per second funded?
+
+    ``within_budget``: the team's usage over the window plus the request's protected
+    window stays within its budget; ``running``: the charge rate of the team's funded
+    sessions in the pool; ``share_rate``: its share of the pool's capacity.
+    """
+    after = running + rate
+    if settings.guaranteed_share and after <= settings.guaranteed_share * share_rate + _EPS:
+        return True
+    if not within_budget:
+        return False
+    cap = settings.funded_burst
+    return not cap or running <= _EPS or after <= cap * share_rate + _EPS
+
+
+_EPS = 1e-9
+
+
+def funded_rates(snapshot: Snapshot) -> dict[tuple[str, str], float]:
+    """Per (team, pool), the charge rate of the snapshot's funded allocations."""
+    if snapshot.funded_rates is not None:
+        return dict(snapshot.funded_rates)
+    rates: dict[tuple[str, str], float] = defaultdict(float)
+    for allocation in snapshot.allocations:
+        if allocation.funded:
+            rates[(allocation.team, allocation.pool)] += allocation.charge_rate
+    return rates
+
+
 def choose_reservation(capacity: Capacity, request: Request) -> tuple[str, ...] | None:
     """Nodes to hold for a starving request: those closest to fitting it.
 
@@ -241,6 +287,13 @@ def choose_reservation(capacity: Capacity, request: Request) -> tuple[str, ...] 
         return None
     options.sort(key=lambda nf: (-nf.free_whole, -nf.cpus, nf.node.name))
     return tuple(nf.node.name for nf in options[: request.nodes])
+
+
+def _drop_hold(capacity: Capacity, request_id: str, grown: list[str]) -> None:
+    """Give back the nodes held for ``request_id`` (noting them as grown)."""
+    for node in [n for n, r in capacity.reserved.items() if r == request_id]:
+        del capacity.reserved[node]
+        grown.append(node)
 
 
 def _queues(snapshot: Snapshot) -> Mapping[str, Mapping[str, tuple[Queued, ...]]]:
@@ -282,6 +335,13 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
         by_id = {a.id: a for a in snapshot.allocations}
         for allocation_id in stopped:
             capacity.give(by_id[allocation_id].grants)
+
+    rates = funded_rates(snapshot)
+    for allocation_id in stopped:
+        allocation = by_id[allocation_id]
+        if allocation.funded:
+            rates[(allocation.team, allocation.pool)] -= allocation.charge_rate
+    window = snapshot.window
 
     victim_index: list[Victims] = []
 
@@ -358,6 +418,8 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
             end = len(queue)
             # Until this team is charged (which ends the run), its ratios stand still.
             leaf_units, leaf_budget = ranking.leaf(team)
+            share_rate = leaf_budget / window if window > 0 else 0.0
+            rate_key = (team, pool_name)
             afters: dict[float, Key] = {}
             if team_keys_at != ranking.charges:
                 team_keys = []
@@ -369,13 +431,25 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
                 request_id = request.id
                 order.append(request_id)
                 units = entry.units
-                funded = leaf_budget > 0.0 and (leaf_units + units) / leaf_budget <= 1.0
+                funded = funds(
+                    leaf_budget > 0.0 and (leaf_units + units) / leaf_budget <= 1.0,
+                    rates.get(rate_key, 0.0),
+                    entry.rate,
+                    share_rate,
+                    settings,
+                )
                 funded_now[request_id] = funded
                 charged = False
 
                 grants: tuple[NodeGrant, ...] | None = None
                 preempted_ids: tuple[str, ...] = ()
                 holder = bool(held) and request_id in held
+                if holder and not funded:
+                    # It would run unallocated: its nodes go back to everyone.
+                    _drop_hold(capacity, request_id, known_failures.grown)
+                    held.discard(request_id)
+                    released.append(request_id)
+                    holder = False
                 if holder or (
                     entry.shape_id not in no_fit_exact
                     and not no_fit.known(entry.shape, (), entry.shape_id)
@@ -412,6 +486,8 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
                                 for victim in target.victims:
                                     chosen[victim.id] = victim
                             for victim in chosen.values():
+                                if victim.funded:
+                                    rates[(victim.team, victim.pool)] -= victim.charge_rate
                                 capacity.give(victim.grants)
                                 stopped.add(victim.id)
                                 preemptions.append(Preemption(victim.id, "funded", request_id))
@@ -428,9 +504,7 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
 
                 if grants is not None:
                     if holder:
-                        for node in [n for n, r in capacity.reserved.items() if r == request_id]:
-                            del capacity.reserved[node]
-                            known_failures.grown.append(node)
+                        _drop_hold(capacity, request_id, known_failures.grown)
                         held.discard(request_id)
                         released.append(request_id)
                     protected = entry.min_runtime if funded else unallocated_grace
@@ -440,10 +514,12 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
                         )
                     )
                     if funded:
+                        rates[rate_key] = rates.get(rate_key, 0.0) + entry.rate
                         ranking.charge(team, units)
                         charged = True
                 elif (
-                    now - request.submit >= starvation_bound
+                    funded
+                    and now - request.submit >= starvation_bound
                     and not holder
                     and len(held) < max_reservations
                 ):

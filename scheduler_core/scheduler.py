@@ -114,6 +114,8 @@ class Scheduler:
         self._expiries: list[tuple[float, str]] = []
         self._starving: list[tuple[float, str]] = []
         self._funded: dict[str, bool] = {}
+        self._funded_rates: dict[tuple[str, str], float] = {}
+        """Per (team, pool), the charge rate of its running funded sessions."""
         self._last_cycle: float | None = None
         self._layout = Layout.of(self.nodes.values())
         self._queues: dict[tuple[str, str], tuple[list[tuple[int, float, str]], list[Queued]]] = {}
@@ -294,6 +296,7 @@ class Scheduler:
             free=MappingProxyType(dict(self._free)),
             queued=queued,
             index=index,
+            funded_rates=MappingProxyType(dict(self._funded_rates)),
         )
 
     def _index(self, now: float, scope: Iterable[Request] | None) -> CycleIndex | None:
@@ -461,6 +464,9 @@ class Scheduler:
         self.reservations = MappingProxyType(dict(decisions.reservations))
 
     def _book(self, allocation: Allocation) -> None:
+        if allocation.funded:
+            key = (allocation.team, allocation.pool)
+            self._funded_rates[key] = self._funded_rates.get(key, 0.0) + allocation.charge_rate
         for grant in allocation.grants:
             free = self._free[grant.node].copy()
             free.take(grant)
@@ -488,6 +494,12 @@ class Scheduler:
             self._whole.update(free)
             self._reach_dirty.add(grant.node)
         if allocation.funded:
+            key = (allocation.team, allocation.pool)
+            left = self._funded_rates.get(key, 0.0) - allocation.charge_rate
+            if left > 1e-9:
+                self._funded_rates[key] = left
+            else:
+                self._funded_rates.pop(key, None)
             self.ledger.stop_charging(
                 allocation.team, allocation.pool, self.clock.now(), allocation.charge_rate
             )

@@ -62,6 +62,15 @@ class Settings:
     """A request pending longer than this gets a reservation."""
     max_reservations_per_pool: int = 2
     """At most this many reservations hold nodes in one pool at once."""
+    guaranteed_share: float = 1.0
+    """A request is funded, whatever its team's budget over the window, while the
+    team's funded sessions in the pool plus the request hold at most this multiple of
+    the team's share of the pool (its allocation now); 0: only the window budget funds."""
+    funded_burst: float = 1.5
+    """Funding from the window budget stops where the team's funded sessions in the
+    pool would hold more than this multiple of its share at once (a request bigger
+    than that is funded only while the team has no other funded session there);
+    0: no cap. Work beyond it runs unallocated, on idle capacity."""
     placement: PlacementStrategy = PlacementStrategy.BEST_FIT
     """Which free slices a request gets."""
     fairshare_half_life: float = 7 * DAY
@@ -89,7 +98,7 @@ class Settings:
 
 COUNT_FIELDS = frozenset({"debug_max_gpus", "max_reservations_per_pool"})
 """Settings that are whole numbers."""
-WEIGHT_FIELDS = frozenset({"fairshare_age_weight"})
+WEIGHT_FIELDS = frozenset({"fairshare_age_weight", "guaranteed_share", "funded_burst"})
 """Settings that are plain non-negative numbers; every other numeric setting is a duration."""
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)?\s*$")

@@ -164,6 +164,9 @@ class Snapshot:
     up to date; None makes the policy work it out from the allocations."""
     index: CycleIndex | None = None
     """Indexes the caller keeps between cycles; used only by a decision at ``index.at``."""
+    funded_rates: Mapping[tuple[str, str], float] | None = None
+    """Per (team, pool), the charge rate of the team's funded ``allocations`` there, if
+    the caller keeps it up to date; None makes the policy add them up."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +202,8 @@ class Decisions:
     funded: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
     """For each pending request considered: would it be funded if it started now."""
     released: tuple[str, ...] = ()
-    """Requests admitted onto nodes held for them; those holds are gone."""
+    """Requests whose holds ended this cycle: admitted onto the nodes held for them,
+    or no longer funded (only funded requests hold nodes)."""
     searches: Mapping[SearchKey, int] = field(default_factory=lambda: MappingProxyType({}))
     """Victim searches that failed this cycle, for the scheduler's `CycleIndex.searches`."""
 

@@ -102,14 +102,46 @@ def test_priority_then_submit_time_inside_a_team() -> None:
 
 
 def test_team_over_its_allocation_runs_unallocated() -> None:
+    # a's week is spent and 6 GPUs are more than its share now (4 of 8): unallocated.
     out = run(
         scenario(
             usage=[heavy_usage("a", 1.2)],
-            requests=[req("a1", "a", 0, gpus=2), req("b1", "b", 0, gpus=2)],
+            requests=[req("a1", "a", 0, gpus=6), req("b1", "b", 0, gpus=2)],
         )
     )
     assert out["a1"]["funded"] == [False]
     assert out["b1"]["funded"] == [True]
+
+
+def test_a_team_is_funded_within_its_share_now_whatever_its_week() -> None:
+    # a's week is spent, but its funded sessions stay within its share of the pool now.
+    requests = [req("a1", "a", 0, gpus=4), req("a2", "a", 10, gpus=2)]
+    out = run(scenario(usage=[heavy_usage("a", 1.2)], requests=requests))
+    assert out["a1"]["funded"] == [True]
+    assert out["a2"]["funded"] == [False]  # 4 + 2 GPUs would pass the share
+    # With the guarantee off only the window budget funds.
+    off = run(
+        scenario(
+            usage=[heavy_usage("a", 1.2)],
+            requests=requests,
+            policy={"guaranteed_share": 0},
+        )
+    )
+    assert off["a1"]["funded"] == [False]
+
+
+def test_the_window_budget_funds_at_most_the_burst_above_the_share() -> None:
+    # Shares of 8 GPUs each on 16; a has budget to spare. Within 1.5 x 8 = 12 GPUs
+    # its requests are funded, the fourth 4-GPU one would make 16: unallocated.
+    nodes = [{"name": f"n{i}", "pool": "g", "gpus": 8} for i in (1, 2)]
+    requests = [req(f"a{i}", "a", i, gpus=4) for i in range(4)]
+    out = run(scenario(nodes=nodes, requests=requests))
+    assert [out[f"a{i}"]["funded"] for i in range(4)] == [[True], [True], [True], [False]]
+    uncapped = run(scenario(nodes=nodes, requests=requests, policy={"funded_burst": 0}))
+    assert [uncapped[f"a{i}"]["funded"] for i in range(4)] == [[True]] * 4
+    # A request bigger than the cap is funded while it is the team's only funded work.
+    big = run(scenario(nodes=nodes, requests=[req("a-big", "a", 0, gpus=8, nodes=2)]))
+    assert big["a-big"]["funded"] == [True]
 
 
 def test_budget_must_cover_the_protected_window() -> None:
@@ -259,6 +291,7 @@ def test_victims_that_lose_least_work_go_first() -> None:
     out = run(
         scenario(
             usage=[heavy_usage("a", 1.5)],
+            policy={"guaranteed_share": 0},  # both of a's sessions run unallocated
             requests=[
                 req("old", "a", 0, gpus=4, duration=50000),
                 req("checkpointed", "a", 0, gpus=4, duration=50000, resumable=True),
@@ -330,21 +363,31 @@ def test_down_node_ends_its_sessions_and_takes_no_work() -> None:
 # Rule 7: reservations against starvation.
 
 
-def starvation_case(max_reservations: int) -> dict[str, dict[str, Any]]:
+def starvation_case(
+    max_reservations: int, a_ratio: float = 0.5, held: list[float] | None = None
+) -> dict[str, dict[str, Any]]:
+    # b (the lower ratio, so first in line) keeps the one node full of funded,
+    # protected 2-GPU sessions; a's 8-GPU request never finds the node empty.
     small = [req(f"s{i}", "b", i * 300, gpus=2, duration=1200, resumable=True) for i in range(200)]
-    return run(
-        scenario(
-            horizon=200 * 300 + 7200,
-            policy={
-                "name": "budget",
-                "starvation_bound": 1800,
-                "max_reservations_per_pool": max_reservations,
-            },
-            requests=[req("small0", "b", 0, gpus=2, duration=1200), *small]
-            + [req("big", "a", 10, gpus=8, duration=600)],
-            usage=[heavy_usage("a", 1.5)],
-        )
+
+    def watch(scheduler: Any, decisions: Any, now: float) -> None:
+        if held is not None and "big" in decisions.reservations:
+            held.append(now)
+
+    data = scenario(
+        horizon=200 * 300 + 7200,
+        policy={
+            "name": "budget",
+            "starvation_bound": 1800,
+            "max_reservations_per_pool": max_reservations,
+            "funded_burst": 0,
+        },
+        requests=[req("small0", "b", 0, gpus=2, duration=1200), *small]
+        + [req("big", "a", 10, gpus=8, duration=600)],
+        usage=[heavy_usage("a", a_ratio)],
     )
+    outcome = result(Simulation(parse_scenario(data), observer=watch).run())
+    return {r["id"]: r for r in outcome["requests"]}
 
 
 def test_a_large_request_gets_a_reservation() -> None:
@@ -352,3 +395,41 @@ def test_a_large_request_gets_a_reservation() -> None:
     reserved = starvation_case(2)["big"]
     assert starved["wait"] is None or starved["wait"] > 10000
     assert reserved["wait"] is not None and reserved["wait"] <= 1800 + 1200
+    assert reserved["funded"] == [True]
+
+
+def test_a_request_that_would_run_unallocated_holds_no_nodes() -> None:
+    # The same, but a's week is spent: holding the node would idle it for work
+    # that any funded request may stop at once.
+    held: list[float] = []
+    over = starvation_case(2, a_ratio=1.5, held=held)["big"]
+    assert over["wait"] is None or over["wait"] > 10000
+    assert held == []
+
+
+def test_a_hold_ends_when_its_request_would_no_longer_be_funded() -> None:
+    # a's own 2-GPU session keeps the node from ever fitting its 8-GPU request and
+    # keeps charging a's week: once "big" would run unallocated, its hold must go.
+    hour = 3600
+    small = [req(f"s{i}", "b", i * 300, gpus=2, duration=1200, resumable=True) for i in range(432)]
+    data = scenario(
+        horizon=36 * hour,
+        policy={"starvation_bound": 1800, "funded_burst": 0},
+        usage=[heavy_usage("a", 0.97)],
+        requests=[
+            req("a0", "a", 0, gpus=2, duration=48 * hour),
+            req("big", "a", 10, gpus=8, duration=600),
+            *small,
+        ],
+    )
+    held: list[float] = []
+
+    def watch(scheduler: Any, decisions: Any, now: float) -> None:
+        if "big" in decisions.reservations:
+            held.append(now)
+
+    run_ = Simulation(parse_scenario(data), observer=watch).run()
+    assert held and held[0] <= 1800 + 300  # held while funded
+    assert held[-1] < 12 * hour  # and let go once a's week ran out (about 5 h in)
+    starts = [t for r in run_.records.values() if r.team == "b" for t in r.starts]
+    assert any(t > held[-1] for t in starts)  # b's work lands there again
