@@ -1,7 +1,7 @@
 """`make bench`: every benchmark in turn, each printing its figures.
 
 * bench.cycle — one scheduling cycle, 128 nodes × 8 GPUs, 1,000 running, 2,000 pending
-* bench.month — the simulator on a generated 30-day, 1,024-GPU month
+* bench.month — the simulator on a generated 30-day, 1,024-GPU month, seeds 1-5
 * bench.compare — budget and the four baselines on that month (`budgethub compare`)
 * the placement benchmark on the Alibaba trace (`budgethub bench placement`)
 * bench.spawn — BudgetSpawner against DockerSpawner on the local engine (`make images` first)
@@ -20,7 +20,7 @@ TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-ope
 
 def main() -> int:
     cycle.main()
-    month.main()
+    month.main([1, 2, 3, 4, 5])
     compare.main([])
     if TRACE.is_dir():
         cli(

@@ -1,9 +1,10 @@
 """The simulator on a generated seed-like month (1,024 GPUs, 30 days, 15 teams).
 
-Run: `.venv/bin/python -m bench.month [SEED]`. Generates the month with
+Run: `.venv/bin/python -m bench.month [SEED ...]`. Generates the month with
 `budgethub generate seed-like --seed SEED` (default 1), then times
 `budgethub sim` on it (the scenario is parsed first and not timed) and prints
-the headline metrics next to the seed's production figures.
+the headline metrics. With several seeds it also prints their range: one seed's
+month is one draw of team shares and demand, and the worst team differs by draw.
 """
 
 from __future__ import annotations
@@ -17,7 +18,23 @@ from scheduler_core.scenario import parse_scenario
 from scheduler_core.simulator import Simulation
 
 
-def main(seed: int = 1) -> int:
+def main(seeds: list[int] | None = None) -> int:
+    outcomes = [one(seed) for seed in seeds or [1]]
+    if len(outcomes) > 1:
+        occupancy = [o[0] for o in outcomes]
+        fulfilment = [o[1] for o in outcomes]
+        worst = [o[2] for o in outcomes]
+        print(
+            f"months: {len(outcomes)} seeds: occupancy {min(occupancy):.1%}-"
+            f"{max(occupancy):.1%}; fulfilment {min(fulfilment):.1%}-{max(fulfilment):.1%}; "
+            f"worst team {min(worst):.1%}-{max(worst):.1%} "
+            f"({sum(1 for w in worst if w >= 0.9)} of {len(worst)} seeds with every team >= 90%)"
+        )
+    return 0
+
+
+def one(seed: int) -> tuple[float, float, float]:
+    """Simulate seed ``seed``'s month; (occupancy, fulfilment, worst team's fulfilment)."""
     scenario = parse_scenario(seed_like(SeedLikeOptions(seed=seed)))
     started = time.perf_counter()
     run = Simulation(scenario).run()
@@ -27,20 +44,22 @@ def main(seed: int = 1) -> int:
     teams = {n: t for n, t in metrics["teams"].items() if t["fulfilment"] is not None}
     worst = min(teams.items(), key=lambda item: item[1]["fulfilment"])
     print(
-        f"month: {len(scenario.requests)} requests, {sum(len(n.gpus) for n in scenario.nodes)} "
-        f"GPUs, {scenario.horizon / 86400:.0f} days: simulated in {wall:.1f} s "
+        f"month (seed {seed}): {len(scenario.requests)} requests, "
+        f"{sum(len(n.gpus) for n in scenario.nodes)} GPUs, {scenario.horizon / 86400:.0f} days: "
+        f"simulated in {wall:.1f} s "
         f"({run.cycles} cycles)"
     )
     print(
-        f"month: debug p90 wait {waits['debug']['p90']:.0f} s, all p50 {waits['all']['p50']:.0f} s "
-        f"p90 {waits['all']['p90']:.0f} s; occupancy {metrics['occupancy']:.1%}; "
+        f"month (seed {seed}): debug p90 wait {waits['debug']['p90']:.0f} s, "
+        f"all p50 {waits['all']['p50']:.0f} s p90 {waits['all']['p90']:.0f} s; "
+        f"occupancy {metrics['occupancy']:.1%}; "
         f"unallocated share {metrics['unallocated_share']:.1%}; "
         f"fulfilment {metrics['fulfilment']:.1%}, worst team {worst[0]} "
         f"{worst[1]['fulfilment']:.1%}, teams >= 95%: "
         f"{sum(1 for t in teams.values() if t['fulfilment'] >= 0.95)} of {len(teams)}"
     )
-    return 0
+    return metrics["occupancy"], metrics["fulfilment"], worst[1]["fulfilment"]
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 1))
+    sys.exit(main([int(arg) for arg in sys.argv[1:]]))

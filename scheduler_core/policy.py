@@ -340,7 +340,8 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
     for allocation_id in stopped:
         allocation = by_id[allocation_id]
         if allocation.funded:
-            rates[(allocation.team, allocation.pool)] -= allocation.charge_rate
+            stopped_key = (allocation.team, allocation.pool)
+            rates[stopped_key] = rates.get(stopped_key, 0.0) - allocation.charge_rate
     window = snapshot.window
 
     victim_index: list[Victims] = []
@@ -487,7 +488,8 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
                                     chosen[victim.id] = victim
                             for victim in chosen.values():
                                 if victim.funded:
-                                    rates[(victim.team, victim.pool)] -= victim.charge_rate
+                                    lost = (victim.team, victim.pool)
+                                    rates[lost] = rates.get(lost, 0.0) - victim.charge_rate
                                 capacity.give(victim.grants)
                                 stopped.add(victim.id)
                                 preemptions.append(Preemption(victim.id, "funded", request_id))

@@ -46,6 +46,12 @@ always give byte-identical JSON):
   (the latest time in the file: the pod was still running when it was cut).
   ``horizon`` = the end of the trace (or the last ``submit + duration``, if
   later) from the earliest submit, so the scenario covers the whole trace.
+* **Load.** As released, the trace's running tasks hold a small part of its
+  own cluster at any time, so every policy starts everything at once and they
+  cannot differ. ``time_scale`` (``--time-scale``, default 1) divides every
+  arrival time (and the horizon's span of arrivals) by its value and keeps run
+  lengths: at 10 the same tasks arrive ten times as densely, which is ten
+  times the offered load on the same nodes. The order of arrivals is kept.
 * **Sizes.** ``cpus`` and ``memory_gib`` as for nodes, at least 1 milli-CPU and
   1 MiB (a scenario needs sizes > 0; one pod in the trace asks for no memory). ``num_gpu`` ≥ 1 with
   ``gpu_milli`` = 1000 is ``gpus: num_gpu``; one GPU with ``gpu_milli`` < 1000
@@ -170,6 +176,8 @@ class ImportOptions:
     skew: float = 1.0
     users_per_team: int = 10
     name: str = "alibaba-openb"
+    time_scale: float = 1.0
+    """Arrival times are divided by this; run lengths are kept (see "Load")."""
 
 
 @dataclass(slots=True)
@@ -434,6 +442,9 @@ def alibaba_openb_scenario(
         raise InputError("--users-per-team", f"{options.users_per_team} is not >= 1")
     if not math.isfinite(options.skew) or options.skew < 0:
         raise InputError("--team-skew", f"{options.skew} is not a number >= 0")
+    if not math.isfinite(options.time_scale) or options.time_scale <= 0:
+        raise InputError("--time-scale", f"{options.time_scale} is not a number > 0")
+    scale = options.time_scale
     settings = _DEFAULTS
     report = ImportReport(tasks=len(tasks))
 
@@ -483,8 +494,9 @@ def alibaba_openb_scenario(
     weights = team_weights(options.teams, options.skew)
     cumulative = [sum(weights[: k + 1]) for k in range(len(weights))]
     requests: list[dict[str, Any]] = []
-    horizon = trace_end - start_of_trace
-    for task, pool, submit, duration in kept:
+    horizon = (trace_end - start_of_trace) / scale
+    for task, pool, trace_submit, duration in kept:
+        submit = start_of_trace + (trace_submit - start_of_trace) / scale
         team_index = min(
             bisect_right(cumulative, stable_fraction("team", task.name)), options.teams - 1
         )

@@ -199,6 +199,16 @@ class BudgetScheduler(SingletonConfigurable):
     max_reservations_per_pool = Integer(
         2, help="Most nodes held at once in a pool for starving requests."
     ).tag(config=True)
+    guaranteed_share = Float(
+        1.0,
+        help="""A session is funded, whatever the team's budget over the window, while the
+        team's funded sessions in the pool stay within this multiple of its share (0: off).""",
+    ).tag(config=True)
+    funded_burst = Float(
+        1.5,
+        help="""The window budget funds a team's sessions up to this multiple of its share
+        of the pool at once; beyond, they run unallocated (0: no cap).""",
+    ).tag(config=True)
     placement = Unicode("best-fit", help="best-fit, worst-fit or first-fit.").tag(config=True)
     policy_settings: Dict[str, Any] = Dict(
         help="""Settings of the policy that have no trait of their own (e.g. a baseline's),

@@ -50,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=_DEFAULTS.users_per_team,
         help="users per team (10)",
     )
+    importer.add_argument(
+        "--time-scale",
+        type=float,
+        default=_DEFAULTS.time_scale,
+        help="divide arrival times by this, keeping run lengths (1; 10 = ten times the load)",
+    )
     importer.add_argument("--name", default=None, help="the scenario's name (the source's)")
     importer.set_defaults(func=run_import)
 
@@ -60,6 +66,7 @@ def run_import(args: argparse.Namespace) -> int:
         skew=args.team_skew,
         users_per_team=args.users_per_team,
         name=args.name or args.source,
+        time_scale=args.time_scale,
     )
     scenario, report = TRACE_IMPORTERS[args.source](args.pods, args.nodes, options)
     sys.stdout.write(dump_scenario(scenario))

@@ -235,3 +235,21 @@ def test_nodes_config_virtual_gpus_and_errors_name_the_key():
     ]:
         with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
             parse_nodes([bad], pools)
+
+
+def test_every_core_setting_is_a_trait_of_the_embedded_scheduler():
+    from scheduler_core.settings import SETTING_NAMES
+    from spawner.embedded import BudgetScheduler
+
+    baseline_only = {n for n in SETTING_NAMES if n.startswith(("fairshare_", "legacy_"))}
+    scheduler = BudgetScheduler(guaranteed_share=0.5, funded_burst=0.0, lookback=86400.0)
+    missing = [n for n in SETTING_NAMES if n not in baseline_only | {"name"}]
+    assert [n for n in missing if not scheduler.has_trait(n)] == []
+    settings = scheduler.core_settings()
+    assert (settings.guaranteed_share, settings.funded_burst, settings.lookback) == (
+        0.5,
+        0.0,
+        86400.0,
+    )
+    with pytest.raises(ConfigError, match="funded_burst"):
+        BudgetScheduler(funded_burst=-1.0).core_settings()

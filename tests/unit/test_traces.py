@@ -130,6 +130,29 @@ def test_cli_prints_the_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     assert err.count("\n") == 1 and "imported 6 of 8 tasks" in err
 
 
+def test_time_scale_packs_arrivals_and_keeps_run_lengths() -> None:
+    plain, _ = import_alibaba_openb(PODS, NODES)
+    packed, _ = import_alibaba_openb(PODS, NODES, ImportOptions(time_scale=4.0))
+    before, after = by_id(plain), by_id(packed)
+    assert before.keys() == after.keys()
+    for rid, request in before.items():
+        assert after[rid]["submit"] == pytest.approx(request["submit"] / 4, abs=1e-3)
+        assert after[rid]["duration"] == request["duration"]
+    assert [r["id"] for r in packed["requests"]] == [r["id"] for r in plain["requests"]]
+    assert all(r["submit"] + r["duration"] <= packed["horizon"] for r in packed["requests"])
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "nan"])
+def test_cli_refuses_a_bad_time_scale(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(
+        ["trace", "import", "alibaba-openb", "--pods", str(PODS), "--nodes", str(NODES)]
+        + ["--time-scale", value]
+    )
+    out, err = capsys.readouterr()
+    assert status == 2 and out == ""
+    assert "--time-scale" in err and "is not a number > 0" in err
+
+
 # --- bad input ----------------------------------------------------------------
 
 
