@@ -238,6 +238,10 @@ def kept_reservations(snapshot: Snapshot, capacity: Capacity) -> None:
                 capacity.reserved[node] = request_id
 
 
+_EPS = 1e-9
+"""Slack for sums of charge rates compared with a share."""
+
+
 def funds(
     within_budget: bool, running: float, rate: float, share_rate: float, settings: Settings
 ) -> bool:
@@ -248,15 +252,13 @@ def funds(
     sessions in the pool; ``share_rate``: its share of the pool's capacity.
     """
     after = running + rate
-    if settings.guaranteed_share and after <= settings.guaranteed_share * share_rate + _EPS:
+    guaranteed = settings.guaranteed_share * share_rate
+    if guaranteed > 0 and after <= guaranteed + _EPS:
         return True
     if not within_budget:
         return False
     cap = settings.funded_burst
     return not cap or running <= _EPS or after <= cap * share_rate + _EPS
-
-
-_EPS = 1e-9
 
 
 def funded_rates(snapshot: Snapshot) -> dict[tuple[str, str], float]:

@@ -433,3 +433,13 @@ def test_a_hold_ends_when_its_request_would_no_longer_be_funded() -> None:
     assert held[-1] < 12 * hour  # and let go once a's week ran out (about 5 h in)
     starts = [t for r in run_.records.values() if r.team == "b" for t in r.starts]
     assert any(t > held[-1] for t in starts)  # b's work lands there again
+
+
+def test_a_team_without_a_share_of_the_pool_is_never_funded_there() -> None:
+    out = run(
+        scenario(
+            teams=[{"name": "a", "share": {"g": 1.0}}, {"name": "b", "share": {"g": 0.0}}],
+            requests=[req("b1", "b", 0, gpus=1)],
+        )
+    )
+    assert out["b1"]["funded"] == [False]
