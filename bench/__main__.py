@@ -2,6 +2,7 @@
 
 * bench.cycle — one scheduling cycle, 128 nodes × 8 GPUs, 1,000 running, 2,000 pending
 * bench.month — the simulator on a generated 30-day, 1,024-GPU month, seeds 1-5
+* bench.idle — where the idle GPU time of the seed-1 month goes
 * bench.compare — budget and the four baselines on that month (`budgethub compare`)
 * the placement benchmark on the Alibaba trace (`budgethub bench placement`)
 * bench.spawn — BudgetSpawner against DockerSpawner on the local engine (`make images` first)
@@ -12,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bench import compare, cycle, month, spawn
+from bench import compare, cycle, idle, month, spawn
 from scheduler_core.cli import main as cli
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-openb"
@@ -21,6 +22,7 @@ TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-ope
 def main() -> int:
     cycle.main()
     month.main([1, 2, 3, 4, 5])
+    idle.main()
     compare.main([])
     if TRACE.is_dir():
         cli(
