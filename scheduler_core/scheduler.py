@@ -225,6 +225,10 @@ class Scheduler:
         """Would each waiting request be funded, as its last cycle judged."""
         return MappingProxyType(self._funded)
 
+    def funded_rate(self, team: str, pool: str) -> float:
+        """Budget units per second the team's running funded sessions in the pool hold."""
+        return self._funded_rates.get((team, pool), 0.0)
+
     def step(self) -> Decisions | None:
         """Run the cycle that what happened since the last one calls for, if any.
 

@@ -77,6 +77,15 @@ class QueueStatus:
     protected_s: float
     estimated_start: float | None
     """Wall time (epoch seconds) by which enough running sessions should have ended."""
+    unit: str = "GPU"
+    """What the pool's figures below count: GPU (GPU-equivalents) or CPU."""
+    team_funded: float = 0.0
+    """What the team's funded sessions in the pool hold now."""
+    team_share: float = 0.0
+    """The team's share of the pool, in the same units."""
+    budget_used: float | None = None
+    """The team's charged usage over the window, as a fraction of its budget."""
+    window_days: float = 7.0
 
 
 def parse_nodes(
@@ -709,6 +718,11 @@ class BudgetScheduler(SingletonConfigurable):
         team = [r for r in same_pool if self.core.pending[r].team == request.team]
         funded = self.core.funded.get(request_id)
         ahead = [self.core.pending[r] for r in same_pool[: position - 1]]
+        pool = request.pool
+        share = self.core.teams.share(request.team, pool) * self.core.capacity[pool]
+        budget = share * self.settings.lookback
+        now = time.time()
+        used = self.core.ledger.charged(request.team, pool, now - self.settings.lookback, now)
         return QueueStatus(
             position=position,
             waiting=len(same_pool),
@@ -717,6 +731,11 @@ class BudgetScheduler(SingletonConfigurable):
             funded=funded,
             protected_s=request.min_runtime if funded else 0.0,
             estimated_start=self._estimate(request, ahead),
+            unit="CPU" if self.core_pools[pool].kind is PoolKind.CPU else "GPU",
+            team_funded=self.core.funded_rate(request.team, pool),
+            team_share=share,
+            budget_used=used / budget if budget > 0 else None,
+            window_days=self.settings.lookback / 86400,
         )
 
     def _estimate(self, request: Request, ahead: list[Request]) -> float | None:

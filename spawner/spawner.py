@@ -413,7 +413,16 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         elif status.funded:
             funding = f"funded by your team's budget, protected for {status.protected_s / 60:g} min"
         else:
-            funding = "your team is over its allocation: it will run unallocated (preemptible)"
+            used = (
+                f"; {status.budget_used:.0%} of its {status.window_days:g}-day budget used"
+                if status.budget_used is not None
+                else ""
+            )
+            funding = (
+                "over what your team's allocation funds now (its funded sessions hold "
+                f"{status.team_funded:.3g} {status.unit}, its share is {status.team_share:.3g} "
+                f"{status.unit}{used}): it will run unallocated (preemptible)"
+            )
         eta = (
             f"; estimated start {_clock(status.estimated_start)}" if status.estimated_start else ""
         )

@@ -253,3 +253,29 @@ def test_every_core_setting_is_a_trait_of_the_embedded_scheduler():
     )
     with pytest.raises(ConfigError, match="funded_burst"):
         BudgetScheduler(funded_burst=-1.0).core_settings()
+
+
+def test_queue_message_says_why_a_request_would_run_unallocated():
+    from spawner.embedded import QueueStatus
+    from spawner.spawner import BudgetSpawner
+
+    common = dict(position=2, waiting=3, team_position=1, team_waiting=1, estimated_start=None)
+    funded = QueueStatus(funded=True, protected_s=3600, **common)
+    assert "funded by your team's budget, protected for 60 min" in (
+        BudgetSpawner._queue_message(None, funded)
+    )
+    over = QueueStatus(
+        funded=False,
+        protected_s=0.0,
+        team_funded=12.0,
+        team_share=8.0,
+        budget_used=0.42,
+        window_days=7.0,
+        **common,
+    )
+    message = BudgetSpawner._queue_message(None, over)
+    assert message == (
+        "Queued: position 2 of 3 in the pool, 1 of 1 in your team; over what your team's "
+        "allocation funds now (its funded sessions hold 12 GPU, its share is 8 GPU; 42% of "
+        "its 7-day budget used): it will run unallocated (preemptible)"
+    )
