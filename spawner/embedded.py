@@ -19,7 +19,7 @@ import json
 import secrets
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ from scheduler_core.settings import (
     Settings,
     settings_from_mapping,
 )
-from scheduler_core.store import RequestState, SliceConflict, Store, StoreError
+from scheduler_core.store import EventRecord, RequestState, SliceConflict, Store, StoreError
 from spawner.inventory import InventoryError, nvml_gpus, virtual_gpus
 from spawner.nodes import EngineConfig, NodeBackend
 
@@ -168,6 +168,25 @@ def split_request_id(request_id: str) -> tuple[str, str]:
     """(user, server name) from a request id ``user/server/token``."""
     user, server, _token = request_id.rsplit("/", 2)
     return user, server
+
+
+def notices_from(events: Iterable[EventRecord]) -> dict[tuple[str, str], str]:
+    """The "your session was stopped" notices still to show, per (user, server name),
+    from the event log in order: a preemption sets its server's notice, a later
+    submit for that server (the user started again) clears it."""
+    notices: dict[tuple[str, str], str] = {}
+    for event in events:
+        if event.kind not in ("submit", "preempt"):
+            continue
+        try:
+            session = split_request_id(str(event.payload.get("request", "")))
+        except ValueError:
+            continue
+        if event.kind == "submit":
+            notices.pop(session, None)
+        elif event.payload.get("message"):
+            notices[session] = str(event.payload["message"])
+    return notices
 
 
 def server_path(request_id: str) -> str:
@@ -419,6 +438,8 @@ class BudgetScheduler(SingletonConfigurable):
                 continue
             self.core.submit(request)
             self._note_session(request.id)
+        # Kept in the event log, so a Hub restart does not forget them.
+        self.notices.update(notices_from(self.store.list_events(since=now - self.lookback)))
         for event in self.store.list_events(kind="submit"):
             request_id = str(event.payload.get("request", ""))
             if request_id in self.core.pending or request_id in self.core.running:
@@ -547,7 +568,9 @@ class BudgetScheduler(SingletonConfigurable):
             f"Your session was stopped at {time.strftime('%H:%M', time.localtime(now))}: {why}."
         )
         self.store.release(allocation.id, now, state=RequestState.FINISHED, reason=message)
-        self.store.append_event(now, "preempt", {"request": allocation.id, "reason": reason})
+        self.store.append_event(
+            now, "preempt", {"request": allocation.id, "reason": reason, "message": message}
+        )
         user, server = split_request_id(allocation.id)
         self.notices[(user, server)] = message
         self._unclaimed.pop(allocation.id, None)

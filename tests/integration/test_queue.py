@@ -141,6 +141,12 @@ def test_a_funded_request_displaces_an_unallocated_session_and_its_user_sees_why
     assert page.status_code == 200
     assert "Your session was stopped at" in page.text
     assert "ran unallocated, on idle capacity" in page.text
+
+    hub.stop()
+    hub.start()  # the notice is kept in the store's event log, not only in memory
+    page = hub.login("gus").get(f"{hub.url}/hub/spawn/gus", timeout=10)
+    assert "Your session was stopped at" in page.text
+    assert "ran unallocated, on idle capacity" in page.text
     hub.stop_server("ann")
 
 

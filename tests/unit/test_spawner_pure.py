@@ -279,3 +279,24 @@ def test_queue_message_says_why_a_request_would_run_unallocated():
         "allocation funds now (its funded sessions hold 12 GPU, its share is 8 GPU; 42% of "
         "its 7-day budget used): it will run unallocated (preemptible)"
     )
+
+
+def test_stop_notices_are_rebuilt_from_the_event_log():
+    from scheduler_core.store import EventRecord
+    from spawner.embedded import notices_from
+
+    def event(i: int, kind: str, **payload: object) -> EventRecord:
+        return EventRecord(id=i, time=float(i), kind=kind, payload=payload)
+
+    stopped = "Your session was stopped at 10:00: its node is being drained."
+    log = [
+        event(1, "submit", request="ann//a1"),
+        event(2, "submit", request="bo/gpu/b1"),
+        event(3, "preempt", request="ann//a1", reason="drain", message=stopped),
+        event(4, "preempt", request="bo/gpu/b1", reason="funded", message="bo's notice"),
+        event(5, "submit", request="bo/gpu/b2"),  # bo started again: his notice is read
+        event(6, "node", node="n1", state="down"),
+        event(7, "preempt", request="not-a-request-id", message="ignored"),
+        event(8, "preempt", request="cy//c1", reason="drain"),  # logged before messages were
+    ]
+    assert notices_from(log) == {("ann", ""): stopped}
