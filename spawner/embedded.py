@@ -86,6 +86,7 @@ class QueueStatus:
     budget_used: float | None = None
     """The team's charged usage over the window, as a fraction of its budget."""
     window_days: float = 7.0
+    """The lookback window, in days."""
 
 
 def parse_nodes(
