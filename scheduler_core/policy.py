@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 
 from scheduler_core.capacity import Capacity, could_hold
@@ -261,14 +261,22 @@ def funds(
     return not cap or running <= _EPS or after <= cap * share_rate + _EPS
 
 
-def funded_rates(snapshot: Snapshot) -> dict[tuple[str, str], float]:
-    """Per (team, pool), the charge rate of the snapshot's funded allocations."""
-    if snapshot.funded_rates is not None:
-        return dict(snapshot.funded_rates)
-    rates: dict[tuple[str, str], float] = defaultdict(float)
-    for allocation in snapshot.allocations:
-        if allocation.funded:
-            rates[(allocation.team, allocation.pool)] += allocation.charge_rate
+def funded_rates(
+    snapshot: Snapshot, stopped: Collection[str] = ()
+) -> defaultdict[tuple[str, str], float]:
+    """Per (team, pool), the charge rate of the snapshot's funded allocations, less
+    those in ``stopped`` (this cycle's health preemptions)."""
+    rates: defaultdict[tuple[str, str], float] = defaultdict(float)
+    if snapshot.funded_rates is None:
+        for allocation in snapshot.allocations:
+            if allocation.funded and allocation.id not in stopped:
+                rates[(allocation.team, allocation.pool)] += allocation.charge_rate
+        return rates
+    rates.update(snapshot.funded_rates)
+    if stopped:  # rare: only health preemptions
+        for allocation in snapshot.allocations:
+            if allocation.funded and allocation.id in stopped:
+                rates[(allocation.team, allocation.pool)] -= allocation.charge_rate
     return rates
 
 
@@ -338,12 +346,7 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
         for allocation_id in stopped:
             capacity.give(by_id[allocation_id].grants)
 
-    rates = funded_rates(snapshot)
-    for allocation_id in stopped:
-        allocation = by_id[allocation_id]
-        if allocation.funded:
-            stopped_key = (allocation.team, allocation.pool)
-            rates[stopped_key] = rates.get(stopped_key, 0.0) - allocation.charge_rate
+    rates = funded_rates(snapshot, stopped)
     window = snapshot.window
 
     victim_index: list[Victims] = []
@@ -436,7 +439,7 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
                 units = entry.units
                 funded = funds(
                     leaf_budget > 0.0 and (leaf_units + units) / leaf_budget <= 1.0,
-                    rates.get(rate_key, 0.0),
+                    rates[rate_key],
                     entry.rate,
                     share_rate,
                     settings,
@@ -491,7 +494,7 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
                             for victim in chosen.values():
                                 if victim.funded:
                                     lost = (victim.team, victim.pool)
-                                    rates[lost] = rates.get(lost, 0.0) - victim.charge_rate
+                                    rates[lost] -= victim.charge_rate
                                 capacity.give(victim.grants)
                                 stopped.add(victim.id)
                                 preemptions.append(Preemption(victim.id, "funded", request_id))
@@ -518,7 +521,7 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
                         )
                     )
                     if funded:
-                        rates[rate_key] = rates.get(rate_key, 0.0) + entry.rate
+                        rates[rate_key] += entry.rate
                         ranking.charge(team, units)
                         charged = True
                 elif (

@@ -19,10 +19,8 @@ is enough. The seed does not say which; ``priority`` reproduces its "before"
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from scheduler_core.baselines.common import GreedyCycle, funding_share
-from scheduler_core.policy import register
+from scheduler_core.policy import funded_rates, register
 from scheduler_core.settings import LegacyPreemption
 from scheduler_core.snapshot import Decisions, Snapshot
 
@@ -42,10 +40,7 @@ def legacy_policy(snapshot: Snapshot, now: float) -> Decisions:
     """Priority across the cluster; per-team limits on non-preemptible work."""
     cycle = GreedyCycle(snapshot, now)
     limits = team_limits(snapshot)
-    held: dict[tuple[str, str], float] = defaultdict(float)
-    for allocation in cycle.running:
-        if allocation.funded:
-            held[(allocation.team, allocation.pool)] += allocation.charge_rate
+    held = funded_rates(snapshot, cycle.stopped)
     cycle.victims_may_be(lambda allocation: allocation.protected_until <= now)
     grace = snapshot.settings.unallocated_grace
     by_priority = snapshot.settings.legacy_preemption is LegacyPreemption.PRIORITY
