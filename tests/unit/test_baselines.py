@@ -15,11 +15,11 @@ from test_properties import (
     check_funded_not_blocked_by_unallocated,
     check_no_double_booking,
     scenarios,
+    watch_protected_windows,
 )
 
 from scheduler_core.errors import InputError
 from scheduler_core.metrics import result
-from scheduler_core.model import Health
 from scheduler_core.policy import POLICIES
 from scheduler_core.scenario import Scenario, parse_scenario
 from scheduler_core.scheduler import Scheduler
@@ -318,7 +318,6 @@ def test_invariants_hold_every_cycle(policy: str, data: st.DataObject) -> None:
         # request may wait behind preemptible work of equal priority by design.
         changes["legacy_preemption"] = LegacyPreemption.LIMIT
     run_scenario = dataclasses.replace(drawn, settings=drawn.settings.replace(**changes))
-    preempted_inside: list[str] = []
 
     def observe(scheduler: Scheduler, decisions: Decisions, now: float) -> None:
         check_no_double_booking(scheduler)
@@ -327,21 +326,8 @@ def test_invariants_hold_every_cycle(policy: str, data: st.DataObject) -> None:
             check_funded_not_blocked_by_unallocated(scheduler, decisions, now)
 
     simulation = Simulation(run_scenario, observe)
-    actuator = simulation.scheduler.actuator
-    real_preempt = actuator.preempt
     reasons: set[str] = set()
-
-    def preempt(allocation: Any, reason: str) -> bool:
-        now = simulation.clock.now()
-        reasons.add(reason)
-        healthy = all(
-            simulation.scheduler.nodes[n].health is not Health.DOWN for n in allocation.node_names
-        )
-        if healthy and allocation.protected_until > now + 1e-9:
-            preempted_inside.append(f"{allocation.id} at {now} ({reason})")
-        return real_preempt(allocation, reason)
-
-    actuator.preempt = preempt  # type: ignore[method-assign]
+    preempted_inside = watch_protected_windows(simulation, reasons)
     outcome = simulation.run()
     assert not preempted_inside
     if policy in NEVER_PREEMPT:

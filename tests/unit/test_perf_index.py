@@ -18,14 +18,14 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_properties import only_placeable
 
 from scheduler_core import scheduler as scheduler_module
 from scheduler_core.capacity import Capacity, NodeFree
-from scheduler_core.errors import InputError
 from scheduler_core.ledger import UsageLedger
 from scheduler_core.model import Gpu, MigInstance, Node, NodeGrant, Request, Slice, SliceKind
 from scheduler_core.policy import Failures, decide
-from scheduler_core.scenario import Scenario, parse_scenario
+from scheduler_core.scenario import Scenario
 from scheduler_core.settings import PlacementStrategy
 from scheduler_core.simulator import Simulation
 from scheduler_core.snapshot import Decisions, Snapshot, shape_of
@@ -123,14 +123,7 @@ def busy_scenarios(draw: st.DrawFn) -> Scenario:
         "requests": requests,
         "events": events,
     }
-    placeable = []
-    for request in requests:
-        try:
-            parse_scenario(data | {"requests": [request]})
-        except InputError:
-            continue
-        placeable.append(request)
-    return parse_scenario(data | {"requests": placeable})
+    return only_placeable(data)
 
 
 def _fields(decisions: Decisions) -> tuple[Any, ...]:

@@ -103,15 +103,43 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         "requests": requests,
         "events": events,
     }
-    # Keep only requests the drawn cluster could ever hold (the parser refuses others).
+    return only_placeable(data)
+
+
+def only_placeable(data: dict[str, Any]) -> Scenario:
+    """The scenario with only the requests its drawn cluster could ever hold (the
+    parser refuses the others)."""
     placeable = []
-    for request in requests:
+    for request in data["requests"]:
         try:
             parse_scenario(data | {"requests": [request]})
         except InputError:
             continue
         placeable.append(request)
     return parse_scenario(data | {"requests": placeable})
+
+
+def watch_protected_windows(simulation: Simulation, reasons: set[str] | None = None) -> list[str]:
+    """A list that fills, as the simulation runs, with every preemption of a session on
+    a node that is not down made inside its protected window (seen through the
+    actuator); ``reasons``, if given, collects every preemption's reason."""
+    inside: list[str] = []
+    actuator = simulation.scheduler.actuator
+    real_preempt = actuator.preempt
+
+    def preempt(allocation: Any, reason: str) -> bool:
+        now = simulation.clock.now()
+        if reasons is not None:
+            reasons.add(reason)
+        healthy = all(
+            simulation.scheduler.nodes[n].health is not Health.DOWN for n in allocation.node_names
+        )
+        if healthy and allocation.protected_until > now + 1e-9:
+            inside.append(f"{allocation.id} at {now} ({reason})")
+        return real_preempt(allocation, reason)
+
+    actuator.preempt = preempt  # type: ignore[method-assign]
+    return inside
 
 
 def check_no_double_booking(scheduler: Scheduler) -> None:
@@ -178,8 +206,6 @@ def check_funded_not_blocked_by_unallocated(
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_invariants_hold_every_cycle(scenario: Scenario) -> None:
-    preempted_inside: list[str] = []
-
     def observe(scheduler: Scheduler, decisions: Decisions, now: float) -> None:
         check_no_double_booking(scheduler)
         check_free_matches_allocations(scheduler)
@@ -187,20 +213,7 @@ def test_invariants_hold_every_cycle(scenario: Scenario) -> None:
             check_funded_not_blocked_by_unallocated(scheduler, decisions, now)
 
     simulation = Simulation(scenario, observe)
-    # Watch protected windows through the actuator's view of each preemption.
-    actuator = simulation.scheduler.actuator
-    real_preempt = actuator.preempt
-
-    def preempt(allocation: Any, reason: str) -> bool:
-        now = simulation.clock.now()
-        healthy = all(
-            simulation.scheduler.nodes[n].health is not Health.DOWN for n in allocation.node_names
-        )
-        if healthy and allocation.protected_until > now + 1e-9:
-            preempted_inside.append(f"{allocation.id} at {now} ({reason})")
-        return real_preempt(allocation, reason)
-
-    actuator.preempt = preempt  # type: ignore[method-assign]
+    preempted_inside = watch_protected_windows(simulation)
     run = simulation.run()
     assert not preempted_inside
 
