@@ -743,10 +743,6 @@ class BudgetScheduler(SingletonConfigurable):
         funded = self.core.funded.get(request_id)
         ahead = [self.core.pending[r] for r in same_pool[: position - 1]]
         pool = request.pool
-        share = self.core.teams.share(request.team, pool) * self.core.capacity[pool]
-        budget = share * self.settings.lookback
-        now = time.time()
-        used = self.core.ledger.charged(request.team, pool, now - self.settings.lookback, now)
         return QueueStatus(
             position=position,
             waiting=len(same_pool),
@@ -757,8 +753,8 @@ class BudgetScheduler(SingletonConfigurable):
             estimated_start=self._estimate(request, ahead),
             unit="CPU" if self.core_pools[pool].kind is PoolKind.CPU else "GPU",
             team_funded=self.core.funded_rate(request.team, pool),
-            team_share=share,
-            budget_used=used / budget if budget > 0 else None,
+            team_share=self.core.teams.share(request.team, pool) * self.core.capacity[pool],
+            budget_used=self.budget_used(request.team, pool),
             window_days=self.settings.lookback / 86400,
         )
 
@@ -784,18 +780,24 @@ class BudgetScheduler(SingletonConfigurable):
         names = {t.name for t in self.core_teams}
         return [g for g in groups if g in names]
 
+    def budget_used(self, team: str, pool: str) -> float | None:
+        """The team's charged usage over the window as a fraction of its budget in the
+        pool (None: it has no budget there)."""
+        budget = (
+            self.core.teams.share(team, pool) * self.core.capacity[pool] * self.settings.lookback
+        )
+        if budget <= 0:
+            return None
+        now = time.time()
+        return self.core.ledger.charged(team, pool, now - self.settings.lookback, now) / budget
+
     def team_hint(self, team: str, pool: str | None = None) -> str:
         """A short line about a team's budget: occupancy ratio per pool."""
-        now = time.time()
-        start = now - self.settings.lookback
         parts = []
         for pool_name in self.core_pools:
             if pool is not None and pool_name != pool:
                 continue
-            share = self.core.teams.share(team, pool_name)
-            if share <= 0:
-                continue
-            budget = share * self.core.capacity[pool_name] * self.settings.lookback
-            used = self.core.ledger.charged(team, pool_name, start, now)
-            parts.append(f"{pool_name}: {used / budget:.0%} of budget used" if budget else "")
-        return f"({'; '.join(p for p in parts if p)})" if parts else ""
+            used = self.budget_used(team, pool_name)
+            if used is not None:
+                parts.append(f"{pool_name}: {used:.0%} of budget used")
+        return f"({'; '.join(parts)})" if parts else ""
