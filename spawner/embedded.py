@@ -439,9 +439,12 @@ class BudgetScheduler(SingletonConfigurable):
                 continue
             self.core.submit(request)
             self._note_session(request.id)
+        events = self.store.list_events()
         # Kept in the event log, so a Hub restart does not forget them.
-        self.notices.update(notices_from(self.store.list_events(since=now - self.lookback)))
-        for event in self.store.list_events(kind="submit"):
+        self.notices.update(notices_from(e for e in events if e.time >= now - self.lookback))
+        for event in events:
+            if event.kind != "submit":
+                continue
             request_id = str(event.payload.get("request", ""))
             if request_id in self.core.pending or request_id in self.core.running:
                 self._options[request_id] = dict(event.payload.get("options", {}))
