@@ -39,7 +39,8 @@ class _Curve:
 
     def change(self, when: float, rate_delta: float, lump: float) -> None:
         if self.times and when < self.times[-1]:
-            raise ValueError(f"usage at {when} comes before usage at {self.times[-1]}")
+            self._insert(when, rate_delta, lump)
+            return
         base = self.at(when) + lump
         rate = self.rate() + rate_delta
         if abs(rate) < 1e-9:
@@ -52,11 +53,31 @@ class _Curve:
             self.cumulative.append(base)
             self.rates.append(rate)
 
+    def _insert(self, when: float, rate_delta: float, lump: float) -> None:
+        """A change before the last one (a Hub replaying sessions that overlapped):
+        every later breakpoint moves by what the change adds up to it. Linear in the
+        breakpoints after ``when``; the live and simulated paths only append."""
+        i = bisect_right(self.times, when)
+        if i > 0 and self.times[i - 1] == when:
+            i -= 1
+        else:
+            before = i - 1
+            base = self.at(when)
+            rate = self.rates[before] if before >= 0 else 0.0
+            self.times.insert(i, when)
+            self.cumulative.insert(i, base)
+            self.rates.insert(i, rate)
+        for j in range(i, len(self.times)):
+            self.cumulative[j] += lump + rate_delta * (self.times[j] - when)
+            rate = self.rates[j] + rate_delta
+            self.rates[j] = 0.0 if abs(rate) < 1e-9 else rate
+
 
 class UsageLedger:
     """Charged units (GPU-seconds or core-seconds) per team and pool.
 
-    Changes must arrive in time order per (team, pool); queries may ask any time.
+    Changes may arrive in any order (appending is the fast path); queries may ask any
+    time.
     """
 
     def __init__(self) -> None:
