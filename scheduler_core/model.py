@@ -33,6 +33,10 @@ class Health(enum.StrEnum):
     READY = "ready"
     DRAINING = "draining"
     DOWN = "down"
+    UNREACHABLE = "unreachable"
+    """The engine stopped answering in time: nothing new lands there, but its sessions
+    are kept (a frozen engine's or a cut-off node's containers still run) until the
+    node answers again or is declared down."""
 
 
 class RequestClass(enum.StrEnum):

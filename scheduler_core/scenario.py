@@ -38,6 +38,7 @@ from scheduler_core.settings import SettingError, Settings, settings_from_mappin
 NODE_DEFAULT_CPUS = 64.0
 NODE_DEFAULT_MEMORY_GIB = 512.0
 _SHARE_SLACK = 1e-9
+_HEALTH_NAMES = ", ".join(h.value for h in Health)
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,7 @@ def _nodes(raw: Any, pools: Mapping[str, Pool]) -> list[Node]:
         mig = _mig_layout(data.get("mig", {}), gpus, f"{where}.mig")
         state = data.get("state", "ready")
         if state not in {h.value for h in Health}:
-            raise InputError(f"{where}.state", f"must be ready, draining or down, not {state!r}")
+            raise InputError(f"{where}.state", f"must be one of {_HEALTH_NAMES}, not {state!r}")
         if count > 1 and "{i" not in template:
             raise InputError(f"{where}.name", "a node with count > 1 needs {i} in its name")
         for n in range(count):
@@ -470,7 +471,7 @@ def parse_scenario(data: Any) -> Scenario:
             raise InputError(f"{where}.node", f"unknown node {node!r}")
         state = data_e.get("state")
         if state not in {h.value for h in Health}:
-            raise InputError(f"{where}.state", f"must be ready, draining or down, not {state!r}")
+            raise InputError(f"{where}.state", f"must be one of {_HEALTH_NAMES}, not {state!r}")
         events.append(NodeEvent(_num(data_e.get("at"), f"{where}.at"), node, Health(state)))
 
     return Scenario(

@@ -29,12 +29,26 @@ def safe_name(text: str) -> str:
     return _UNSAFE.sub(lambda m: "-" + m.group(0).encode().hex(), text)
 
 
-def container_name(user: str, server: str) -> str:
-    return f"budgethub-{safe_name(user)}-{safe_name(server) if server else 'default'}"
+_UNSAFE_PART = re.compile(r"[^a-zA-Z0-9.-]")
+DEFAULT_HUB = "budgethub"
+DEFAULT_PIDS_LIMIT = 4096
+"""Processes and threads a session may run at once: room for data loaders and
+compilers, not for a fork bomb that takes the node's PIDs."""
 
 
-def workspace_volume(user: str) -> str:
-    return f"budgethub-home-{safe_name(user)}"
+def _name_part(text: str) -> str:
+    """Like ``safe_name`` but escaping ``_`` too, which separates the parts of a name."""
+    return _UNSAFE_PART.sub(lambda m: "-" + m.group(0).encode().hex(), text)
+
+
+def container_name(user: str, server: str, hub: str = DEFAULT_HUB) -> str:
+    """Unique per Hub: two Hubs sharing an engine never pick the same name."""
+    return f"{_name_part(hub)}_{_name_part(user)}_{_name_part(server) if server else 'default'}"
+
+
+def workspace_volume(user: str, hub: str = DEFAULT_HUB) -> str:
+    """The user's home volume, per Hub (two Hubs' users of one name share nothing)."""
+    return f"{safe_name(hub)}-home-{safe_name(user)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +77,8 @@ class ContainerSpec:
     network_mode: str = "host"
     user: str = SESSION_USER
     extra_hosts: Mapping[str, str] = field(default_factory=dict)
+    pids_limit: int = DEFAULT_PIDS_LIMIT
+    """0: no limit."""
 
     def create_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for docker-py's ``containers.create``."""
@@ -85,12 +101,16 @@ class ContainerSpec:
             "network_mode": self.network_mode,
             "nano_cpus": self.nano_cpus,
             "mem_limit": self.mem_limit_bytes,
+            # No swap beyond the limit: a session over its memory is OOM-killed, not slowed.
+            "memswap_limit": self.mem_limit_bytes,
             "privileged": False,
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
             "detach": True,
             "mounts": from_mounts,
         }
+        if self.pids_limit > 0:
+            kwargs["pids_limit"] = self.pids_limit
         if self.gpu_device_ids:
             kwargs["device_requests"] = [
                 {
@@ -124,6 +144,7 @@ def build_container(
     nvidia: bool,
     storage: tuple[str, str] | None = None,
     extra_env: Mapping[str, str] | None = None,
+    pids_limit: int = DEFAULT_PIDS_LIMIT,
 ) -> ContainerSpec:
     """The container for one session on one node.
 
@@ -151,7 +172,7 @@ def build_container(
     env["BUDGETHUB_REQUEST"] = identity.request_id
     env["BUDGETHUB_TEAM"] = identity.team
     env["HOME"] = "/home/jovyan"
-    mounts = [Mount(workspace_volume(identity.user), WORKSPACE_PATH)]
+    mounts = [Mount(workspace_volume(identity.user, identity.hub), WORKSPACE_PATH)]
     if storage is not None:
         name, path = storage
         mounts.append(Mount(path, f"{STORAGE_ROOT}/{safe_name(name)}", kind="bind"))
@@ -173,7 +194,7 @@ def build_container(
         f"--ServerApp.root_dir={WORKSPACE_PATH}",
     )
     return ContainerSpec(
-        name=container_name(identity.user, identity.server),
+        name=container_name(identity.user, identity.server, identity.hub),
         image=image,
         command=command,
         environment=env,
@@ -182,4 +203,5 @@ def build_container(
         nano_cpus=int(grant.cpus * 1e9),
         mem_limit_bytes=int(grant.memory_gib * 2**30),
         gpu_device_ids=device_ids if nvidia else (),
+        pids_limit=pids_limit,
     )

@@ -39,8 +39,9 @@ from scheduler_core.settings import (
     settings_from_mapping,
 )
 from scheduler_core.store import EventRecord, RequestState, SliceConflict, Store, StoreError
+from spawner.containers import DEFAULT_HUB, LABEL_PREFIX
 from spawner.inventory import InventoryError, nvml_gpus, virtual_gpus
-from spawner.nodes import EngineConfig, NodeBackend
+from spawner.nodes import Answer, ContainerState, EngineConfig, NodeBackend
 
 _NODE_KEYS = frozenset(
     {"name", "pool", "engine", "tls", "address", "network", "storage", "cpus", "memory_gib"}
@@ -87,6 +88,10 @@ class QueueStatus:
     """The team's charged usage over the window, as a fraction of its budget."""
     window_days: float = 7.0
     """The lookback window, in days."""
+    ahead: frozenset[str] = frozenset()
+    """The requests ahead of this one now."""
+    other_teams: bool = False
+    """Requests of other teams wait in the pool too (so the order can move)."""
 
 
 def parse_nodes(
@@ -196,6 +201,19 @@ def server_path(request_id: str) -> str:
     return f"users/{user}/servers/{server}" if server else f"users/{user}/server"
 
 
+def describe_exit(state: ContainerState | None) -> str:
+    """How a container ended, in words for its user."""
+    if state is None:
+        return "was gone"
+    if state.oom_killed:
+        return f"ran out of memory and was killed (exit code {state.exit_code})"
+    if state.exit_code == 0:
+        return "exited (its server was shut down)"
+    if state.exit_code == 137:
+        return "was killed (exit code 137)"
+    return f"exited with code {state.exit_code}"
+
+
 class BudgetScheduler(SingletonConfigurable):
     """The budget scheduler embedded in the Hub (one per Hub process)."""
 
@@ -292,9 +310,30 @@ class BudgetScheduler(SingletonConfigurable):
         preempted servers and restart queued spawns through the Hub. Set by
         `spawner.hubconfig.configure_hub`."""
     ).tag(config=True)
-    hub_name = Unicode("budgethub", help="Label on every container this Hub starts.").tag(
-        config=True
-    )
+    hub_name = Unicode(
+        DEFAULT_HUB,
+        help="""Names and labels every container this Hub starts; Hubs sharing an engine
+        need different names, and never touch each other's containers.""",
+    ).tag(config=True)
+    ping_timeout = Float(
+        5.0, help="Seconds a health ping waits for an engine before the node is unreachable."
+    ).tag(config=True)
+    node_down_grace = Float(
+        120.0,
+        help="""Seconds an unreachable node (an engine that stopped answering in time, e.g.
+        frozen or cut off) keeps its sessions before it is declared down and they are
+        released. An engine that refuses connections is down at once.""",
+    ).tag(config=True)
+    engine_timeout = Float(
+        10.0,
+        help="""Seconds a stop or a poll waits for a node's engine; past it the Hub goes on
+        (a container left behind is removed when its node answers again).""",
+    ).tag(config=True)
+    start_retry = Float(
+        30.0,
+        help="""When the scheduler cannot start (its store unreadable, say), the Hub keeps
+        running sessions, refuses new spawns with the reason, and tries again this often.""",
+    ).tag(config=True)
 
     @default("teams")
     def _default_teams(self) -> list[dict[str, Any]]:
@@ -325,7 +364,18 @@ class BudgetScheduler(SingletonConfigurable):
         self._kick: asyncio.Handle | None = None
         self._tasks: list[asyncio.Task[None]] = []  # held so the loops are not collected
         self._background: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.notices: dict[tuple[str, str], str] = {}
+        self.broken: str | None = None
+        """Why the scheduler could not start (safe mode), or None."""
+        self._retrying: asyncio.Task[None] | None = None
+        self._live: set[str] = set()
+        """Requests whose server runs (its spawner's start returned, or adopted)."""
+        self._stopping: set[str] = set()
+        """Requests whose container this Hub is removing on purpose."""
+        self._unreachable_since: dict[str, float] = {}
+        self._orphans: dict[str, set[str]] = {}
+        """Per node, containers to remove once the node answers again."""
         self.cycle_ms: list[float] = []
         """Wall time of recent cycles on the event loop (the Hub's lag from scheduling)."""
 
@@ -349,10 +399,18 @@ class BudgetScheduler(SingletonConfigurable):
         except InputError as error:
             raise ConfigError(error.where, error.reason) from None
         self.node_list, self.engines = parse_nodes(self.nodes, self.core_pools)
-        self.backends = {name: NodeBackend(engine) for name, engine in self.engines.items()}
+        self.backends = {
+            name: NodeBackend(engine, ping_timeout=self.ping_timeout)
+            for name, engine in self.engines.items()
+        }
 
     async def ensure_started(self, hub_api_url: str = "") -> None:
-        """Open the store, seed it, find running sessions again, start the loops. Idempotent."""
+        """Open the store, seed it, find running sessions again, start the loops. Idempotent.
+
+        Never raises: a scheduler that cannot start leaves ``broken`` set (safe mode:
+        running sessions are kept, new spawns refused with the reason) and tries again
+        every ``start_retry`` seconds. An exception here would reach the Hub's poll of
+        every server, and the Hub forgets servers whose poll fails."""
         if hub_api_url and not self.hub_api_url:
             self.hub_api_url = hub_api_url
         if self.started:
@@ -360,10 +418,52 @@ class BudgetScheduler(SingletonConfigurable):
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:
-            if self.started:
+            if self.started or self._retrying is not None:
                 return
+            await self._try_start()
+            if not self.started:
+                self._retrying = asyncio.get_running_loop().create_task(self._retry_start())
+
+    async def _try_start(self) -> None:
+        try:
             await self._start()
-            self.started = True
+        except Exception as error:
+            reason = f"{type(error).__name__}: {error}"
+            if reason != self.broken:
+                self.log.critical(
+                    "budgethub: the embedded scheduler cannot start (%s). Safe mode: running "
+                    "sessions are kept, new spawns are refused; trying again every %g s.",
+                    reason,
+                    self.start_retry,
+                    exc_info=error,
+                )
+            self.broken = reason
+            return
+        if self.broken:
+            self.log.warning("budgethub: the embedded scheduler started; safe mode is over")
+        self.broken = None
+        self.started = True
+        self._background_task(self._requeue_when_hub_answers())
+
+    async def _retry_start(self) -> None:
+        while not self.started:
+            await asyncio.sleep(self.start_retry)
+            assert self._start_lock is not None
+            async with self._start_lock:
+                await self._try_start()
+        self._retrying = None
+
+    async def _requeue_when_hub_answers(self) -> None:
+        for _attempt in range(240):  # the Hub's API answers once its own start is done
+            if self.hub_api_url and await self.requeue_detached():
+                return
+            await asyncio.sleep(0.5)
+        self.log.warning("budgethub: the Hub's API did not answer; queued spawns not resumed")
+
+    def _background_task(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._background.discard)
 
     async def _start(self) -> None:
         self.build()
@@ -390,7 +490,9 @@ class BudgetScheduler(SingletonConfigurable):
             ledger,
         )
         await self._recover(now)
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
+        for backend in self.backends.values():
+            backend.watch(self.hub_name, self._exited_from_thread)
         self._tasks = [
             loop.create_task(self._tick_loop()),
             loop.create_task(self._health_loop()),
@@ -407,21 +509,33 @@ class BudgetScheduler(SingletonConfigurable):
     async def _recover(self, now: float) -> None:
         """Running sessions and the queue as the store and the engines left them."""
         found: dict[str, tuple[str, Mapping[str, str]]] = {}
+        unknown: set[str] = set()
+        """Nodes whose engine did not answer: their sessions may well still run."""
         for name, backend in self.backends.items():
-            if not await backend.ping():
-                self.core.set_health(name, Health.DOWN)
+            answer = await backend.ping()
+            if answer is not Answer.OK:
+                health = Health.DOWN if answer is Answer.REFUSED else Health.UNREACHABLE
+                self.core.set_health(name, health)
+                if health is Health.UNREACHABLE:
+                    self._unreachable_since[name] = now
+                    unknown.add(name)
                 continue
             for container in await backend.sessions(self.hub_name):
-                request_id = container.labels.get("org.budgethub.request", "")
+                request_id = container.labels.get(f"{LABEL_PREFIX}.request", "")
                 if container.running:
                     found[request_id] = (name, container.labels)
+                else:  # ended while no Hub watched: nothing holds it any more
+                    await backend.remove(container.id)
         for allocation in self.store.active_allocations():
-            if allocation.id in found and allocation.request.pool in self.core_pools:
+            kept = allocation.id in found or bool(unknown & set(allocation.node_names))
+            if kept and allocation.request.pool in self.core_pools:
                 self.core.adopt(allocation)
-                port = found[allocation.id][1].get("org.budgethub.port")
+                labels = found.get(allocation.id, ("", {}))[1]
+                port = labels.get(f"{LABEL_PREFIX}.port")
                 if port and port.isdigit():
                     self._ports[int(port)] = allocation.id
                 self._note_session(allocation.id)
+                self._live.add(allocation.id)
             else:
                 self.store.release(
                     allocation.id,
@@ -457,19 +571,35 @@ class BudgetScheduler(SingletonConfigurable):
 
     async def requeue_detached(self) -> bool:
         """Start again, through the Hub, the queued spawns no spawner waits for (after a
-        Hub restart). False if the Hub did not answer (ask again later)."""
-        for request_id in list(self.core.pending) + list(self._unclaimed):
-            if request_id in self._waiters:
-                continue
-            path = server_path(request_id)
-            try:
-                await self.hub_api("POST", path, self._options.get(request_id, {}))
-                self.log.info("budgethub: %s queued again through the Hub", request_id)
-            except HTTPClientError as error:
-                self.log.warning("budgethub: could not requeue %s: %s", request_id, error)
-            except OSError:
-                return False
-        return True
+        Hub restart). False if the Hub did not answer (ask again later).
+
+        All at once: each POST waits out the Hub's ``slow_spawn_timeout`` (the spawn stays
+        queued), so one after another 20 queued spawns took over three minutes."""
+        if not self.started:
+            return False
+        detached = [
+            r for r in list(self.core.pending) + list(self._unclaimed) if r not in self._waiters
+        ]
+        gate = asyncio.Semaphore(64)
+        unanswered = False
+
+        async def post(request_id: str) -> None:
+            nonlocal unanswered
+            async with gate:
+                if request_id in self._waiters:
+                    return  # its spawner came back meanwhile
+                try:
+                    await self.hub_api(
+                        "POST", server_path(request_id), self._options.get(request_id, {})
+                    )
+                    self.log.info("budgethub: %s queued again through the Hub", request_id)
+                except HTTPClientError as error:
+                    self.log.warning("budgethub: could not requeue %s: %s", request_id, error)
+                except OSError:
+                    unanswered = True
+
+        await asyncio.gather(*(post(r) for r in detached))
+        return not unanswered
 
     # -- loops -------------------------------------------------------------------
 
@@ -489,18 +619,146 @@ class BudgetScheduler(SingletonConfigurable):
             await self.check_health()
 
     async def check_health(self) -> None:
-        """Ping every engine; a node that stops answering is down (DESIGN.md §4 rule 6)."""
+        """Ping every engine (DESIGN rule 6, as built: docs/architecture.md).
+
+        An engine that refuses connections is down: its containers went with it. One
+        that does not answer in time is unreachable: nothing new lands there, its
+        sessions are kept, and only after ``node_down_grace`` is it down. A node that
+        answers again first loses the containers stopped while it was away."""
         results = await asyncio.gather(*(b.ping() for b in self.backends.values()))
-        for (name, _backend), answers in zip(self.backends.items(), results, strict=True):
+        now = time.time()
+        for (name, backend), answer in zip(self.backends.items(), results, strict=True):
             current = self.core.nodes[name].health
             configured = next(n.health for n in self.node_list if n.name == name)
-            wanted = configured if answers else Health.DOWN
-            if current is not wanted:
-                self.log.warning("budgethub: node %s is now %s", name, wanted.value)
-                self.core.set_health(name, wanted)
+            if answer is Answer.OK:
+                self._unreachable_since.pop(name, None)
+                if not await self._remove_orphans(name, backend):
+                    continue  # it answers pings but not yet the rest: ask again next time
+                wanted = configured
+            elif answer is Answer.REFUSED:
+                wanted = Health.DOWN
+            else:
+                since = self._unreachable_since.setdefault(name, now)
+                wanted = Health.DOWN if now - since >= self.node_down_grace else Health.UNREACHABLE
+                if current is Health.DOWN:
+                    wanted = Health.DOWN
+            if current is wanted:
+                continue
+            self.log.warning("budgethub: node %s is now %s", name, wanted.value)
+            self.core.set_health(name, wanted)
+            if wanted is not Health.UNREACHABLE:  # the store keeps ready, draining, down
                 self.store.set_node_health(name, wanted)
-                self.store.append_event(time.time(), "node", {"node": name, "state": wanted})
-                self.kick()
+            self.store.append_event(now, "node", {"node": name, "state": wanted.value})
+            if answer is Answer.OK and current is not Health.READY:
+                self._background_task(self._sweep(name, backend))
+            self.kick()
+
+    async def _remove_orphans(self, node: str, backend: NodeBackend) -> bool:
+        """Remove the containers stopped while the node was away; True when none is left."""
+        for container_id in list(self._orphans.get(node, ())):
+            try:
+                await asyncio.wait_for(backend.remove(container_id), self.engine_timeout)
+            except Exception as error:
+                self.log.warning("budgethub: node %s: removing %s: %s", node, container_id, error)
+                return False
+            self._orphans[node].discard(container_id)
+            self.log.info("budgethub: node %s: removed %s, stopped while away", node, container_id)
+        return True
+
+    async def _sweep(self, node: str, backend: NodeBackend) -> None:
+        """After an absence: sessions of the node whose container ended meanwhile end now."""
+        try:
+            containers = await backend.sessions(self.hub_name)
+        except Exception as error:
+            self.log.warning("budgethub: node %s: listing sessions: %s", node, error)
+            return
+        running = {c.labels.get(f"{LABEL_PREFIX}.request", "") for c in containers if c.running}
+        for request_id in list(self._live):
+            allocation = self.core.running.get(request_id)
+            if allocation is not None and node in allocation.node_names:
+                if request_id not in running:
+                    self.container_ended(request_id, None, through_hub=True)
+
+    # -- containers that end on their own ----------------------------------------------
+
+    def _exited_from_thread(self, state: ContainerState) -> None:
+        """An engine's event thread saw one of this Hub's containers end."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._exited, state)
+
+    def _exited(self, state: ContainerState) -> None:
+        request_id = state.labels.get(f"{LABEL_PREFIX}.request", "")
+        if request_id in self._live and request_id not in self._stopping:
+            self.container_ended(request_id, state, through_hub=True)
+
+    def container_ended(
+        self, request_id: str, state: ContainerState | None, *, through_hub: bool = False
+    ) -> None:
+        """A session's container ended by itself (shut down from inside, killed, out of
+        memory, gone): its slices are free at once, its user is told, the container is
+        removed and, ``through_hub``, the Hub is told its server stopped."""
+        if request_id not in self._live or request_id in self._stopping:
+            return
+        allocation = self.core.running.get(request_id)
+        self._live.discard(request_id)
+        if allocation is None:
+            return
+        why = describe_exit(state)
+        now = time.time()
+        self.log.warning("budgethub: %s ended by itself: %s", request_id, why)
+        self.finish(request_id, reason=f"its container ended: {why}")
+        message = (
+            f"Your session ended at {time.strftime('%H:%M', time.localtime(now))}: "
+            f"its container {why}."
+        )
+        self.store.append_event(
+            now, "exit", {"request": request_id, "reason": why, "message": message}
+        )
+        if state is None or state.exit_code != 0:  # a clean shutdown needs no notice
+            self.notices[split_request_id(request_id)] = message
+        node = allocation.grants[0].node
+        self._background_task(self._after_exit(request_id, node, state, through_hub))
+
+    async def _after_exit(
+        self, request_id: str, node: str, state: ContainerState | None, through_hub: bool
+    ) -> None:
+        backend = self.backends[node]
+        if state is not None and state.id:
+            try:
+                seen = await asyncio.wait_for(backend.state(state.id), self.engine_timeout)
+                if seen is not None and seen.oom_killed:
+                    self.log.warning("budgethub: %s was killed for want of memory", request_id)
+                logs = await asyncio.wait_for(backend.logs(state.id), self.engine_timeout)
+                self.log.info("budgethub: %s: last lines of its container:\n%s", request_id, logs)
+                await asyncio.wait_for(backend.remove(state.id), self.engine_timeout)
+            except Exception as error:
+                self.log.warning("budgethub: %s: cleaning up its container: %s", request_id, error)
+        if through_hub:
+            try:
+                await self.hub_api("DELETE", server_path(request_id))
+            except (HTTPClientError, OSError) as error:
+                self.log.info("budgethub: the Hub did not take %s's stop: %s", request_id, error)
+
+    # -- what a spawner's start, poll and stop tell the scheduler -------------------------
+
+    def session_running(self, request_id: str) -> None:
+        """The server of this request answers: from now on its container's end is watched."""
+        if request_id in self.core.running:
+            self._live.add(request_id)
+
+    def stopping(self, request_id: str) -> None:
+        """This Hub is about to remove the request's container on purpose."""
+        self._stopping.add(request_id)
+
+    def node_answers(self, node: str) -> bool:
+        """False while the node is unreachable or down: calls to its engine would hang."""
+        health = self.core.nodes[node].health if node in self.core.nodes else Health.DOWN
+        return health not in (Health.UNREACHABLE, Health.DOWN)
+
+    def orphan(self, node: str, container_id: str) -> None:
+        """A container this Hub could not remove now: removed when the node answers."""
+        self._orphans.setdefault(node, set()).add(container_id)
 
     def kick(self) -> None:
         """Run a cycle soon (coalescing bursts of events into one cycle)."""
@@ -578,12 +836,11 @@ class BudgetScheduler(SingletonConfigurable):
         user, server = split_request_id(allocation.id)
         self.notices[(user, server)] = message
         self._unclaimed.pop(allocation.id, None)
+        self._live.discard(allocation.id)
         waiter = self._waiters.get(allocation.id)
         if waiter is not None:
             waiter.changed.set()
-        task = asyncio.get_running_loop().create_task(self._stop_through_hub(allocation))
-        self._background.add(task)  # held until done: the loop keeps only weak references
-        task.add_done_callback(self._background.discard)
+        self._background_task(self._stop_through_hub(allocation))
         return False
 
     async def _stop_through_hub(self, allocation: Allocation) -> None:
@@ -594,10 +851,15 @@ class BudgetScheduler(SingletonConfigurable):
             self.log.warning(
                 "budgethub: the Hub did not stop %s (%s); stopping its container", path, error
             )
-            backend = self.backends[allocation.grants[0].node]
-            for container in await backend.sessions(self.hub_name):
-                if container.labels.get("org.budgethub.request") == allocation.id:
-                    await backend.remove(container.id)
+            node = allocation.grants[0].node
+            backend = self.backends[node]
+            try:
+                found = await asyncio.wait_for(backend.sessions(self.hub_name), self.engine_timeout)
+                for container in found:
+                    if container.labels.get(f"{LABEL_PREFIX}.request") == allocation.id:
+                        await asyncio.wait_for(backend.remove(container.id), self.engine_timeout)
+            except Exception as error:
+                self.log.warning("budgethub: node %s: stopping %s: %s", node, path, error)
 
     async def hub_api(self, method: str, path: str, body: Any = None) -> Any:
         """Call the Hub's REST API as the `budgethub` service."""
@@ -680,6 +942,8 @@ class BudgetScheduler(SingletonConfigurable):
     ) -> None:
         """The session ended: stop charging, free its slices and its port."""
         self._waiters.pop(request_id, None)
+        self._live.discard(request_id)
+        self._stopping.discard(request_id)
         for port, holder in list(self._ports.items()):
             if holder == request_id:
                 del self._ports[port]
@@ -759,7 +1023,23 @@ class BudgetScheduler(SingletonConfigurable):
             team_share=self.core.teams.share(request.team, pool) * self.core.capacity[pool],
             budget_used=self.budget_used(request.team, pool),
             window_days=self.settings.lookback / 86400,
+            ahead=frozenset(same_pool[: position - 1]),
+            other_teams=len(team) < len(same_pool),
         )
+
+    def why_behind(self, request_id: str, passed_by: Iterable[str]) -> str:
+        """Why requests that were not ahead of this one are ahead now (the policy ranks
+        teams again after every admission), in words for its user."""
+        request = self.core.pending.get(request_id)
+        others = [self.core.pending[r] for r in passed_by if r in self.core.pending]
+        if request is None or not others:
+            return "the queue was weighed again"
+        reasons = []
+        if any(r.team != request.team for r in others):
+            reasons.append("other teams are further under their share than yours")
+        if any(r.team == request.team for r in others):
+            reasons.append("your team has a request of higher priority")
+        return " and ".join(reasons)
 
     def _estimate(self, request: Request, ahead: list[Request]) -> float | None:
         """When running sessions of the pool, ending as their protected windows do, free

@@ -1,15 +1,21 @@
 """Nodes as Docker engines: one door to Docker, health checks, session containers.
 
-Every blocking docker-py call goes through ``DockerDoor.call``, which runs it
-on a thread pool shared by all engines. The pool is wide (not one thread, as
-DockerSpawner's is), so ten stops at once take as long as one.
+Every blocking docker-py call goes through ``call``, which runs it on a thread
+pool shared by all engines. The pool is wide (not one thread, as
+DockerSpawner's is), so ten stops at once take as long as one. A frozen engine
+would hold a thread per call for the client's whole timeout, so health pings
+use a client of their own with a short timeout and never overlap, and each
+engine's container events are read by one thread of its own (``watch``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import logging
+import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -57,49 +63,143 @@ class ContainerState:
     running: bool
     exit_code: int
     labels: Mapping[str, str]
+    oom_killed: bool = False
+
+
+class Answer(enum.Enum):
+    """How an engine answered a health ping."""
+
+    OK = "ok"
+    TIMEOUT = "timeout"
+    """Connected, or tried to, and heard nothing in time: a frozen engine, a cut link."""
+    REFUSED = "refused"
+    """Nothing listens (the engine is stopped): its containers are gone with it."""
+
+
+class OwnedElsewhere(RuntimeError):
+    """A container of the session's name belongs to another Hub (or to no Hub)."""
 
 
 class NodeBackend:
     """One node's Docker engine."""
 
-    def __init__(self, config: EngineConfig, timeout: float = 30.0) -> None:
+    def __init__(
+        self, config: EngineConfig, timeout: float = 30.0, ping_timeout: float = 5.0
+    ) -> None:
         self.config = config
         self._timeout = timeout
+        self._ping_timeout = ping_timeout
         self._client: docker.DockerClient | None = None
+        self._ping_client: docker.DockerClient | None = None
+        self._pinging: asyncio.Future[Any] | None = None
+        self._watcher: threading.Thread | None = None
+        self._watching = threading.Event()
 
     @property
     def node(self) -> str:
         return self.config.node
 
+    def _new_client(self, timeout: float) -> docker.DockerClient:
+        tls: TLSConfig | bool = False
+        if self.config.tls:
+            cert = self.config.tls.get("cert"), self.config.tls.get("key")
+            tls = TLSConfig(
+                client_cert=cert if all(cert) else None,
+                ca_cert=self.config.tls.get("ca"),
+                verify=bool(self.config.tls.get("ca")),
+            )
+        if self.config.url:
+            return docker.DockerClient(base_url=self.config.url, tls=tls, timeout=timeout)
+        return docker.from_env(timeout=timeout)
+
     def _docker(self) -> docker.DockerClient:
         if self._client is None:
-            tls: TLSConfig | bool = False
-            if self.config.tls:
-                cert = self.config.tls.get("cert"), self.config.tls.get("key")
-                tls = TLSConfig(
-                    client_cert=cert if all(cert) else None,
-                    ca_cert=self.config.tls.get("ca"),
-                    verify=bool(self.config.tls.get("ca")),
-                )
-            if self.config.url:
-                self._client = docker.DockerClient(
-                    base_url=self.config.url, tls=tls, timeout=int(self._timeout)
-                )
-            else:
-                self._client = docker.from_env(timeout=int(self._timeout))
+            self._client = self._new_client(int(self._timeout))
         return self._client
 
-    async def ping(self) -> bool:
-        """Does the engine answer?"""
+    async def ping(self) -> Answer:
+        """How the engine answers now: within ``ping_timeout``, or not at all.
+
+        A ping still unanswered from before counts as a timeout (pings never pile up
+        threads on a frozen engine)."""
+        if self._pinging is not None and not self._pinging.done():
+            return Answer.TIMEOUT
+
+        def run() -> Any:
+            if self._ping_client is None:
+                self._ping_client = self._new_client(self._ping_timeout)
+            return self._ping_client.ping()
+
+        self._pinging = asyncio.ensure_future(call(run))
         try:
-            return bool(await call(lambda: self._docker().ping()))
+            await asyncio.wait_for(asyncio.shield(self._pinging), self._ping_timeout + 1)
+            return Answer.OK
+        except TimeoutError:
+            log.warning("node %s: engine did not answer in %g s", self.node, self._ping_timeout)
+            return Answer.TIMEOUT
         except (DockerException, OSError) as error:
-            log.warning("node %s: engine does not answer: %s", self.node, error)
+            self._ping_client = None
             self._client = None
-            return False
+            if _timed_out(error):
+                log.warning("node %s: engine did not answer in time: %s", self.node, error)
+                return Answer.TIMEOUT
+            log.warning("node %s: engine does not answer: %s", self.node, error)
+            return Answer.REFUSED
+
+    def watch(self, hub: str, on_exit: Callable[[ContainerState], None]) -> None:
+        """Call ``on_exit`` (from a thread of this engine's own) each time a container of
+        this Hub's ends: exited, killed, out of memory. Reconnects while the engine is
+        away; ``unwatch`` ends it."""
+        if self._watcher is not None:
+            return
+        self._watching.set()
+        self._watcher = threading.Thread(
+            target=self._watch,
+            args=(hub, on_exit),
+            name=f"budgethub-events-{self.node}",
+            daemon=True,
+        )
+        self._watcher.start()
+
+    def unwatch(self) -> None:
+        self._watching.clear()
+        self._watcher = None
+
+    def _watch(self, hub: str, on_exit: Callable[[ContainerState], None]) -> None:
+        filters = {"type": "container", "event": "die", "label": f"{LABEL_PREFIX}.hub={hub}"}
+        backoff = 0.5
+        while self._watching.is_set():
+            try:
+                # docker-py reads the stream with no timeout: it is quiet while nothing ends.
+                client = self._new_client(self._timeout)
+                stream = client.events(decode=True, filters=filters)
+                backoff = 0.5
+                for event in stream:
+                    if not self._watching.is_set():
+                        break
+                    attributes = event.get("Actor", {}).get("Attributes", {})
+                    labels = {k: v for k, v in attributes.items() if k.startswith(LABEL_PREFIX)}
+                    code = attributes.get("exitCode", "0")
+                    on_exit(
+                        ContainerState(
+                            str(event.get("id", "")),
+                            False,
+                            int(code) if str(code).lstrip("-").isdigit() else -1,
+                            labels,
+                        )
+                    )
+                stream.close()
+                client.close()
+            except Exception as error:  # the engine went away: try again shortly
+                log.debug("node %s: event stream ended: %s", self.node, error)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
 
     async def launch(self, spec: ContainerSpec) -> str:
-        """Create and start the session's container (replacing a stopped one of its name)."""
+        """Create and start the session's container, replacing one of its name that this
+        Hub left behind; OwnedElsewhere if another Hub's container has the name."""
+        hub_label = f"{LABEL_PREFIX}.hub"
+        ours = spec.labels.get(hub_label)
 
         def run() -> str:
             client = self._docker()
@@ -108,6 +208,12 @@ class NodeBackend:
             except NotFound:
                 pass
             else:
+                owner = old.labels.get(hub_label)
+                if owner != ours:
+                    raise OwnedElsewhere(
+                        f"container {spec.name} on node {self.node} belongs to "
+                        f"{'Hub ' + repr(owner) if owner else 'no budgethub Hub'}"
+                    )
                 old.remove(force=True)
             container = client.containers.create(**spec.create_kwargs())
             try:
@@ -133,6 +239,7 @@ class NodeBackend:
                 bool(status.get("Running")),
                 int(status.get("ExitCode", 0)),
                 dict(container.labels),
+                bool(status.get("OOMKilled")),
             )
 
         return await call(run)
@@ -184,3 +291,15 @@ class NodeBackend:
             return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
 
         return await call(run)
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Did this failure come from a read or connect timeout (somewhere in its chain)?"""
+    seen: BaseException | None = error
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, TimeoutError) or "timed out" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

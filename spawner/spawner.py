@@ -17,12 +17,13 @@ from typing import Any
 
 from jupyterhub.spawner import Spawner, SpawnException
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from traitlets import List, default
+from traitlets import Integer, List, default
 
 from scheduler_core.model import Allocation, Request
 from scheduler_core.store import RequestState
-from spawner.containers import SessionIdentity, build_container
+from spawner.containers import DEFAULT_PIDS_LIMIT, SessionIdentity, build_container
 from spawner.embedded import BudgetScheduler, QueueStatus, Waiter
+from spawner.nodes import OwnedElsewhere
 from spawner.profiles import FORM_FIELDS, FormError, Profile, parse_profiles, render_form, resolve
 
 DEFAULT_PROFILES: list[dict[str, Any]] = [
@@ -84,6 +85,13 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         'storage': [names]}]""",
     ).tag(config=True)
 
+    pids_limit = Integer(
+        DEFAULT_PIDS_LIMIT,
+        help="""Most processes and threads one session may run at once (the container's
+        PID limit); 0 for none. A fork bomb in a notebook then fails inside its
+        container instead of taking the node's PIDs.""",
+    ).tag(config=True)
+
     @default("start_timeout")
     def _default_start_timeout(self) -> int:
         scheduler = self.scheduler
@@ -138,6 +146,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
     async def _render_options_form(self) -> str:
         scheduler = self.scheduler
         await scheduler.ensure_started(self.hub.api_url)
+        if not scheduler.started:
+            return f'<div class="alert alert-danger">{self._broken_message()}</div>'
         teams = self._user_teams()
         hints = {team: scheduler.team_hint(team) for team in teams}
         notice = scheduler.notices.get((self.user.name, self.name))
@@ -207,6 +217,13 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
 
     # -- start ---------------------------------------------------------------------
 
+    def _broken_message(self) -> str:
+        return (
+            "The budget scheduler is not running, so no session can start now "
+            f"({self.scheduler.broken}). Running sessions are kept; an administrator has "
+            "been told in the Hub's log."
+        )
+
     def _refuse(self, message: str, reason: str) -> SpawnException:
         self.log.info("%s: refused: %s", self._prefix, message)
         return SpawnException(message, reason=reason, status_code=400)
@@ -249,6 +266,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
     async def start(self) -> tuple[str, int]:
         scheduler = self.scheduler
         await scheduler.ensure_started(self.hub.api_url)
+        if not scheduler.started:
+            raise SpawnException(self._broken_message(), reason="scheduler", status_code=503)
         options = dict(self.user_options or {})
         self._set_phase("submitting")
         existing = scheduler.find_request(self.user.name, self.name)
@@ -341,6 +360,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
                 "BUDGETHUB_FUNDED": "1" if allocation.funded else "0",
                 "BUDGETHUB_PROTECTED_UNTIL": str(allocation.protected_until),
             },
+            pids_limit=self.pids_limit,
         )
         try:
             self.container_id = await backend.launch(spec)
@@ -349,6 +369,14 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             await self._remove_container()
             scheduler.finish(request_id, state=RequestState.CANCELLED, reason="spawn cancelled")
             raise
+        except OwnedElsewhere as error:
+            scheduler.finish(request_id, state=RequestState.CANCELLED, reason=str(error))
+            raise SpawnException(
+                f"Your session was granted on node {grant.node} but cannot start there: "
+                f"{error}. Tell an administrator (two Hubs share the engine under one name?).",
+                reason="launch",
+                status_code=500,
+            ) from None
         except Exception as error:
             logs = await backend.logs(self.container_id) if self.container_id else ""
             await self._remove_container()
@@ -368,6 +396,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             ",".join(s.device_id for s in grant.slices) or "no GPU",
             "funded" if allocation.funded else "unallocated",
         )
+        scheduler.session_running(request_id)
         return engine.address, port
 
     async def _wait_until_answers(self, backend: Any, address: str, port: int) -> None:
@@ -407,7 +436,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
 
     # -- progress ------------------------------------------------------------------
 
-    def _queue_message(self, status: QueueStatus) -> str:
+    def _queue_message(self, status: QueueStatus, moved: str = "") -> str:
         if status.funded is None:
             funding = "weighing your team's budget"
         elif status.funded:
@@ -426,18 +455,34 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         eta = (
             f"; estimated start {_clock(status.estimated_start)}" if status.estimated_start else ""
         )
+        order = (
+            ". Teams furthest under their share go first, so positions can move"
+            if status.other_teams
+            else ""
+        )
         return (
-            f"Queued: position {status.position} of {status.waiting} in the pool, "
+            f"Queued: position {status.position} of {status.waiting} in the pool{moved}, "
             f"{status.team_position} of {status.team_waiting} in your team; {funding}{eta}"
+            f"{order}"
         )
 
     async def progress(self) -> Any:
         scheduler = self.scheduler
         last = None
+        shown: QueueStatus | None = None
+        moved = ""
         for _ in range(10**6):  # ends when the Hub stops listening (the spawn finished)
             if self._phase == "queued" and self.request_id:
                 status = scheduler.queue_status(self.request_id)
-                message = self._queue_message(status) if status else "Granted; starting"
+                if status is not None and shown is not None:
+                    if status.position > shown.position:
+                        why = scheduler.why_behind(self.request_id, status.ahead - shown.ahead)
+                        moved = f" (moved back from {shown.position}: {why})"
+                    elif status.position < shown.position:
+                        moved = ""
+                if status is not None:
+                    shown = status
+                message = self._queue_message(status, moved) if status else "Granted; starting"
                 event = {"progress": 10, "message": message}
                 if status is not None:
                     event["queue"] = {
@@ -470,40 +515,65 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
     # -- poll and stop -------------------------------------------------------------
 
     async def poll(self) -> int | None:
+        """None while the container runs (or cannot be asked: an unreachable node, a
+        scheduler in safe mode); its exit status once it ended, its slices then freed.
+
+        The Hub calls ``stop()`` only for servers that poll as running, so a container
+        that ended by itself is released here (and, sooner, by the engine's events)."""
         scheduler = self.scheduler
         await scheduler.ensure_started(self.hub.api_url)
-        if not self.container_id or not self.node or self.node not in scheduler.backends:
+        if not self.container_id or not self.node:
             return 0
-        backend = scheduler.backends[self.node]
+        backend = scheduler.backends.get(self.node)
+        if backend is None:
+            return None if scheduler.broken else 0
+        if scheduler.started and not scheduler.node_answers(self.node):
+            return None  # its sessions are kept while the node is away
         try:
-            state = await backend.state(self.container_id)
+            state = await asyncio.wait_for(
+                backend.state(self.container_id), scheduler.engine_timeout
+            )
         except Exception as error:  # an engine that does not answer: the node may be down
             self.log.warning("%s: cannot reach node %s: %s", self._prefix, self.node, error)
             return None
+        if state is not None and state.running:
+            return None
+        if scheduler.started and self.request_id:
+            scheduler.container_ended(self.request_id, state)
         if state is None:
             return 0
-        return None if state.running else state.exit_code
+        return state.exit_code
 
     async def _remove_container(self) -> None:
+        """Remove the container, waiting at most ``engine_timeout`` for its engine; one
+        that cannot be removed now is removed when its node answers again."""
         if self.container_id and self.node:
-            backend = self.scheduler.backends.get(self.node)
+            scheduler = self.scheduler
+            backend = scheduler.backends.get(self.node)
             if backend is not None:
+                if self.request_id:
+                    scheduler.stopping(self.request_id)
                 try:
-                    await backend.remove(self.container_id)
+                    if scheduler.started and not scheduler.node_answers(self.node):
+                        raise TimeoutError("the node does not answer")
+                    await asyncio.wait_for(
+                        backend.remove(self.container_id), scheduler.engine_timeout
+                    )
                 except Exception as error:  # an engine that is down: the node's problem now
                     self.log.warning(
-                        "%s: could not remove %s on %s: %s",
+                        "%s: could not remove %s on %s (%s); it goes when the node answers",
                         self._prefix,
                         self.container_id[:12],
                         self.node,
-                        error,
+                        error or type(error).__name__,
                     )
+                    scheduler.orphan(self.node, self.container_id)
         self.container_id = None
 
     async def stop(self, now: bool = False) -> None:
         scheduler = self.scheduler
         await scheduler.ensure_started(self.hub.api_url)
         await self._remove_container()
-        if self.request_id:
+        if self.request_id and scheduler.started:
             scheduler.finish(self.request_id)
             self.log.info("%s: stopped %s", self._prefix, self.request_id)

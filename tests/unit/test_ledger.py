@@ -53,7 +53,9 @@ def test_charges_do_not_depend_on_the_order_of_changes(
         else:
             ledger.stop_charging("nlp", "gpu", when, -delta)
     for start, end in ((0.0, 2000.0), (100.0, 400.0), (250.0, 251.0), (900.0, 1600.0)):
-        assert abs(ledger.charged("nlp", "gpu", start, end) - _expected(sessions, start, end)) < 1e-6
+        assert (
+            abs(ledger.charged("nlp", "gpu", start, end) - _expected(sessions, start, end)) < 1e-6
+        )
     assert abs(ledger.rate("nlp", "gpu")) < 1e-9
 
 

@@ -8,7 +8,13 @@ import pytest
 
 from scheduler_core.model import MILLI, NodeGrant, RequestClass, Slice, SliceKind
 from scheduler_core.settings import Settings
-from spawner.containers import SessionIdentity, build_container, container_name
+from spawner.containers import (
+    DEFAULT_PIDS_LIMIT,
+    SessionIdentity,
+    build_container,
+    container_name,
+    workspace_volume,
+)
 from spawner.embedded import ConfigError, parse_nodes
 from spawner.inventory import nvml_gpus, virtual_gpus
 from spawner.profiles import FormError, parse_profiles, render_form, resolve
@@ -141,8 +147,30 @@ def test_virtual_gpus_reach_the_environment_but_not_the_runtime():
 
 
 def test_container_names_are_safe_and_distinct():
-    assert container_name("a.b@c", "") == "budgethub-a.b-40c-default"
+    assert container_name("a.b@c", "") == "budgethub_a.b-40c_default"
     assert container_name("ann", "x") != container_name("ann", "y")
+
+
+def test_container_names_and_homes_are_per_hub():
+    """Two Hubs on one engine never share a container name or a home volume, even when
+    their names and users' names are made to run together."""
+    assert container_name("ann", "", "hub-a") != container_name("ann", "", "hub-b")
+    assert container_name("b_c", "", "a") != container_name("c", "", "a_b")
+    assert workspace_volume("ann", "hub-a") != workspace_volume("ann", "hub-b")
+    assert workspace_volume("ann") == "budgethub-home-ann"  # the default Hub keeps its volumes
+
+
+def test_sessions_have_a_pid_limit_and_no_swap():
+    spec = build_container(
+        IDENTITY, "img", grant(), hub_env={}, port=1, ip="127.0.0.1", nvidia=False
+    )
+    kwargs = spec.create_kwargs()
+    assert kwargs["pids_limit"] == DEFAULT_PIDS_LIMIT
+    assert kwargs["memswap_limit"] == kwargs["mem_limit"]
+    unlimited = build_container(
+        IDENTITY, "img", grant(), hub_env={}, port=1, ip="127.0.0.1", nvidia=False, pids_limit=0
+    )
+    assert "pids_limit" not in unlimited.create_kwargs()
 
 
 class FakeNvml:
@@ -300,3 +328,33 @@ def test_stop_notices_are_rebuilt_from_the_event_log():
         event(8, "preempt", request="cy//c1", reason="drain"),  # logged before messages were
     ]
     assert notices_from(log) == {("ann", ""): stopped}
+
+
+def test_queue_message_says_positions_can_move_and_why_one_moved_back():
+    from spawner.embedded import QueueStatus
+    from spawner.spawner import BudgetSpawner
+
+    alone = QueueStatus(
+        position=1,
+        waiting=2,
+        team_position=1,
+        team_waiting=2,
+        funded=True,
+        protected_s=900,
+        estimated_start=None,
+    )
+    assert "positions can move" not in BudgetSpawner._queue_message(None, alone)
+    mixed = QueueStatus(
+        position=3,
+        waiting=5,
+        team_position=1,
+        team_waiting=1,
+        funded=True,
+        protected_s=900,
+        estimated_start=None,
+        other_teams=True,
+    )
+    moved = " (moved back from 1: other teams are further under their share than yours)"
+    message = BudgetSpawner._queue_message(None, mixed, moved)
+    assert message.startswith(f"Queued: position 3 of 5 in the pool{moved}, 1 of 1 in your team")
+    assert message.endswith("Teams furthest under their share go first, so positions can move")
