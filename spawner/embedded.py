@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from traitlets import Dict, Float, Integer, List, Tuple, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, Tuple, Unicode, default
 from traitlets.config import SingletonConfigurable
 
 from scheduler_core.errors import InputError
 from scheduler_core.ledger import UsageLedger
 from scheduler_core.model import Allocation, Health, Node, Pool, PoolKind, Request, Team
+from scheduler_core.outlook import admission_order
 from scheduler_core.scenario import parse_pools, parse_teams, why_unplaceable
 from scheduler_core.scheduler import Scheduler, WallClock
 from scheduler_core.settings import (
@@ -329,6 +330,12 @@ class BudgetScheduler(SingletonConfigurable):
         help="""Seconds a stop or a poll waits for a node's engine; past it the Hub goes on
         (a container left behind is removed when its node answers again).""",
     ).tag(config=True)
+    watch_events = Bool(
+        True,
+        help="""Follow each engine's container events, so a session whose container ends by
+        itself gives its slices back within seconds (without it, at the Hub's next poll of
+        the server, every ``c.Spawner.poll_interval``).""",
+    ).tag(config=True)
     start_retry = Float(
         30.0,
         help="""When the scheduler cannot start (its store unreadable, say), the Hub keeps
@@ -360,7 +367,8 @@ class BudgetScheduler(SingletonConfigurable):
         self._options: dict[str, dict[str, Any]] = {}
         self._ports: dict[int, str] = {}
         self._order: dict[str, None] = {}
-        """Waiting requests in the order the last full cycle weighed them (newer ones after)."""
+        """Waiting requests in projected admission order (`scheduler_core.outlook`)."""
+        self._order_stale = True
         self._kick: asyncio.Handle | None = None
         self._tasks: list[asyncio.Task[None]] = []  # held so the loops are not collected
         self._background: set[asyncio.Task[None]] = set()
@@ -491,7 +499,7 @@ class BudgetScheduler(SingletonConfigurable):
         )
         await self._recover(now)
         loop = self._loop = asyncio.get_running_loop()
-        for backend in self.backends.values():
+        for backend in self.backends.values() if self.watch_events else ():
             backend.watch(self.hub_name, self._exited_from_thread)
         self._tasks = [
             loop.create_task(self._tick_loop()),
@@ -690,7 +698,20 @@ class BudgetScheduler(SingletonConfigurable):
     def _exited(self, state: ContainerState) -> None:
         request_id = state.labels.get(f"{LABEL_PREFIX}.request", "")
         if request_id in self._live and request_id not in self._stopping:
-            self.container_ended(request_id, state, through_hub=True)
+            self._background_task(self._inspect_exit(request_id, state))
+
+    async def _inspect_exit(self, request_id: str, event: ContainerState) -> None:
+        """The event says that it ended; the container says how (out of memory?)."""
+        state = event
+        allocation = self.core.running.get(request_id)
+        if allocation is not None:
+            backend = self.backends[allocation.grants[0].node]
+            try:
+                seen = await asyncio.wait_for(backend.state(event.id), self.engine_timeout)
+                state = seen if seen is not None else event
+            except Exception as error:
+                self.log.info("budgethub: %s: inspecting its container: %s", request_id, error)
+        self.container_ended(request_id, state, through_hub=True)
 
     def container_ended(
         self, request_id: str, state: ContainerState | None, *, through_hub: bool = False
@@ -726,9 +747,6 @@ class BudgetScheduler(SingletonConfigurable):
         backend = self.backends[node]
         if state is not None and state.id:
             try:
-                seen = await asyncio.wait_for(backend.state(state.id), self.engine_timeout)
-                if seen is not None and seen.oom_killed:
-                    self.log.warning("budgethub: %s was killed for want of memory", request_id)
                 logs = await asyncio.wait_for(backend.logs(state.id), self.engine_timeout)
                 self.log.info("budgethub: %s: last lines of its container:\n%s", request_id, logs)
                 await asyncio.wait_for(backend.remove(state.id), self.engine_timeout)
@@ -777,10 +795,7 @@ class BudgetScheduler(SingletonConfigurable):
         if decisions is not None and decisions.follow_up:
             self.core.cycle()
         if decisions is not None:
-            if decisions.order and len(decisions.order) >= len(self.core.pending):
-                self._order = dict.fromkeys(decisions.order)
-            for request_id in self.core.pending:
-                self._order.setdefault(request_id)
+            self._order_stale = True
             for waiter in self._waiters.values():
                 waiter.changed.set()
         self.cycle_ms.append((time.perf_counter() - t0) * 1e3)
@@ -998,6 +1013,10 @@ class BudgetScheduler(SingletonConfigurable):
         request = self.core.pending.get(request_id)
         if request is None:
             return None
+        if self._order_stale:
+            now = time.time()
+            self._order = dict.fromkeys(admission_order(self.core.snapshot(now), now))
+            self._order_stale = False
         same_pool = [
             r
             for r in self._order

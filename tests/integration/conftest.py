@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,10 @@ from docker.errors import DockerException, ImageNotFound
 
 from tests.integration.hub import Hub, free_port, hub_config, remove_containers
 
+REPO = Path(__file__).resolve().parents[2]
+NODE = "bhprep"
+"""The second engine's name (scripts/engine node NAME; its pid file is
+/var/run/budgethub/NAME.pid)."""
 IMAGES = ("budgethub/base:latest", "budgethub/gpu:latest", "budgethub/dataprep:latest")
 
 
@@ -46,6 +51,27 @@ def engine() -> Iterator[docker.DockerClient]:
             pytest.fail(f"image {image} is missing; run images/build (make test does)")
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def second_engine() -> str:
+    """A second dockerd (own socket, data-root, exec-root, no bridge) holding the images."""
+    started = subprocess.run(
+        [str(REPO / "scripts" / "engine"), "node", NODE],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert started.returncode == 0, started.stderr
+    url = started.stdout.strip().splitlines()[-1]
+    copied = subprocess.run(
+        [str(REPO / "images" / "build"), "--only", "dataprep", "--engine", url],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert copied.returncode == 0, copied.stdout[-2000:] + copied.stderr[-2000:]
+    return url
 
 
 def demo_teams() -> list[dict[str, Any]]:

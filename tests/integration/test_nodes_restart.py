@@ -3,38 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import docker
-import pytest
 
-from tests.integration.conftest import cpu_node, local_gpu_node
+from tests.integration.conftest import NODE, REPO, cpu_node, local_gpu_node
 from tests.integration.hub import containers
 from tests.integration.test_queue import ONE_GPU, positions, queue_events, wait_for
-
-REPO = Path(__file__).resolve().parents[2]
-NODE = "bhprep"
-
-
-@pytest.fixture(scope="module")
-def second_engine() -> str:
-    """A second dockerd (own socket, data-root, exec-root, no bridge) holding the images."""
-    started = subprocess.run(
-        [str(REPO / "scripts" / "engine"), "node", NODE],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert started.returncode == 0, started.stderr
-    url = started.stdout.strip().splitlines()[-1]
-    copied = subprocess.run(
-        [str(REPO / "images" / "build"), "--only", "dataprep", "--engine", url],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert copied.returncode == 0, copied.stdout[-2000:] + copied.stderr[-2000:]
-    return url
 
 
 def test_gpu_profile_lands_on_the_gpu_node_and_dataprep_on_the_cpu_node(

@@ -1,0 +1,63 @@
+"""The projected admission order that queue positions show."""
+
+from __future__ import annotations
+
+from scheduler_core.model import Allocation
+from scheduler_core.outlook import admission_order
+from scheduler_core.scenario import parse_scenario
+from scheduler_core.scheduler import Scheduler
+from tests.unit.test_rules import req, scenario
+
+
+class Clock:
+    def now(self) -> float:
+        return 10.0
+
+
+class Idle:
+    def launch(self, allocation: Allocation) -> None:
+        pass
+
+    def preempt(self, allocation: Allocation, reason: str) -> bool:
+        return False
+
+
+def order_of(data: dict) -> list[str]:
+    parsed = parse_scenario(data)
+    core = Scheduler(parsed.settings, parsed.pools, parsed.nodes, parsed.teams, Clock(), Idle())
+    for seeded in parsed.usage:
+        core.ledger.add(seeded.team, seeded.pool, seeded.at, seeded.units)
+    for request in parsed.requests:
+        core.submit(request)
+    return admission_order(core.snapshot(10.0), 10.0)
+
+
+def test_teams_take_turns_as_each_funded_admission_is_charged() -> None:
+    """Team a submitted first, but once its first request is counted against its share,
+    team b (still at nothing) comes next: a2 is not second, as a plain sort by the
+    teams' ratios now would show."""
+    data = scenario(
+        requests=[
+            req("a1", "a", 0, gpus=2),
+            req("a2", "a", 1, gpus=2),
+            req("a3", "a", 2, gpus=2),
+            req("b1", "b", 3, gpus=2),
+            req("b2", "b", 4, gpus=2),
+        ]
+    )
+    assert order_of(data) == ["a1", "b1", "a2", "b2", "a3"]
+
+
+def test_a_team_over_its_allocation_is_not_charged_and_keeps_its_place_behind() -> None:
+    """b has used twice its budget: none of its requests is funded, so it never
+    overtakes a, whatever a is charged."""
+    data = scenario(
+        usage=[{"team": "b", "pool": "g", "gpu_seconds": 2 * 0.5 * 8 * 7 * 86400, "ago": 3600}],
+        requests=[
+            req("b1", "b", 0),
+            req("a1", "a", 1, gpus=4),
+            req("a2", "a", 2, gpus=4),
+            req("b2", "b", 3),
+        ],
+    )
+    assert order_of(data) == ["a1", "a2", "b1", "b2"]
