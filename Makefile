@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PROXY_STAMP := proxy/node_modules/.installed
 
-.PHONY: test lint unit integration bench demo engine images browser postgres clean
+.PHONY: test lint unit integration bench demo engine images browser proxy postgres clean
 
 # The virtual environment is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -13,6 +14,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	@touch $(STAMP)
+
+# The Hub's proxy: JupyterHub's Node.js configurable-http-proxy, exactly as pinned by
+# proxy/package-lock.json (npm ci), reinstalled when that changes. Node.js and npm come
+# from apt if missing; a TLS-intercepting proxy's CA ($PIP_CERT) is trusted for npm.
+$(PROXY_STAMP): proxy/package.json proxy/package-lock.json
+	@command -v node >/dev/null && command -v npm >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
+	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 18 ? 1 : 0)' || \
+	  { echo "configurable-http-proxy needs Node.js 18 or later, not $$(node --version)" >&2; exit 1; }
+	cd proxy && $(if $(PIP_CERT),NODE_EXTRA_CA_CERTS=$(PIP_CERT)) npm ci --no-audit --no-fund
+	@touch $(PROXY_STAMP)
+
+proxy: $(PROXY_STAMP)
 
 # PostgreSQL is a service of this kind of machine; start it if it is down.
 postgres:
@@ -39,20 +53,20 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check scheduler_core spawner tests bench
 	$(BIN)/mypy scheduler_core spawner
 
-test: $(STAMP) postgres lint images browser
+test: $(STAMP) $(PROXY_STAMP) postgres lint images browser
 	$(BIN)/pytest -q
 
-integration: $(STAMP) images browser
+integration: $(STAMP) $(PROXY_STAMP) images browser
 	$(BIN)/pytest -q tests/integration
 
 unit: $(STAMP)
 	$(BIN)/pytest -q -m "not postgres and not slow and not docker"
 
-bench: $(STAMP) images
+bench: $(STAMP) $(PROXY_STAMP) images
 	$(BIN)/python -m bench
 
 # The embedded default (jupyterhub_config.py) at http://127.0.0.1:8000.
-demo: $(STAMP) images
+demo: $(STAMP) $(PROXY_STAMP) images
 	@mkdir -p .demo
 	@echo
 	@echo "  budgethub demo: http://127.0.0.1:8000"
@@ -63,4 +77,4 @@ demo: $(STAMP) images
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyterhub -f jupyterhub_config.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .demo
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .demo proxy/node_modules
