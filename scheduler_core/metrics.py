@@ -7,7 +7,15 @@ in GPU pools: owed = min(share × capacity, the team's outstanding demand that
 hour), where demand is the GPU-equivalents of its submitted, unfinished
 requests (running or waiting); used counts every GPU-second the team ran,
 funded or not; delivered = min(used, owed); fulfilment = Σ delivered / Σ owed.
-A parent team's figures cover its sub-teams.
+``daily_fulfilment`` sums the same hours by day (days of 24 h from time 0, the
+last one possibly shorter) before capping: per team, pool and day, owed = Σ of
+the day's hourly owed and delivered = min(GPU-hours used that day, owed);
+daily_fulfilment = Σ delivered / Σ owed (``daily_delivered_gpu_h`` is that Σ
+delivered; Σ owed is ``owed_gpu_h``). A team whose usual job is larger than its
+share can reach it by running the whole job for part of the day, which the
+hourly figure never credits beyond the share. A parent team's figures cover
+its sub-teams. The run's ``fulfilment`` and ``daily_fulfilment`` sum the
+top-level teams.
 
 Extra fields beyond §5: ``wait_s`` always has ``all`` and the four classes
 (``n`` 0 and null percentiles for a class with no requests); ``occupancy_hourly``
@@ -31,6 +39,7 @@ from scheduler_core.simulator import RequestRecord, SimRun
 from scheduler_core.teams import TeamTree
 
 HOUR = 3600.0
+HOURS_PER_DAY = 24
 CLASSES = ("debug", "interactive", "batch", "dataprep")
 """Request classes that always appear in ``wait_s``."""
 _EPS = 1e-9
@@ -162,6 +171,8 @@ def result(run: SimRun) -> dict[str, Any]:
     owed = sum(t["owed_gpu_h"] for n, t in metrics["teams"].items() if t["top_level"])
     delivered = sum(t["delivered_gpu_h"] for n, t in metrics["teams"].items() if t["top_level"])
     metrics["fulfilment"] = _round(delivered / owed, 4) if owed else None
+    daily = sum(t["daily_delivered_gpu_h"] for t in metrics["teams"].values() if t["top_level"])
+    metrics["daily_fulfilment"] = _round(daily / owed, 4) if owed else None
     return {
         "scenario": scenario.name,
         "policy": scenario.settings.name,
@@ -210,7 +221,7 @@ def team_metrics(
     total_capacity = sum(capacity[p] for p in pools)
     for name in tree.teams:
         members = tree.subtree(name)
-        owed_total = delivered_total = used_total = 0.0
+        owed_total = delivered_total = used_total = daily_delivered = 0.0
         weighted_share = 0.0
         for pool in pools:
             share = tree.share(name, pool)
@@ -218,11 +229,17 @@ def team_metrics(
             cap_hour = share * capacity[pool] * HOUR
             team_demand = _sum_series(demand_h.get((m, pool), zero) for m in members)
             team_used = _sum_series(usage_h.get((m, pool), zero) for m in members)
-            for wanted, ran in zip(team_demand, team_used, strict=True):
+            day_owed = day_used = 0.0
+            for hour, (wanted, ran) in enumerate(zip(team_demand, team_used, strict=True)):
                 owed = min(cap_hour, wanted)
                 owed_total += owed
                 delivered_total += min(ran, owed)
                 used_total += ran
+                day_owed += owed
+                day_used += ran
+                if (hour + 1) % HOURS_PER_DAY == 0 or hour == hours - 1:
+                    daily_delivered += min(day_used, day_owed)
+                    day_owed = day_used = 0.0
         out[name] = {
             "share": _round(weighted_share / total_capacity, 4) if total_capacity else 0.0,
             "owed_gpu_h": _round(owed_total / HOUR, 2),
@@ -230,6 +247,8 @@ def team_metrics(
             "used_gpu_h": _round(used_total / HOUR, 2),
             "charged_gpu_h": _round(sum(charged[m] for m in members) / HOUR, 2),
             "fulfilment": _round(delivered_total / owed_total, 4) if owed_total else None,
+            "daily_delivered_gpu_h": _round(daily_delivered / HOUR, 2),
+            "daily_fulfilment": _round(daily_delivered / owed_total, 4) if owed_total else None,
             "top_level": tree.teams[name].parent is None,
         }
     return out
