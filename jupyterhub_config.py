@@ -2,7 +2,7 @@
 
 A SQLite store, virtual GPUs declared here (clearly marked virtual inside every
 session), a CPU data-prep node next to a storage directory, demo teams and users,
-and the pure-Python proxy (no Node.js). Log in at http://127.0.0.1:8000 as any
+and the Node.js proxy from proxy/ (make installs it). Log in at http://127.0.0.1:8000 as any
 demo user with the password ``budgethub``.
 
 Both nodes are served by the one local engine here; in production each node is

@@ -12,6 +12,7 @@ kills a queued spawn.
 from __future__ import annotations
 
 import asyncio
+import html
 import time
 from typing import Any
 
@@ -147,7 +148,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         scheduler = self.scheduler
         await scheduler.ensure_started(self.hub.api_url)
         if not scheduler.started:
-            return f'<div class="alert alert-danger">{self._broken_message()}</div>'
+            return f'<div class="alert alert-danger">{html.escape(self._broken_message())}</div>'
         teams = self._user_teams()
         hints = {team: scheduler.team_hint(team) for team in teams}
         notice = scheduler.notices.get((self.user.name, self.name))
