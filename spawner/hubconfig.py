@@ -109,12 +109,9 @@ async def _start_with_hub() -> None:
         restrict_files(state_files(app))
         try:
             scheduler = BudgetScheduler.instance(config=app.config)
+            # Once started (now, or after safe mode), it queues again the spawns it had.
             await scheduler.ensure_started(app.hub.api_url)
             restrict_files(sqlite_files(scheduler.store_url))
-            for _attempt in range(120):  # the Hub's API answers once its start is done
-                if await scheduler.requeue_detached():
-                    break
-                await asyncio.sleep(0.5)
         except Exception:
             log.exception("budgethub: the embedded scheduler did not start")
         return

@@ -1,4 +1,4 @@
-"""A real JupyterHub (with BudgetSpawner and the pure-Python proxy) in a subprocess.
+"""A real JupyterHub (with BudgetSpawner and its Node configurable-http-proxy) in a subprocess.
 
 Everything listens on 127.0.0.1; sessions use host networking and their own
 ports. Each Hub gets its own container label (``hub_name``) so that tests
