@@ -334,25 +334,11 @@ def test_queue_message_says_positions_can_move_and_why_one_moved_back():
     from spawner.embedded import QueueStatus
     from spawner.spawner import BudgetSpawner
 
-    alone = QueueStatus(
-        position=1,
-        waiting=2,
-        team_position=1,
-        team_waiting=2,
-        funded=True,
-        protected_s=900,
-        estimated_start=None,
-    )
+    funded = dict(funded=True, protected_s=900, estimated_start=None)
+    alone = QueueStatus(position=1, waiting=2, team_position=1, team_waiting=2, **funded)
     assert "positions can move" not in BudgetSpawner._queue_message(None, alone)
     mixed = QueueStatus(
-        position=3,
-        waiting=5,
-        team_position=1,
-        team_waiting=1,
-        funded=True,
-        protected_s=900,
-        estimated_start=None,
-        other_teams=True,
+        position=3, waiting=5, team_position=1, team_waiting=1, other_teams=True, **funded
     )
     moved = " (moved back from 1: other teams are further under their share than yours)"
     message = BudgetSpawner._queue_message(None, mixed, moved)
