@@ -21,9 +21,14 @@ What it builds
   ``prior``, each with a float share of it, as in the §5 example. Top-level
   shares of each pool are drawn from a symmetric Dirichlet law of concentration
   ``share_alpha``, rounded to 4 decimals (at least 0.001 each) and summing to at
-  most 1.0 exactly as JSON floats add up. ``users`` users ``u001`` ... are spread
-  over the teams (one each, the rest in proportion to the team's ``h100``
-  share), each user in one team.
+  most 1.0 exactly as JSON floats add up. With ``small_teams`` N, the N
+  top-level teams (outside the program) with the smallest drawn ``h100`` shares
+  get ``small_team_gpus`` GPUs of share each (2.5: less than any batch job, which
+  takes whole 8-GPU nodes), and the others split the rest in proportion to their
+  drawn shares. ``users`` users ``u001`` ... are spread over the teams (one each,
+  the rest in proportion to the team's ``h100`` share), each user in one team;
+  with ``scale_users`` there are ``users x gpus / 1024`` of them (at least one
+  per team), so an 88-GPU cluster gets 15, not 150.
 * Demand: every team draws a factor log-uniformly in
   ``[demand_min, demand_max]`` (0.4-3.0). It is relative: a team's batch work
   (backlog and arrivals) is proportional to ``share x factor``, so a team with
@@ -52,28 +57,39 @@ Time 0 is a Monday, 00:00 UTC; working hours are Monday-Friday 9:00-18:00 at UTC
 ``+ tz_offset`` hours. Counts of interactive, debug and dataprep requests are
 ``rate x W x gpus / 1024`` where W, the weekday-equivalents, is the working time
 inside the horizon over 9 h (21.8 for 30 days at -8 h: the horizon ends on a
-Friday at 16:00 local time).
+Friday at 16:00 local time). With ``debug_rate`` the debug count is
+``debug_rate x users x W`` instead. With ``interactive_share`` S, notebooks are
+drawn until their work reaches S x the h100 work arriving after the backlog
+(below). They still come only in working hours, so S = 0.35 at ``load`` 1 asks,
+on weekday afternoons, for 1.3-1.6x the pool in notebooks alone (one-week
+scenarios of 256 and 1,024 GPUs, seed 2, each notebook counted from its submit).
 
 Load arithmetic (pool h100)
 ---------------------------
 * Capacity ``C = gpus`` GPU-equivalents, horizon ``H = days x 86400`` s; offered
   work is GPU-equivalents x duration summed over the h100 requests.
-* Target offered work ``O = load x C x H``.
 * Backlog: batch requests submitted in [0, 1 h) until their GPUs reach
   ``backlog x C``: at the start, running plus pending demand is 2.5x capacity.
-  Its work is B (about 0.03 x C x H for a default month).
-* Interactive and debug work, I and D, follow from their counts.
+  Its work is B (about 0.03 x C x H for a default month, 0.12 for a week).
+* Target offered work ``O = offered x C x H``, or with ``load`` given (the
+  arrival rate on top of the backlog) ``O = B + load x C x H``.
+* Interactive and debug work, I and D, follow from their counts (or I from
+  ``interactive_share``: ``S x (O - B)``; the backlog is then drawn before the
+  sessions rather than after, so the same seed draws other requests).
 * Batch arrivals over [1 h, H) are drawn until their work reaches
   ``O - B - I - D`` (the last one overshoots by at most 64 GPUs x 36 h, 0.3 % of
   a default month). They are paced by work, not drawn independently: each comes
   when the share of arrival work before it has arrived at an even pace (35 % of
   it in working hours), give or take 6 h. Independent times would let the queue
   drift by days of cluster work within a month.
-* Why ``load`` defaults to 1.01, at the low end of the band 1.0-1.3: a backlog
-  stands only while arrivals match what a busy cluster delivers. 1.01 = B (0.03)
-  plus arrivals at 0.98 x C, the seed's 98 % occupancy. Larger loads make a
-  queue that grows all month (at 1.1 outstanding demand reaches about 10x
-  capacity by day 30; the figures below show how to check).
+* Why ``offered`` defaults to 1.01, at the low end of the band 1.0-1.3: a
+  backlog stands only while arrivals match what a busy cluster delivers. 1.01 =
+  B (0.03) plus arrivals at 0.98 x C, the seed's 98 % occupancy. Larger loads
+  make a queue that grows all month (at 1.1 outstanding demand reaches about
+  10x capacity by day 30; the figures below show how to check). ``--load L``
+  states the arrivals directly (0.98 for the default month). Until ``load``
+  came to mean the arrivals, ``--load`` was what ``--offered`` is now: an older
+  command line gives the same bytes with ``--offered`` in place of ``--load``.
 * Defaults (1024 GPUs, 30 days, seed 0): C x H = 737,280 GPU-h; offered 745,062
   GPU-h = 1.011 x capacity (batch 703,940 including the backlog's 21,935,
   interactive 39,240, debug 1,881); GPUs submitted in the first hour 2.55 x C;
@@ -93,6 +109,7 @@ gpus                1024          H100 GPUs in pool h100 (a positive multiple of
 days                30            horizon in days
 teams               15            team allocations that users charge to (>= 1)
 users               150           researchers, each in one team (>= teams)
+scale_users         False         users x gpus / 1024 of them instead (at least one per team)
 seed                0             seed of random.Random; same options, same scenario
 name                None          scenario name (default ``seed-like-<gpus>g-<days>d-s<seed>``)
 mig_nodes           1             h100 nodes whose 8 GPUs are MIG-partitioned (< gpus / 8)
@@ -103,10 +120,15 @@ program             True          two teams are sub-teams of a parent team ``pri
 share_alpha         1.5           Dirichlet concentration of shares (smaller: more unequal)
 demand_min          0.4           lowest team demand factor (relative, per unit of share)
 demand_max          3.0           highest team demand factor
-load                1.01          offered h100 GPU-seconds / (capacity x horizon)
+small_teams         0             teams of the smallest drawn shares given small_team_gpus each
+small_team_gpus     2.5           h100 share of each small team, in GPUs
+load                None          h100 work after the backlog / (capacity x horizon), over offered
+offered             1.01          all offered h100 GPU-seconds / (capacity x horizon)
 backlog             2.5           GPUs of batch backlog submitted in the first hour / capacity
 interactive_per_day 170           notebooks per weekday per 1024 GPUs
+interactive_share   None          notebooks' share of the work after the backlog (over the rate)
 debug_per_day       260           debug sessions per weekday per 1024 GPUs
+debug_rate          None          debug sessions per user per weekday (overrides debug_per_day)
 dataprep_per_day    60            data-prep sessions per weekday per 1024 GPUs
 off_hours           0.15          share of debug and dataprep sessions outside working hours
 tz_offset           -8.0          hours from UTC of the working day (Mon-Fri 9-18)
@@ -123,6 +145,7 @@ import itertools
 import json
 import math
 import random
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -209,6 +232,9 @@ class SeedLikeOptions:
     days: int = _knob(30, "horizon in days")
     teams: int = _knob(15, "team allocations that users charge to")
     users: int = _knob(150, "researchers, each in one team (at least --teams)")
+    scale_users: bool = _knob(
+        False, "scale --users with the cluster: users x gpus / 1024, at least one per team"
+    )
     seed: int = _knob(0, "seed of the random generator; same options, byte-identical output")
     name: str | None = _knob(None, "scenario name (default seed-like-<gpus>g-<days>d-s<seed>)")
     mig_nodes: int = _knob(1, "h100 nodes whose 8 GPUs are MIG-partitioned (fewer than gpus/8)")
@@ -221,10 +247,25 @@ class SeedLikeOptions:
     share_alpha: float = _knob(1.5, "Dirichlet concentration of team shares (smaller: unequal)")
     demand_min: float = _knob(0.4, "lowest team demand factor (relative, per unit of share)")
     demand_max: float = _knob(3.0, "highest team demand factor")
-    load: float = _knob(1.01, "offered h100 GPU-seconds over capacity x horizon")
+    small_teams: int = _knob(
+        0, "the teams of the smallest drawn shares that get --small-team-gpus of share each"
+    )
+    small_team_gpus: float = _knob(2.5, "h100 share of each --small-teams team, in GPUs")
+    load: float | None = _knob(
+        None, "h100 work arriving after the backlog over capacity x horizon (overrides --offered)"
+    )
+    offered: float = _knob(
+        1.01, "all offered h100 GPU-seconds, backlog included, over capacity x horizon"
+    )
     backlog: float = _knob(2.5, "GPUs of batch backlog submitted in the first hour / capacity")
     interactive_per_day: float = _knob(170.0, "notebooks per weekday per 1024 GPUs")
+    interactive_share: float | None = _knob(
+        None, "notebooks' share of the h100 work after the backlog (overrides the per-day rate)"
+    )
     debug_per_day: float = _knob(260.0, "debug sessions per weekday per 1024 GPUs")
+    debug_rate: float | None = _knob(
+        None, "debug sessions per user per weekday (overrides --debug-per-day)"
+    )
     dataprep_per_day: float = _knob(60.0, "data-prep sessions per weekday per 1024 GPUs")
     off_hours: float = _knob(0.15, "share of debug and dataprep sessions outside working hours")
     tz_offset: float = _knob(-8.0, "hours from UTC of the working day (Mon-Fri 9-18)")
@@ -289,8 +330,34 @@ def validate(options: SeedLikeOptions) -> None:
         raise bad("demand_min", f"{options.demand_min} is not positive")
     if not options.demand_max >= options.demand_min:
         raise bad("demand_max", f"{options.demand_max} is below --demand-min")
-    if not options.load > 0:
+    if options.load is not None and not options.load > 0:
         raise bad("load", f"{options.load} is not positive")
+    if not options.offered > 0:
+        raise bad("offered", f"{options.offered} is not positive")
+    if options.interactive_share is not None and not 0 <= options.interactive_share < 1:
+        raise bad("interactive_share", f"{options.interactive_share} is not a share in [0, 1)")
+    if options.debug_rate is not None and not options.debug_rate >= 0:
+        raise bad("debug_rate", f"{options.debug_rate} is negative")
+    if not options.small_team_gpus > 0:
+        raise bad("small_team_gpus", f"{options.small_team_gpus} is not positive")
+    plain = options.teams - 2 if options.program and options.teams >= 2 else options.teams
+    if not 0 <= options.small_teams < max(1, plain):
+        raise bad(
+            "small_teams",
+            f"{options.small_teams} is not in 0..{max(0, plain - 1)}"
+            " (teams outside the program, one left at a drawn share)",
+        )
+    top_level = plain + (1 if plain != options.teams else 0)
+    small_units = _small_units(options)
+    if options.small_teams and (
+        small_units * options.small_teams + MIN_SHARE_UNITS * (top_level - options.small_teams)
+        > SHARE_UNITS
+    ):
+        raise bad(
+            "small_team_gpus",
+            f"{options.small_teams} teams of {options.small_team_gpus:g} GPUs leave too little"
+            f" of {options.gpus} GPUs for the other teams",
+        )
     if not options.backlog >= 0:
         raise bad("backlog", f"{options.backlog} is negative")
     for rate in ("interactive_per_day", "debug_per_day", "dataprep_per_day"):
@@ -432,6 +499,30 @@ def draw_shares(count: int, alpha: float, rng: random.Random) -> list[float]:
     return _units_to_shares(units)
 
 
+def _small_units(options: SeedLikeOptions) -> int:
+    """The h100 share of one ``small_teams`` team, in 1/SHARE_UNITS of the pool."""
+    return max(MIN_SHARE_UNITS, round(options.small_team_gpus / options.gpus * SHARE_UNITS))
+
+
+def shrink_shares(shares: Sequence[float], picks: Sequence[int], units: int) -> list[float]:
+    """``shares`` with those at ``picks`` set to ``units`` / SHARE_UNITS each.
+
+    The others split what is left in proportion to their old shares (at least the
+    smallest share each); the result still sums to at most 1 as JSON floats add up.
+    """
+    old = [round(share * SHARE_UNITS) for share in shares]
+    chosen = set(picks)
+    others = [k for k in range(len(old)) if k not in chosen]
+    left = sum(old) - units * len(chosen) - MIN_SHARE_UNITS * len(others)
+    extra = _largest_remainder(left, [max(0, old[k] - MIN_SHARE_UNITS) for k in others])
+    new = list(old)
+    for k in chosen:
+        new[k] = units
+    for k, more in zip(others, extra, strict=True):
+        new[k] = MIN_SHARE_UNITS + more
+    return _units_to_shares(new)
+
+
 def _team_names(count: int) -> list[str]:
     if count <= len(TEAM_NAMES):
         return list(TEAM_NAMES[:count])
@@ -524,6 +615,10 @@ def seed_like(options: SeedLikeOptions) -> dict[str, Any]:
     with_program = options.program and options.teams >= 2
     top_level = leaf_names[:-2] + [PROGRAM_TEAM] if with_program else list(leaf_names)
     h100_shares = draw_shares(len(top_level), options.share_alpha, rng)
+    if options.small_teams:
+        plain = [k for k, name in enumerate(top_level) if name != PROGRAM_TEAM]
+        smallest = sorted(plain, key=lambda k: (h100_shares[k], k))[: options.small_teams]
+        h100_shares = shrink_shares(h100_shares, smallest, _small_units(options))
     cpu_shares = draw_shares(len(top_level), options.share_alpha, rng) if has_cpu_pool else []
     teams_json: list[dict[str, Any]] = []
     effective: dict[str, float] = {}
@@ -546,13 +641,16 @@ def seed_like(options: SeedLikeOptions) -> dict[str, Any]:
     ]
 
     # Users: one per team, the rest by h100 share; activity is heavy-tailed.
+    headcount_total = options.users
+    if options.scale_users:
+        headcount_total = max(options.teams, round(options.users * scale))
     per_team = [
         1 + extra
         for extra in _largest_remainder(
-            options.users - options.teams, [t.h100_share for t in teams]
+            headcount_total - options.teams, [t.h100_share for t in teams]
         )
     ]
-    width = max(3, len(str(options.users)))
+    width = max(3, len(str(headcount_total)))
     users: list[tuple[str, str]] = []
     for leaf, headcount in zip(teams, per_team, strict=True):
         for _ in range(headcount):
@@ -588,8 +686,71 @@ def seed_like(options: SeedLikeOptions) -> dict[str, Any]:
     def sessions(rate: float) -> int:
         return round(rate * weekdays * scale)
 
-    # Interactive notebooks.
-    for _ in range(sessions(options.interactive_per_day) if in_hours.total else 0):
+    # Batch: a backlog in the first hour, then arrivals up to the target load.
+    # The backlog is drawn after the sessions (so the default draws come in the
+    # order they always did) unless notebooks fill a share of the arrivals, whose
+    # size needs the backlog's work first.
+    team_weights = list(itertools.accumulate(t.h100_share * t.demand for t in teams))
+    # A batch request spans at most a quarter of the whole nodes: 64-GPU jobs need 256 GPUs.
+    max_nodes = max(1, whole_nodes // BATCH_MAX_NODES_DIVISOR)
+    node_table = [(n, w) for n, w in BATCH_NODES if n <= max_nodes]
+    log_short, log_long = math.log(BATCH_MIN_DURATION), math.log(BATCH_MAX_DURATION)
+
+    def batch(submit: int) -> _Draft:
+        team = rng.choices(teams, cum_weights=team_weights)[0]
+        user, _ = member_of(team.name)
+        nodes_wanted = _weighted(rng, node_table)
+        duration = _minutes(math.exp(rng.uniform(log_short, log_long)))
+        min_runtime = min(duration, rng.choice(BATCH_MIN_RUNTIMES))
+        return _Draft(
+            submit,
+            {
+                "user": user,
+                "team": team.name,
+                "submit": submit,
+                "pool": "h100",
+                "class": "batch",
+                "gpus": GPUS_PER_NODE,
+                "nodes": nodes_wanted,
+                "cpus": CPUS_PER_GPU * GPUS_PER_NODE,
+                "memory_gib": MEMORY_GIB_PER_GPU * GPUS_PER_NODE,
+                "min_runtime": min_runtime,
+                "duration": duration,
+                "resumable": True,
+                "priority": _weighted(rng, BATCH_PRIORITIES),
+            },
+            float(GPUS_PER_NODE * nodes_wanted * duration),
+        )
+
+    backlog_work = 0.0
+
+    def draw_backlog() -> None:
+        nonlocal backlog_work
+        backlog_gpus = 0
+        while backlog_gpus < options.backlog * capacity:
+            draft = batch(rng.randrange(BACKLOG_WINDOW))
+            drafts.append(draft)
+            backlog_work += draft.gpu_seconds
+            backlog_gpus += draft.body["gpus"] * draft.body["nodes"]
+
+    if options.interactive_share is not None:
+        draw_backlog()
+
+    def arrivals_from_backlog() -> float:
+        """GPU-seconds of h100 work to arrive after the backlog."""
+        if options.load is not None:
+            return options.load * capacity * horizon
+        return options.offered * capacity * horizon - backlog_work
+
+    # Interactive notebooks: a count per weekday, or until they fill their share.
+    notebooks = sessions(options.interactive_per_day) if in_hours.total else 0
+    notebook_work, notebook_target = 0.0, math.inf
+    if options.interactive_share is not None:
+        notebook_target = options.interactive_share * arrivals_from_backlog()
+        notebooks = sys.maxsize if in_hours.total else 0
+    for _ in range(notebooks):
+        if notebook_work >= notebook_target:
+            break
         user, team = any_user()
         gpus = _weighted(rng, INTERACTIVE_GPUS)
         duration = _minutes(rng.uniform(1 * HOUR, 6 * HOUR))
@@ -615,11 +776,15 @@ def seed_like(options: SeedLikeOptions) -> dict[str, Any]:
                 gpus * duration,
             )
         )
+        notebook_work += gpus * duration
 
     # Debug sessions: whole GPUs, a fraction, or a MIG instance.
     kinds: list[tuple[str, float]] = [("whole-1", 0.6), ("whole-2", 0.1), ("fraction", 0.15)]
     kinds.append(("mig", 0.15) if options.mig_nodes else ("fraction", 0.15))
-    for _ in range(sessions(options.debug_per_day)):
+    debug_sessions = sessions(options.debug_per_day)
+    if options.debug_rate is not None:
+        debug_sessions = round(options.debug_rate * len(users) * weekdays)
+    for _ in range(debug_sessions):
         user, team = any_user()
         kind = _weighted(rng, kinds)
         duration = _minutes(rng.uniform(5 * MINUTE, 40 * MINUTE))
@@ -692,49 +857,16 @@ def seed_like(options: SeedLikeOptions) -> dict[str, Any]:
             )
         )
 
-    # Batch: a backlog in the first hour, then arrivals up to the target load.
-    team_weights = list(itertools.accumulate(t.h100_share * t.demand for t in teams))
-    # A batch request spans at most a quarter of the whole nodes: 64-GPU jobs need 256 GPUs.
-    max_nodes = max(1, whole_nodes // BATCH_MAX_NODES_DIVISOR)
-    node_table = [(n, w) for n, w in BATCH_NODES if n <= max_nodes]
-    log_short, log_long = math.log(BATCH_MIN_DURATION), math.log(BATCH_MAX_DURATION)
-
-    def batch(submit: int) -> _Draft:
-        team = rng.choices(teams, cum_weights=team_weights)[0]
-        user, _ = member_of(team.name)
-        nodes_wanted = _weighted(rng, node_table)
-        duration = _minutes(math.exp(rng.uniform(log_short, log_long)))
-        min_runtime = min(duration, rng.choice(BATCH_MIN_RUNTIMES))
-        return _Draft(
-            submit,
-            {
-                "user": user,
-                "team": team.name,
-                "submit": submit,
-                "pool": "h100",
-                "class": "batch",
-                "gpus": GPUS_PER_NODE,
-                "nodes": nodes_wanted,
-                "cpus": CPUS_PER_GPU * GPUS_PER_NODE,
-                "memory_gib": MEMORY_GIB_PER_GPU * GPUS_PER_NODE,
-                "min_runtime": min_runtime,
-                "duration": duration,
-                "resumable": True,
-                "priority": _weighted(rng, BATCH_PRIORITIES),
-            },
-            float(GPUS_PER_NODE * nodes_wanted * duration),
-        )
-
-    backlog_gpus = 0
-    while backlog_gpus < options.backlog * capacity:
-        draft = batch(rng.randrange(BACKLOG_WINDOW))
-        drafts.append(draft)
-        backlog_gpus += draft.body["gpus"] * draft.body["nodes"]
+    if options.interactive_share is None:
+        draw_backlog()
     # Arrivals are paced by their work, not drawn independently: the k-th one comes
     # when the share of arrival work before it (plus jitter) has arrived at an even
     # pace. Independent times would let the queue drift by days of cluster work.
-    target = options.load * capacity * horizon
     offered = sum(d.gpu_seconds for d in drafts)
+    if options.load is not None:
+        target = options.load * capacity * horizon + backlog_work
+    else:
+        target = options.offered * capacity * horizon
     arrivals: list[_Draft] = []
     while offered < target:
         arrivals.append(batch(0))
@@ -874,6 +1006,10 @@ class LoadReport:
     """Offered GPU-hours by class, plus ``backlog`` (batch submitted in the first hour)."""
     load: float
     """All offered GPU-seconds over capacity x horizon."""
+    arrival_load: float
+    """Offered GPU-seconds except the first hour's batch backlog, over capacity x horizon."""
+    interactive_share: float
+    """Notebooks' share of the offered GPU-seconds except the backlog."""
     backlog_gpus: float
     """GPU-equivalents of requests submitted in the first hour, over capacity."""
     outstanding: tuple[float, ...]
@@ -904,6 +1040,7 @@ def load_report(scenario: Mapping[str, Any]) -> LoadReport:
             if klass == "batch":
                 offered["backlog"] += work / HOUR
     total = sum(v for k, v in offered.items() if k != "backlog") * HOUR
+    arriving = total - offered["backlog"] * HOUR
     cpu_work = sum(
         float(r.get("cpus", 1)) * int(r.get("nodes", 1)) * float(r["duration"])
         for r in scenario["requests"]
@@ -924,6 +1061,8 @@ def load_report(scenario: Mapping[str, Any]) -> LoadReport:
         horizon=horizon,
         offered_gpu_h=offered,
         load=total / (capacity * horizon) if capacity else 0.0,
+        arrival_load=arriving / (capacity * horizon) if capacity else 0.0,
+        interactive_share=offered["interactive"] * HOUR / arriving if arriving > 0 else 0.0,
         backlog_gpus=backlog_gpus / capacity if capacity else 0.0,
         outstanding=tuple(outstanding_estimate(h100, capacity, horizon)) if capacity else (),
         counts=counts,
@@ -945,6 +1084,8 @@ def format_report(report: LoadReport) -> str:
         f" (batch {offered['batch']:,.0f} of which backlog {offered['backlog']:,.0f},"
         f" interactive {offered['interactive']:,.0f}, debug {offered['debug']:,.0f})",
         f"submitted in the first hour: {report.backlog_gpus:.2f} x capacity in GPUs",
+        f"after the backlog: {report.arrival_load:.3f} x capacity"
+        f" ({report.interactive_share:.1%} of it notebooks)",
     ]
     if report.outstanding:
         ordered = sorted(report.outstanding)

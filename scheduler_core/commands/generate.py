@@ -52,6 +52,8 @@ def register(subparsers: Any) -> None:
             )
             continue
         shown = ",".join(default) if isinstance(default, tuple) else default
+        if default is None and knob.name != "name":
+            shown = "not set"
         seed_like.add_argument(
             flag,
             dest=knob.name,
@@ -67,9 +69,15 @@ def register(subparsers: Any) -> None:
     seed_like.set_defaults(func=run_seed_like)
 
 
+OPTIONAL_NUMBERS = ("load", "interactive_share", "debug_rate")
+"""Knobs whose default is None (not set) and whose value is a number."""
+
+
 def _parse(name: str, text: str, default: Any) -> Any:
     """A knob's value from its command-line text, typed like its default."""
     flag = generator.knob_flag(name)
+    if name in OPTIONAL_NUMBERS:
+        default = 0.0
     if name in ("lookback", "max_min_runtime"):
         try:
             return parse_duration(text)

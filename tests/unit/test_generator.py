@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import json
 import math
 import statistics
@@ -109,6 +110,36 @@ def test_global_random_state_does_not_matter() -> None:
     first = dumps(seed_like(SMALL))
     random.seed(2)
     assert dumps(seed_like(SMALL)) == first
+
+
+UNCHANGED_OUTPUT = [
+    ({"seed": 1}, "855c024409fc7ac5c7053352d634579168d698bb8fcf8de63b3fa62e833b525e"),
+    ({"seed": 0}, "783c31cfb3a9817e1360ff5dfac7f140ed24c23cb7abdb1c2a60038bc40b631a"),
+    (
+        {"gpus": 256, "days": 7, "seed": 2},
+        "85daadf5af731a1c3830593ca924e46544c3d02bc1ff74b2b9523d9184dca34d",
+    ),
+    (
+        {"gpus": 88, "days": 7, "users": 40, "seed": 3},
+        "6e583114976b95d4de7de0474216f44068c6e4bdcedce0346cc88f7bb22bd2c3",
+    ),
+    (  # written --load 1.2 before load meant the arrivals after the backlog
+        {"gpus": 128, "days": 10, "offered": 1.2, "interactive_per_day": 300.0, "seed": 4},
+        "488127dbf061d8bea27d3d06cf2e2599b637c8291a6fd48b8699c1ea44e5f50e",
+    ),
+    (
+        {"gpus": 64, "days": 3, "teams": 5, "users": 12, "seed": 4, "program": False},
+        "c5d32a36a2722355caf907a73726c38c53cedd6f5fdd989d9921f091713864ae",
+    ),
+]
+"""SHA-256 of `dumps` output, recorded from the generator before the load, mix, team and
+user knobs were added: with those knobs unset the same options give the same bytes."""
+
+
+@pytest.mark.parametrize(("changes", "digest"), UNCHANGED_OUTPUT)
+def test_without_the_new_knobs_output_is_what_it_was(changes: dict[str, Any], digest: str) -> None:
+    text = dumps(seed_like(SeedLikeOptions(**changes)))
+    assert hashlib.sha256(text.encode()).hexdigest() == digest
 
 
 def test_default_month_takes_well_under_five_seconds() -> None:
@@ -362,7 +393,7 @@ def test_offered_load_is_in_the_documented_band(
         if r["pool"] == "h100"
     )
     load = offered / capacity_seconds
-    target = SeedLikeOptions().load
+    target = SeedLikeOptions().offered
     # The last batch arrival overshoots by at most 64 GPUs x 36 h.
     assert target <= load <= target + 64 * 36 * 3600 / capacity_seconds
     assert 1.0 <= load <= 1.3
@@ -401,6 +432,113 @@ def test_format_report_names_the_figures(default_report: generator.LoadReport) -
     assert "x capacity" in text and "outstanding" in text and "requests: " in text
 
 
+# --- load, mix, small teams, users that scale -------------------------------
+
+
+WEEK = SeedLikeOptions(gpus=256, days=7, seed=3)
+WEEK_OVERSHOOT = 64 * 36 * 3600 / (256 * 7 * 86400)
+"""The last batch arrival overshoots the target by at most 64 GPUs x 36 h."""
+
+
+@pytest.mark.parametrize("load", [0.8, 1.0, 1.2])
+def test_load_is_the_arrival_rate_on_top_of_the_backlog(load: float) -> None:
+    options = dataclasses.replace(WEEK, load=load)
+    scenario = seed_like(options)
+    report = load_report(scenario)
+    assert load <= report.arrival_load <= load + WEEK_OVERSHOOT
+    assert report.backlog_gpus >= options.backlog
+    # The backlog comes on top: all offered work is more than the arrivals alone.
+    backlog_load = report.offered_gpu_h["backlog"] * 3600 / (256 * 7 * 86400)
+    assert report.load == pytest.approx(report.arrival_load + backlog_load)
+    assert backlog_load > 0.05
+
+
+def test_offered_is_what_load_used_to_be() -> None:
+    report = load_report(seed_like(dataclasses.replace(WEEK, offered=1.2)))
+    assert 1.2 <= report.load <= 1.2 + WEEK_OVERSHOOT
+
+
+@pytest.mark.parametrize("share", [0.05, 0.35])
+def test_interactive_share_is_the_notebooks_share_of_the_arrivals(share: float) -> None:
+    for load in (None, 1.0):
+        scenario = seed_like(dataclasses.replace(WEEK, interactive_share=share, load=load))
+        report = load_report(scenario)
+        arriving = report.arrival_load * 256 * 7 * 86400
+        # Notebooks stop at their target (one overshoots by at most 8 GPUs x 6 h); the
+        # batch arrivals that follow overshoot theirs by at most 64 GPUs x 36 h.
+        assert share - WEEK_OVERSHOOT <= report.interactive_share <= share + 8 * 6 * 3600 / arriving
+        assert all(is_notebook_in_hours(r) for r in scenario["requests"])
+
+
+def is_notebook_in_hours(request: dict[str, Any]) -> bool:
+    return request["class"] != "interactive" or local_working_time(request["submit"], -8.0)
+
+
+def test_interactive_share_zero_means_no_notebooks() -> None:
+    scenario = seed_like(dataclasses.replace(WEEK, interactive_share=0.0))
+    assert not [r for r in scenario["requests"] if r["class"] == "interactive"]
+
+
+def count_class(scenario: dict[str, Any], klass: str) -> int:
+    return sum(1 for r in scenario["requests"] if r["class"] == klass)
+
+
+def test_debug_rate_is_per_user_and_weekday() -> None:
+    weekdays = generator._Times(generator.working_windows(7 * 86400, -8.0)).total / (9 * 3600)
+    for rate in (0.5, 4.0):
+        scenario = seed_like(dataclasses.replace(WEEK, debug_rate=rate, users=60))
+        assert count_class(scenario, "debug") == round(rate * 60 * weekdays)
+    assert count_class(seed_like(dataclasses.replace(WEEK, debug_rate=0.0)), "debug") == 0
+
+
+@pytest.mark.parametrize(("gpus", "users"), [(88, 15), (256, 38), (512, 75), (1024, 150)])
+def test_scale_users_gives_a_small_cluster_fewer_users(gpus: int, users: int) -> None:
+    options = SeedLikeOptions(gpus=gpus, days=7, seed=1, scale_users=True)
+    scenario = seed_like(options)
+    # Ids are u001 ... uN; each team has a member, and every team submits here.
+    assert max(int(r["user"][1:]) for r in scenario["requests"]) <= users
+    assert len({r["team"] for r in scenario["requests"]}) == 15
+    if gpus < 1024:
+        unscaled = seed_like(dataclasses.replace(options, scale_users=False))
+        assert max(int(r["user"][1:]) for r in unscaled["requests"]) > users
+
+
+def test_scale_users_at_1024_gpus_changes_nothing() -> None:
+    options = SeedLikeOptions(gpus=1024, days=3, seed=2)
+    assert seed_like(dataclasses.replace(options, scale_users=True)) == seed_like(options)
+
+
+def h100_shares(scenario: dict[str, Any]) -> dict[str, float]:
+    return {t["name"]: t["share"]["h100"] for t in scenario["teams"] if "parent" not in t}
+
+
+@pytest.mark.parametrize("gpus", [88, 1024])
+def test_small_teams_get_a_share_below_one_job(gpus: int) -> None:
+    options = SeedLikeOptions(gpus=gpus, days=7, seed=4)
+    drawn = h100_shares(seed_like(options))
+    scenario = seed_like(dataclasses.replace(options, small_teams=3, small_team_gpus=2.5))
+    shares = h100_shares(scenario)
+    plain = {n: v for n, v in drawn.items() if n != generator.PROGRAM_TEAM}
+    smallest = sorted(plain, key=lambda n: (plain[n], list(drawn).index(n)))[:3]
+    for name in smallest:
+        assert shares[name] == round(2.5 / gpus, 4)
+        assert gpus * shares[name] < 8  # every batch job takes at least one 8-GPU node
+    assert sum(shares.values()) <= 1.0 and math.fsum(shares.values()) <= 1.0
+    assert sum(shares.values()) >= sum(drawn.values()) - 0.0005
+    # The others keep their order and grow (or keep their size) to fill what is left.
+    others = [n for n in drawn if n not in smallest]
+    assert sorted(others, key=lambda n: drawn[n]) == sorted(others, key=lambda n: shares[n])
+    jobs = [r for r in scenario["requests"] if r["team"] in smallest and r["class"] == "batch"]
+    assert all(r["gpus"] * r["nodes"] > gpus * shares[r["team"]] for r in jobs)
+
+
+def test_shrink_shares_sums_to_what_was_drawn() -> None:
+    shares = generator.shrink_shares([0.5, 0.3, 0.15, 0.05], [3, 2], 20)
+    assert shares[2:] == [0.002, 0.002]
+    assert math.fsum(shares) == pytest.approx(1.0)
+    assert shares[0] / shares[1] == pytest.approx(0.5 / 0.3, rel=1e-3)
+
+
 # --- knobs ------------------------------------------------------------------
 
 
@@ -420,6 +558,15 @@ def test_format_report_names_the_figures(default_report: generator.LoadReport) -
         ({"share_alpha": 0.0}, "--share-alpha"),
         ({"demand_max": 0.1}, "--demand-max"),
         ({"load": 0.0}, "--load"),
+        ({"load": -1.0}, "--load"),
+        ({"offered": 0.0}, "--offered"),
+        ({"interactive_share": 1.0}, "--interactive-share"),
+        ({"interactive_share": -0.1}, "--interactive-share"),
+        ({"debug_rate": -1.0}, "--debug-rate"),
+        ({"small_teams": -1}, "--small-teams"),
+        ({"small_teams": 5}, "--small-teams"),
+        ({"small_team_gpus": 0.0}, "--small-team-gpus"),
+        ({"small_teams": 2, "small_team_gpus": 40.0}, "--small-team-gpus"),
         ({"off_hours": 1.5}, "--off-hours"),
         ({"tz_offset": 20.0}, "--tz-offset"),
     ],
@@ -489,6 +636,12 @@ def test_cli_stats_go_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
         (["--users", "3"], "--users"),
         (["--days", "0"], "--days"),
         (["--load", "high"], "--load"),
+        (["--load", "0"], "--load"),
+        (["--interactive-share", "1.5"], "--interactive-share"),
+        (["--interactive-share", "lots"], "--interactive-share"),
+        (["--debug-rate", "-2"], "--debug-rate"),
+        (["--small-teams", "99"], "--small-teams"),
+        (["--small-teams", "two"], "--small-teams"),
         (["--lookback", "soon"], "--lookback"),
     ],
 )
