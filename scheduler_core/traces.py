@@ -7,6 +7,13 @@ scheduled_time``) and a node list (``sn, cpu_milli, memory_mib, gpu, model``).
 Readers here check every cell and raise :class:`InputError` naming
 ``FILE:LINE:COLUMN``; the fragmentation benchmark reads the same files through them.
 
+The trace's other pod lists (the multi-GPU and GPU-sharing variants that the
+FGD paper evaluates on) have only ``name, cpu_milli, memory_mib, num_gpu,
+gpu_milli``: task shapes without times or QoS. `read_pod_shapes` needs only
+those columns (the placement benchmark: tasks arrive without departures), and
+`read_pods`, which a scenario is built from, names every time and QoS column
+such a file lacks. ``gpu_spec`` is never needed.
+
 How the trace becomes a scenario (every rule deterministic, so the same files
 always give byte-identical JSON):
 
@@ -93,19 +100,12 @@ from scheduler_core.fragmentation import TaskShape
 from scheduler_core.model import MILLI, RequestClass
 from scheduler_core.settings import Settings
 
-POD_COLUMNS = (
-    "name",
-    "cpu_milli",
-    "memory_mib",
-    "num_gpu",
-    "gpu_milli",
-    "gpu_spec",
-    "qos",
-    "pod_phase",
-    "creation_time",
-    "deletion_time",
-    "scheduled_time",
-)
+SHAPE_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+"""What a task's shape needs: every pod list of the trace family has these."""
+SCENARIO_COLUMNS = ("qos", "pod_phase", "creation_time", "deletion_time", "scheduled_time")
+"""What a time-based scenario needs beside the shape: class, whether it ran, and when."""
+POD_COLUMNS = (*SHAPE_COLUMNS, "gpu_spec", *SCENARIO_COLUMNS)
+"""The header of the default pod list (``gpu_spec`` is read by nothing)."""
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 
 QOS_CLASS: Mapping[str, RequestClass] = {
@@ -151,11 +151,16 @@ class TraceTask:
     @property
     def shape(self) -> TaskShape:
         """The task's resource shape (several partial GPUs round up to whole ones)."""
-        if self.num_gpu == 0:
-            return TaskShape(self.cpu_milli, self.memory_mib)
-        if self.num_gpu == 1 and self.gpu_milli < MILLI:
-            return TaskShape(self.cpu_milli, self.memory_mib, gpu_milli=self.gpu_milli)
-        return TaskShape(self.cpu_milli, self.memory_mib, gpus=self.num_gpu)
+        return task_shape(self.cpu_milli, self.memory_mib, self.num_gpu, self.gpu_milli)
+
+
+def task_shape(cpu_milli: int, memory_mib: int, num_gpu: int, gpu_milli: int) -> TaskShape:
+    """A pod's resource shape (several partial GPUs round up to whole ones)."""
+    if num_gpu == 0:
+        return TaskShape(cpu_milli, memory_mib)
+    if num_gpu == 1 and gpu_milli < MILLI:
+        return TaskShape(cpu_milli, memory_mib, gpu_milli=gpu_milli)
+    return TaskShape(cpu_milli, memory_mib, gpus=num_gpu)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,10 +219,19 @@ class _Rows:
     too many cells, and a file with a header but no rows.
     """
 
-    def __init__(self, path: Path, columns: Sequence[str], what: str) -> None:
+    def __init__(
+        self,
+        path: Path,
+        columns: Sequence[str],
+        what: str,
+        purpose: tuple[Sequence[str], str] | None = None,
+    ) -> None:
         self.path = path
         self.columns = columns
         self.what = what
+        self.purpose = purpose
+        """(columns, who needs them, ``{needed}`` standing for the columns): a header
+        lacking only some of these says who needs them."""
 
     def where(self, line: int, column: str) -> str:
         return f"{self.path}:{line}:{column}"
@@ -245,13 +259,7 @@ class _Rows:
                         continue
                     if header is None:
                         header = [cell.strip() for cell in cells]
-                        for column in self.columns:
-                            if column not in header:
-                                raise InputError(
-                                    self.where(reader.line_num, column),
-                                    f"missing column {column!r} (the header has "
-                                    f"{', '.join(header)})",
-                                )
+                        self._check_header(header, reader.line_num)
                         continue
                     if len(cells) != len(header):
                         column = header[min(len(cells), len(header) - 1)]
@@ -270,6 +278,22 @@ class _Rows:
             )
         if rows == 0:
             raise InputError(self.where(2, self.columns[0]), f"no {self.what} after the header")
+
+    def _check_header(self, header: Sequence[str], line: int) -> None:
+        missing = [column for column in self.columns if column not in header]
+        if not missing:
+            return
+        has = f"the header has {', '.join(header)}"
+        needed, who = self.purpose or ((), "")
+        if who and set(missing) <= set(needed):
+            names = ", ".join(missing)
+            every = "them" if len(missing) == len(needed) else ", ".join(needed)
+            raise InputError(
+                self.where(line, missing[0]),
+                f"missing column{'s' if len(missing) > 1 else ''} {names}:"
+                f" {who.format(needed=every)} ({has})",
+            )
+        raise InputError(self.where(line, missing[0]), f"missing column {missing[0]!r} ({has})")
 
     def _locate(self, raw: bytes, offset: int) -> tuple[int, str]:
         """Line (from 1) and column name of the byte at ``offset`` ("-" if unknown)."""
@@ -315,24 +339,66 @@ def _time(rows: _Rows, line: int, column: str, text: str) -> float | None:
     return None if not text else _number(rows, line, column, text)
 
 
+_SCENARIO_NEEDS = (
+    SCENARIO_COLUMNS,
+    "a time-based scenario needs {needed} beside the task shape;"
+    " `budgethub bench placement` needs only the shape",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int
+
+
+def _shape_cells(rows: _Rows, line: int, row: Mapping[str, str], seen: dict[str, int]) -> _Shape:
+    """The shape columns of one row, checked (``seen``: name -> line, updated)."""
+    name = _required(rows, line, "name", row["name"])
+    if name in seen:
+        raise InputError(rows.where(line, "name"), f"{name!r} repeats line {seen[name]}")
+    seen[name] = line
+    num_gpu = _count(rows, line, "num_gpu", row["num_gpu"])
+    gpu_milli = _count(rows, line, "gpu_milli", row["gpu_milli"])
+    if gpu_milli > MILLI:
+        raise InputError(rows.where(line, "gpu_milli"), f"{gpu_milli} is over {MILLI}")
+    if num_gpu == 0 and gpu_milli != 0:
+        raise InputError(rows.where(line, "gpu_milli"), "must be 0 when num_gpu is 0")
+    if num_gpu > 0 and gpu_milli == 0:
+        raise InputError(rows.where(line, "gpu_milli"), "must be 1 to 1000 when num_gpu > 0")
+    return _Shape(
+        name=name,
+        cpu_milli=_amount(rows, line, "cpu_milli", row["cpu_milli"]),
+        memory_mib=_amount(rows, line, "memory_mib", row["memory_mib"]),
+        num_gpu=num_gpu,
+        gpu_milli=gpu_milli,
+    )
+
+
+def read_pod_shapes(path: str | Path) -> list[TaskShape]:
+    """Task shapes of any pod list of the trace family: only SHAPE_COLUMNS are needed."""
+    rows = _Rows(Path(path), SHAPE_COLUMNS, "tasks")
+    seen: dict[str, int] = {}
+    shapes = []
+    for line, row in rows:
+        cells = _shape_cells(rows, line, row, seen)
+        shapes.append(task_shape(cells.cpu_milli, cells.memory_mib, cells.num_gpu, cells.gpu_milli))
+    return shapes
+
+
 def read_pods(path: str | Path) -> list[TraceTask]:
-    """The tasks of an Alibaba ``openb_pod_list_*.csv``; InputError on any bad cell."""
-    rows = _Rows(Path(path), POD_COLUMNS, "tasks")
+    """The tasks of an Alibaba ``openb_pod_list_*.csv`` with times; InputError on any bad cell.
+
+    A file without SCENARIO_COLUMNS raises InputError naming each one missing.
+    """
+    rows = _Rows(Path(path), SHAPE_COLUMNS + SCENARIO_COLUMNS, "tasks", _SCENARIO_NEEDS)
     tasks: list[TraceTask] = []
     seen: dict[str, int] = {}
     for line, row in rows:
-        name = _required(rows, line, "name", row["name"])
-        if name in seen:
-            raise InputError(rows.where(line, "name"), f"{name!r} repeats line {seen[name]}")
-        seen[name] = line
-        num_gpu = _count(rows, line, "num_gpu", row["num_gpu"])
-        gpu_milli = _count(rows, line, "gpu_milli", row["gpu_milli"])
-        if gpu_milli > MILLI:
-            raise InputError(rows.where(line, "gpu_milli"), f"{gpu_milli} is over {MILLI}")
-        if num_gpu == 0 and gpu_milli != 0:
-            raise InputError(rows.where(line, "gpu_milli"), "must be 0 when num_gpu is 0")
-        if num_gpu > 0 and gpu_milli == 0:
-            raise InputError(rows.where(line, "gpu_milli"), "must be 1 to 1000 when num_gpu > 0")
+        cells = _shape_cells(rows, line, row, seen)
         qos = _required(rows, line, "qos", row["qos"])
         if qos not in QOS_CLASS:
             raise InputError(
@@ -344,11 +410,11 @@ def read_pods(path: str | Path) -> list[TraceTask]:
             raise InputError(rows.where(line, "pod_phase"), f"{phase!r} is not one of {known}")
         tasks.append(
             TraceTask(
-                name=name,
-                cpu_milli=_amount(rows, line, "cpu_milli", row["cpu_milli"]),
-                memory_mib=_amount(rows, line, "memory_mib", row["memory_mib"]),
-                num_gpu=num_gpu,
-                gpu_milli=gpu_milli,
+                name=cells.name,
+                cpu_milli=cells.cpu_milli,
+                memory_mib=cells.memory_mib,
+                num_gpu=cells.num_gpu,
+                gpu_milli=cells.gpu_milli,
                 qos=qos,
                 pod_phase=phase,
                 creation_time=_time(rows, line, "creation_time", row["creation_time"]),

@@ -24,7 +24,7 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 
 from scheduler_core.errors import InputError
 from scheduler_core.fragbench import POINTS, STRATEGIES, BenchResult, Cluster, run_benchmark
-from scheduler_core.traces import read_nodes, read_pods
+from scheduler_core.traces import read_nodes, read_pod_shapes
 
 BASELINE = "best-fit"
 """The strategy the table compares the others with."""
@@ -72,7 +72,7 @@ def run_placement(args: argparse.Namespace) -> int:
             raise InputError("--strategies", f"unknown strategy {name!r}")
     if not strategies:
         raise InputError("--strategies", "names no strategy")
-    population = [task.shape for task in read_pods(args.pods)]
+    population = read_pod_shapes(args.pods)
     nodes = read_nodes(args.nodes)
     cluster = Cluster.build((n.name, n.cpu_milli, n.memory_mib, n.gpus) for n in nodes)
     if cluster.capacity_gpus == 0:

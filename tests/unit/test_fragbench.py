@@ -34,7 +34,7 @@ from scheduler_core.fragmentation import (
     reduce_workload,
     task_fragmentation,
 )
-from scheduler_core.traces import read_nodes, read_pods
+from scheduler_core.traces import read_nodes, read_pod_shapes, read_pods
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 PODS = DATA / "openb_pods_small.csv"
@@ -274,3 +274,54 @@ def test_shapes_from_scheduler_units() -> None:
     assert NodeFree.of(96, 384, [1000, 190]) == NodeFree(96000, 393216, (1000, 190))
     with pytest.raises(ValueError):
         TaskShape(1000, 1024, gpus=1, gpu_milli=500)
+
+
+# --- shape-only pod lists (the trace's multi-GPU and GPU-sharing variants) ------------
+
+
+SHAPE_ONLY = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+    "m-1,32000,131072,4,1000\n"
+    "m-2,88000,327680,8,1000\n"
+    "s-1,6000,12288,1,300\n"
+    "s-2,6000,12288,1,700\n"
+    "c-1,8000,4096,0,0\n"
+)
+
+
+def shape_only_pods(tmp_path: Path, text: str = SHAPE_ONLY) -> Path:
+    path = tmp_path / "openb_pod_list_multigpu.csv"
+    path.write_text(text)
+    return path
+
+
+def test_placement_takes_a_pod_list_with_only_the_shape_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pods = shape_only_pods(tmp_path)
+    args = ["bench", "placement", "--pods", str(pods), "--nodes", str(NODES), "--seeds", "2"]
+    assert main([*args, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    data = json.loads(out)
+    assert data["population"] == 5 and data["capacity_gpus"] == 10
+    assert set(data["results"]) == set(STRATEGIES)
+
+
+def test_shapes_of_a_shape_only_list_are_those_of_the_full_list(tmp_path: Path) -> None:
+    lines = PODS.read_text().splitlines()
+    cut = "\n".join(",".join(line.split(",")[:5]) for line in lines) + "\n"
+    assert read_pod_shapes(shape_only_pods(tmp_path, cut)) == [t.shape for t in read_pods(PODS)]
+    assert read_pod_shapes(PODS) == [t.shape for t in read_pods(PODS)]
+    assert read_pod_shapes(shape_only_pods(tmp_path))[2] == TaskShape(6000, 12288, gpu_milli=300)
+
+
+def test_placement_still_needs_the_shape_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pods = shape_only_pods(tmp_path, SHAPE_ONLY.replace(",gpu_milli", "", 1))
+    args = ["bench", "placement", "--pods", str(pods), "--nodes", str(NODES), "--seeds", "1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"{pods}:1:gpu_milli: missing column 'gpu_milli'" in err

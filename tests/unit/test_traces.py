@@ -169,6 +169,40 @@ def test_missing_column_names_the_header(tmp_path: Path) -> None:
     assert error.value.where == f"{path}:1:qos"
 
 
+SHAPE_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+"""The header of the trace's multi-GPU and GPU-sharing pod lists."""
+
+
+def test_a_shape_only_list_names_the_columns_a_scenario_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, SHAPE_HEADER + "p,1000,1024,2,1000\n")
+    status = main(["trace", "import", "alibaba-openb", "--pods", str(path), "--nodes", str(NODES)])
+    out, err = capsys.readouterr()
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1
+    assert f"{path}:1:qos: missing columns " in err
+    assert "qos, pod_phase, creation_time, deletion_time, scheduled_time" in err
+    assert "time-based scenario" in err and "bench placement" in err
+
+
+def test_a_list_lacking_some_time_columns_names_just_those(tmp_path: Path) -> None:
+    header = HEADER.replace(",creation_time", "").replace(",scheduled_time", "")
+    path = write(tmp_path, header + "p,1,1,0,0,,BE,Running,2\n")
+    with pytest.raises(InputError) as error:
+        read_pods(path)
+    assert error.value.where == f"{path}:1:creation_time"
+    assert error.value.reason.startswith("missing columns creation_time, scheduled_time: ")
+
+
+def test_gpu_spec_is_not_needed(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, HEADER.replace(",gpu_spec", "") + "p,1000,1024,1,1000,LS,Running,1,2,1\n"
+    )
+    (task,) = read_pods(path)
+    assert task.qos == "LS" and task.num_gpu == 1
+
+
 def test_bad_number_names_line_and_column(tmp_path: Path) -> None:
     path = write(
         tmp_path,
