@@ -70,9 +70,15 @@ Load arithmetic (pool h100)
   work is GPU-equivalents x duration summed over the h100 requests.
 * Backlog: batch requests submitted in [0, 1 h) until their GPUs reach
   ``backlog x C``: at the start, running plus pending demand is 2.5x capacity.
-  Its work is B (about 0.03 x C x H for a default month, 0.12 for a week).
+  Its work is B (about 0.03 x C x H for a default month, 0.12 for a week; more
+  with a ``load`` below 0.98, see below).
 * Target offered work ``O = offered x C x H``, or with ``load`` given (the
-  arrival rate on top of the backlog) ``O = B + load x C x H``.
+  arrival rate on top of the backlog) ``O = B + load x C x H``. A backlog
+  stands only while arrivals keep up with a busy pool, so with ``load`` below
+  0.98 the backlog gets, beyond its ``backlog x C`` GPUs, batch work of
+  ``(0.98 - load) x C x H`` more (at 0.8 for a week: 5.7x capacity in GPUs
+  in the first hour, not 2.5x): in a FIFO replay the queue still stands at
+  2.3-3.7x capacity at the end of the week (seed 1, 256 and 1,024 GPUs).
 * Interactive and debug work, I and D, follow from their counts (or I from
   ``interactive_share``: ``S x (O - B)``; the backlog is then drawn before the
   sessions rather than after, so the same seed draws other requests).
@@ -164,6 +170,9 @@ WORK_END = 18 * HOUR
 WORKDAY = WORK_END - WORK_START
 BACKLOG_WINDOW = HOUR
 """The backlog arrives in [0, BACKLOG_WINDOW)."""
+STANDING_BUSY = 0.98
+"""With ``load`` below this, the backlog also holds the work those arrivals leave short of
+keeping the pool this busy (the seed's occupancy) for the whole horizon."""
 
 GPU_NODE_CPUS = 96
 GPU_NODE_MEMORY_GIB = 1024
@@ -724,6 +733,11 @@ def seed_like(options: SeedLikeOptions) -> dict[str, Any]:
 
     backlog_work = 0.0
 
+    # With arrivals below what a busy pool delivers, the backlog also holds the
+    # difference, so that it still stands at the end of the horizon.
+    short = 0.0 if options.load is None else max(0.0, STANDING_BUSY - options.load)
+    standing_work = short * capacity * horizon
+
     def draw_backlog() -> None:
         nonlocal backlog_work
         backlog_gpus = 0
@@ -732,6 +746,11 @@ def seed_like(options: SeedLikeOptions) -> dict[str, Any]:
             drafts.append(draft)
             backlog_work += draft.gpu_seconds
             backlog_gpus += draft.body["gpus"] * draft.body["nodes"]
+        queue_work = backlog_work
+        while backlog_work - queue_work < standing_work:
+            draft = batch(rng.randrange(BACKLOG_WINDOW))
+            drafts.append(draft)
+            backlog_work += draft.gpu_seconds
 
     if options.interactive_share is not None:
         draw_backlog()

@@ -453,6 +453,17 @@ def test_load_is_the_arrival_rate_on_top_of_the_backlog(load: float) -> None:
     assert backlog_load > 0.05
 
 
+def test_a_load_below_a_busy_pool_gets_a_backlog_that_stands() -> None:
+    options = dataclasses.replace(WEEK, load=0.8)
+    report = load_report(seed_like(options))
+    capacity_h = 256 * 7 * 24
+    # Beyond the usual 2.5x capacity in GPUs, the backlog holds (0.98 - 0.8) of the week.
+    usual = load_report(seed_like(dataclasses.replace(WEEK, load=1.0))).offered_gpu_h["backlog"]
+    assert report.offered_gpu_h["backlog"] - usual >= 0.18 * capacity_h
+    assert report.backlog_gpus > 4
+    assert min(report.outstanding) >= 1.5  # still queued at the end of the week
+
+
 def test_offered_is_what_load_used_to_be() -> None:
     report = load_report(seed_like(dataclasses.replace(WEEK, offered=1.2)))
     assert 1.2 <= report.load <= 1.2 + WEEK_OVERSHOOT
