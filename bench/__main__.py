@@ -4,6 +4,7 @@
 * bench.month — the simulator on a generated 30-day, 1,024-GPU month, seeds 1-5
 * bench.idle — where the idle GPU time of the seed-1 month goes
 * bench.compare — budget and the four baselines on that month (`budgethub compare`)
+* bench.family — budget and legacy over 88-1,024 GPUs x loads x notebook shares, two seeds
 * the placement benchmark on the Alibaba trace (`budgethub bench placement`)
 * bench.spawn — BudgetSpawner against DockerSpawner on the local engine (`make images` first)
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bench import compare, cycle, idle, month, spawn
+from bench import compare, cycle, family, idle, month, spawn
 from scheduler_core.cli import main as cli
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-openb"
@@ -24,6 +25,7 @@ def main() -> int:
     month.main([1, 2, 3, 4, 5])
     idle.main()
     compare.main([])
+    family.main([])
     if TRACE.is_dir():
         cli(
             [

@@ -1,0 +1,435 @@
+"""The budget policy and legacy over a family of seed-like workloads, against issue 12's bars.
+
+Run: `.venv/bin/python -m bench.family [--gpus 88,256,1024] [--loads 0.8,1.0,1.2]
+[--shares 0.05,0.35] [--seeds 1,2] [--days 7] [--baselines] [--plot PATH]`.
+
+Each cell of the grid is a cluster size, an arrival load and a notebook share.
+For each of its seeds it generates `budgethub generate seed-like --gpus G
+--days D --load L --interactive-share S --scale-users --mig-nodes G/1024
+--seed N` (15 teams, a standing backlog of 2.5x capacity, arrivals at L x
+capacity after it, users scaled with the cluster, and one MIG-partitioned node
+per 1,024 GPUs as in the default month: only MIG debug sessions can use such a
+node, and on 88 GPUs it would be 9 % of the cluster, so occupancy could not
+reach 95 % whatever the policy) and simulates it under ``budget`` and ``legacy``
+(``--baselines`` adds fairshare, quota and fifo), one run after another in
+this process (``--jobs N`` runs N at once).
+
+The table has one row per cell; a figure that differs between seeds reads
+``low-high`` (the spread, not the best case), and a bar holds only if it holds
+on every seed:
+
+* debug p90 wait <= 5 min;
+* occupancy >= 95 %;
+* every team's daily fulfilment >= 90 % (`scheduler_core.metrics`: owed and
+  delivered GPU-hours summed per day before capping);
+* legacy's debug p90 >= 5x budget's (taken as held where both are 0 s, and
+  shown as ``both 0``).
+
+The plot (matplotlib, Agg backend; ``--plot``, default ``out/bench/family.png``)
+has one row per notebook share and, across, debug p90, occupancy and the worst
+team's daily fulfilment against the load, one line per cluster size (budget
+solid, legacy dashed), the seeds' spread as error bars, and the bars dotted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import itertools
+import math
+import multiprocessing
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from scheduler_core.generator import SeedLikeOptions, seed_like
+from scheduler_core.metrics import result
+from scheduler_core.scenario import parse_scenario
+from scheduler_core.simulator import Simulation
+
+BASELINES = ("fairshare", "quota", "fifo")
+DEBUG_P90_BAR_S = 300.0
+OCCUPANCY_BAR = 0.95
+DAILY_BAR = 0.90
+LEGACY_RATIO_BAR = 5.0
+DEFAULT_PLOT = Path("out") / "bench" / "family.png"
+MIG_EVERY = 1024
+"""One MIG-partitioned node per this many GPUs (none below)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    gpus: int
+    load: float
+    share: float
+
+    def label(self) -> str:
+        return f"{self.gpus} GPUs, load {self.load:g}, notebooks {self.share:.0%}"
+
+
+@dataclass(frozen=True)
+class Job:
+    cell: Cell
+    seed: int
+    policy: str
+    days: int
+    small_teams: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one run of one policy on one seed of one cell gives."""
+
+    job: Job
+    requests: int
+    debug_p90_s: float
+    all_p50_s: float
+    occupancy: float
+    worst_team: str
+    worst_daily: float
+    wall_s: float
+
+
+def options(job: Job) -> SeedLikeOptions:
+    return SeedLikeOptions(
+        gpus=job.cell.gpus,
+        days=job.days,
+        seed=job.seed,
+        load=job.cell.load,
+        interactive_share=job.cell.share,
+        scale_users=True,
+        small_teams=job.small_teams,
+        mig_nodes=job.cell.gpus // MIG_EVERY,
+    )
+
+
+def run(job: Job) -> Outcome:
+    """Generate the job's scenario, simulate it under the job's policy, reduce to figures."""
+    scenario = parse_scenario(seed_like(options(job)))
+    scenario = replace(scenario, settings=scenario.settings.replace(name=job.policy))
+    started = time.perf_counter()
+    metrics = result(Simulation(scenario).run())["metrics"]
+    wall = time.perf_counter() - started
+    waits = metrics["wait_s"]
+    daily = {n: t["daily_fulfilment"] for n, t in metrics["teams"].items()}
+    team, worst = min(
+        ((n, v) for n, v in daily.items() if v is not None),
+        key=lambda item: item[1],
+        default=("-", math.nan),
+    )
+    return Outcome(
+        job=job,
+        requests=len(scenario.requests),
+        debug_p90_s=float(waits["debug"]["p90"] or 0.0),
+        all_p50_s=float(waits["all"]["p50"] or 0.0),
+        occupancy=float(metrics["occupancy"]),
+        worst_team=team,
+        worst_daily=float(worst),
+        wall_s=wall,
+    )
+
+
+# --- the table -----------------------------------------------------------------
+
+
+def fmt_wait(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
+    low, high = min(values), max(values)
+    return fmt(low) if fmt(low) == fmt(high) else f"{fmt(low)}-{fmt(high)}"
+
+
+def percent(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def legacy_ratio_holds(budget: Outcome, legacy: Outcome) -> bool:
+    return legacy.debug_p90_s >= LEGACY_RATIO_BAR * budget.debug_p90_s
+
+
+@dataclass(frozen=True)
+class Verdict:
+    debug: bool
+    occupancy: bool
+    teams: bool
+    legacy: bool
+
+    @property
+    def all(self) -> bool:
+        return self.debug and self.occupancy and self.teams and self.legacy
+
+
+def verdict(budget: Sequence[Outcome], legacy: Sequence[Outcome]) -> Verdict:
+    """The bars of one cell; each must hold on every seed."""
+    by_seed = {o.job.seed: o for o in legacy}
+    return Verdict(
+        debug=all(o.debug_p90_s <= DEBUG_P90_BAR_S for o in budget),
+        occupancy=all(o.occupancy >= OCCUPANCY_BAR for o in budget),
+        teams=all(o.worst_daily >= DAILY_BAR for o in budget),
+        legacy=all(legacy_ratio_holds(o, by_seed[o.job.seed]) for o in budget),
+    )
+
+
+def ratio_text(budget: Sequence[Outcome], legacy: Sequence[Outcome]) -> str:
+    by_seed = {o.job.seed: o for o in legacy}
+    ratios = []
+    for ours in budget:
+        theirs = by_seed[ours.job.seed].debug_p90_s
+        if ours.debug_p90_s:
+            ratios.append(theirs / ours.debug_p90_s)
+        else:
+            ratios.append(math.inf if theirs else math.nan)
+    if all(math.isnan(r) for r in ratios):
+        return "both 0"
+    finite = [r for r in ratios if not math.isnan(r)]
+    return spread(finite, lambda r: "inf" if math.isinf(r) else f"{r:.1f}x")
+
+
+HEADER = (
+    f"{'gpus':>5} {'load':>4} {'nb':>4} | {'debug p90':>11} {'all p50':>11} {'occup.':>11}"
+    f" {'worst team daily':>24} | {'legacy p90':>11} {'legacy occ.':>11} {'ratio':>11}"
+    f" | {'p90':>4} {'occ':>4} {'team':>4} {'5x':>4}"
+)
+
+
+def mark(held: bool) -> str:
+    return "ok" if held else "MISS"
+
+
+def table(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
+    lines = [HEADER, "-" * len(HEADER)]
+    for cell in cells:
+        mine = [o for o in outcomes if o.job.cell == cell]
+        budget = [o for o in mine if o.job.policy == "budget"]
+        legacy = [o for o in mine if o.job.policy == "legacy"]
+        worst = min(budget, key=lambda o: o.worst_daily)
+        daily = spread([o.worst_daily for o in budget], percent)
+        bars = verdict(budget, legacy)
+        lines.append(
+            f"{cell.gpus:>5} {cell.load:>4g} {cell.share:>4.0%} |"
+            f" {spread([o.debug_p90_s for o in budget], fmt_wait):>11}"
+            f" {spread([o.all_p50_s for o in budget], fmt_wait):>11}"
+            f" {spread([o.occupancy for o in budget], percent):>11}"
+            f" {daily + ' ' + worst.worst_team:>24} |"
+            f" {spread([o.debug_p90_s for o in legacy], fmt_wait):>11}"
+            f" {spread([o.occupancy for o in legacy], percent):>11}"
+            f" {ratio_text(budget, legacy):>11} |"
+            f" {mark(bars.debug):>4} {mark(bars.occupancy):>4} {mark(bars.teams):>4}"
+            f" {mark(bars.legacy):>4}"
+        )
+    return lines
+
+
+def baseline_lines(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
+    lines = []
+    for policy in BASELINES:
+        for cell in cells:
+            runs = [o for o in outcomes if o.job.cell == cell and o.job.policy == policy]
+            if not runs:
+                continue
+            lines.append(
+                f"family: {policy} on {cell.label()}: debug p90"
+                f" {spread([o.debug_p90_s for o in runs], fmt_wait)}, all p50"
+                f" {spread([o.all_p50_s for o in runs], fmt_wait)}, occupancy"
+                f" {spread([o.occupancy for o in runs], percent)}, worst team daily"
+                f" {spread([o.worst_daily for o in runs], percent)}"
+            )
+    return lines
+
+
+# --- the plot ------------------------------------------------------------------
+
+
+def plot(path: Path, cells: Sequence[Cell], outcomes: Sequence[Outcome], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shares = sorted({c.share for c in cells})
+    sizes = sorted({c.gpus for c in cells})
+    loads = sorted({c.load for c in cells})
+    panels: list[tuple[str, Callable[[Outcome], float], float, bool]] = [
+        ("debug p90 wait (min)", lambda o: o.debug_p90_s / 60, DEBUG_P90_BAR_S / 60, True),
+        ("occupancy (%)", lambda o: 100 * o.occupancy, 100 * OCCUPANCY_BAR, True),
+        ("worst team, daily fulfilment (%)", lambda o: 100 * o.worst_daily, 100 * DAILY_BAR, False),
+    ]
+    figure, axes = plt.subplots(
+        len(shares), len(panels), figsize=(15, 4.2 * len(shares)), squeeze=False
+    )
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for row, share in enumerate(shares):
+        for col, (name, value, bar, with_legacy) in enumerate(panels):
+            ax = axes[row][col]
+            for k, gpus in enumerate(sizes):
+                policies = ("budget", "legacy") if with_legacy else ("budget",)
+                for policy in policies:
+                    xs, ys, low, high = [], [], [], []
+                    for load in loads:
+                        runs = [
+                            value(o)
+                            for o in outcomes
+                            if o.job.cell == Cell(gpus, load, share) and o.job.policy == policy
+                        ]
+                        if not runs:
+                            continue
+                        middle = sum(runs) / len(runs)
+                        xs.append(load)
+                        ys.append(middle)
+                        low.append(middle - min(runs))
+                        high.append(max(runs) - middle)
+                    if xs:
+                        ax.errorbar(
+                            xs,
+                            ys,
+                            yerr=[low, high],
+                            marker="o",
+                            capsize=3,
+                            color=colors[k % len(colors)],
+                            linestyle="-" if policy == "budget" else "--",
+                            label=f"{policy}, {gpus} GPUs",
+                        )
+            ax.axhline(bar, color="grey", linestyle=":", linewidth=1)
+            if col == 0:
+                ax.set_yscale("symlog", linthresh=1.0)
+            ax.set_title(f"{name}, notebooks {share:.0%}")
+            ax.set_xlabel("arrival load (x capacity)")
+            ax.set_xticks(loads)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    figure.suptitle(title)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+# --- the command ---------------------------------------------------------------
+
+
+def numbers(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        try:
+            values = [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list") from None
+        if not values:
+            raise argparse.ArgumentTypeError("names nothing")
+        return values
+
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    out = argparse.ArgumentParser(
+        prog="python -m bench.family",
+        description="budget and legacy over a grid of seed-like workloads, against the bars",
+    )
+    out.add_argument("--gpus", type=numbers(int), default=[88, 256, 1024], help="88,256,1024")
+    out.add_argument("--loads", type=numbers(float), default=[0.8, 1.0, 1.2], help="0.8,1.0,1.2")
+    out.add_argument(
+        "--shares", type=numbers(float), default=[0.05, 0.35], help="notebook shares (0.05,0.35)"
+    )
+    out.add_argument("--seeds", type=numbers(int), default=[1, 2], help="generator seeds (1,2)")
+    out.add_argument("--days", type=int, default=7, help="simulated days per scenario (7)")
+    out.add_argument("--small-teams", type=int, default=0, help="generator --small-teams (0)")
+    out.add_argument("--baselines", action="store_true", help="also run " + ", ".join(BASELINES))
+    out.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (1)")
+    out.add_argument(
+        "--plot", type=Path, default=DEFAULT_PLOT, help=f"PNG to write ({DEFAULT_PLOT})"
+    )
+    out.add_argument("--no-plot", action="store_true", help="write no plot")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.days < 1:
+        parser().error(f"--days: {args.days} is not a number of days >= 1")
+    if args.jobs < 1:
+        parser().error(f"--jobs: {args.jobs} is not >= 1")
+    for gpus in args.gpus:
+        if gpus <= 0 or gpus % 8:
+            parser().error(f"--gpus: {gpus} is not a positive multiple of 8")
+    cells = [Cell(*point) for point in itertools.product(args.gpus, args.loads, args.shares)]
+    policies = ("budget", "legacy", *(BASELINES if args.baselines else ()))
+    jobs = [
+        Job(cell, seed, policy, args.days, args.small_teams)
+        for cell, seed, policy in itertools.product(cells, args.seeds, policies)
+    ]
+    for job in jobs[:1]:
+        options(job)  # a bad --small-teams fails here, before any run
+    started = time.perf_counter()
+    outcomes = list(execute(jobs, args.jobs))
+    wall = time.perf_counter() - started
+    runs = len(jobs)
+    print(
+        f"family: {len(cells)} cells x {len(args.seeds)} seeds x {len(policies)} policies ="
+        f" {runs} runs of {args.days} simulated days in {wall:.0f} s"
+        f" ({args.jobs} at a time; simulation alone {sum(o.wall_s for o in outcomes):.0f} s)"
+    )
+    for line in table(cells, outcomes):
+        print(line)
+    held = sum(
+        1
+        for cell in cells
+        if verdict(
+            [o for o in outcomes if o.job.cell == cell and o.job.policy == "budget"],
+            [o for o in outcomes if o.job.cell == cell and o.job.policy == "legacy"],
+        ).all
+    )
+    print(
+        f"family: every bar holds on {held} of {len(cells)} cells (bars: debug p90 <= 5 min,"
+        f" occupancy >= 95%, every team daily >= 90%, legacy debug p90 >= 5x budget's;"
+        f" a bar holds where it holds on every seed)"
+    )
+    for line in baseline_lines(cells, outcomes):
+        print(line)
+    if not args.no_plot:
+        title = f"bench.family: seed-like, {args.days} days, seeds {','.join(map(str, args.seeds))}"
+        plot(args.plot, cells, outcomes, title)
+        print(f"family: plot written to {args.plot}")
+    return 0
+
+
+def execute(jobs: Sequence[Job], workers: int) -> list[Outcome]:
+    """Every job's outcome, in the jobs' order; progress goes to stderr as runs end."""
+
+    def report(outcome: Outcome) -> None:
+        job = outcome.job
+        print(
+            f"family: {job.cell.label()}, seed {job.seed}, {job.policy}:"
+            f" {outcome.requests} requests simulated in {outcome.wall_s:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    if workers == 1:
+        outcomes = []
+        for job in jobs:
+            outcomes.append(run(job))
+            report(outcomes[-1])
+        return outcomes
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        # The largest clusters first, so that the last runs to end are short ones.
+        order = sorted(range(len(jobs)), key=lambda k: -jobs[k].cell.gpus * jobs[k].cell.load)
+        futures = {pool.submit(run, jobs[k]): k for k in order}
+        found: dict[int, Outcome] = {}
+        for future in concurrent.futures.as_completed(futures):
+            found[futures[future]] = future.result()
+            report(found[futures[future]])
+    return [found[k] for k in range(len(jobs))]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

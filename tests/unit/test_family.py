@@ -1,0 +1,123 @@
+"""bench.family: the bars per cell, the spread across seeds, the table and the plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import family
+from bench.family import Cell, Job, Outcome, verdict
+
+CELL = Cell(88, 1.0, 0.35)
+
+
+def outcome(
+    policy: str,
+    seed: int,
+    debug_p90_s: float = 60.0,
+    occupancy: float = 0.97,
+    worst_daily: float = 0.95,
+    all_p50_s: float = 10.0,
+) -> Outcome:
+    return Outcome(
+        job=Job(CELL, seed, policy, 7, 0),
+        requests=100,
+        debug_p90_s=debug_p90_s,
+        all_p50_s=all_p50_s,
+        occupancy=occupancy,
+        worst_team="evals",
+        worst_daily=worst_daily,
+        wall_s=0.1,
+    )
+
+
+def legacy(seed: int, debug_p90_s: float = 3600.0) -> Outcome:
+    return outcome("legacy", seed, debug_p90_s=debug_p90_s)
+
+
+def test_every_bar_holds_when_every_seed_is_within() -> None:
+    bars = verdict([outcome("budget", 1), outcome("budget", 2)], [legacy(1), legacy(2)])
+    assert bars.all
+
+
+@pytest.mark.parametrize(
+    ("changes", "bar"),
+    [
+        ({"debug_p90_s": 301.0}, "debug"),
+        ({"occupancy": 0.949}, "occupancy"),
+        ({"worst_daily": 0.899}, "teams"),
+    ],
+)
+def test_one_seed_outside_a_bar_misses_it(changes: dict[str, float], bar: str) -> None:
+    bars = verdict([outcome("budget", 1), outcome("budget", 2, **changes)], [legacy(1), legacy(2)])
+    assert not getattr(bars, bar)
+    assert not bars.all
+    others = {"debug", "occupancy", "teams", "legacy"} - {bar}
+    assert all(getattr(bars, other) for other in others)
+
+
+def test_legacy_must_be_five_times_slower_on_the_same_seed() -> None:
+    budget = [outcome("budget", 1, debug_p90_s=100.0), outcome("budget", 2, debug_p90_s=10.0)]
+    # Seed 1: 400 s is 4x budget's 100 s; seed 2's 3,600 s does not make up for it.
+    assert not verdict(budget, [legacy(1, 400.0), legacy(2, 3600.0)]).legacy
+    assert verdict(budget, [legacy(1, 500.0), legacy(2, 50.0)]).legacy
+
+
+def test_both_zero_counts_as_held_and_says_so() -> None:
+    budget = [outcome("budget", 1, debug_p90_s=0.0)]
+    assert verdict(budget, [legacy(1, 0.0)]).legacy
+    assert family.ratio_text(budget, [legacy(1, 0.0)]) == "both 0"
+    assert family.ratio_text(budget, [legacy(1, 60.0)]) == "inf"
+
+
+def test_the_table_shows_the_spread_across_seeds_not_the_best() -> None:
+    outcomes = [
+        outcome("budget", 1, debug_p90_s=30.0, worst_daily=0.80),
+        outcome("budget", 2, debug_p90_s=7200.0, worst_daily=0.93),
+        legacy(1, 36000.0),
+        legacy(2, 30000.0),  # under 5x budget's 7,200 s on this seed
+    ]
+    header, rule, row = family.table([CELL], outcomes)
+    assert "debug p90" in header and len(rule) == len(header)
+    assert "30s-2.0h" in row
+    assert "80.0%-93.0% evals" in row
+    assert row.split("|")[-1].split() == ["MISS", "ok", "MISS", "MISS"]
+
+
+def test_spread_and_waits_read_as_figures() -> None:
+    assert family.spread([0.5, 0.5], family.percent) == "50.0%"
+    assert family.fmt_wait(59) == "59s" and family.fmt_wait(90) == "1.5m"
+    assert family.fmt_wait(5400) == "1.5h"
+
+
+def test_a_tiny_grid_runs_and_writes_the_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plot = tmp_path / "family.png"
+    args = ["--gpus", "16", "--loads", "1.0", "--shares", "0.05,0.35", "--seeds", "1"]
+    assert family.main([*args, "--days", "1", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "2 cells x 1 seeds x 2 policies = 4 runs of 1 simulated days" in out
+    rows = [line for line in out.splitlines() if line.lstrip().startswith("16 ")]
+    assert len(rows) == 2
+    assert "every bar holds on" in out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_scenario_is_the_generator_with_the_cell_knobs() -> None:
+    options = family.options(Job(Cell(1024, 1.2, 0.05), 2, "budget", 7, 1))
+    assert (options.gpus, options.load, options.interactive_share) == (1024, 1.2, 0.05)
+    assert options.scale_users and options.seed == 2 and options.small_teams == 1
+    assert options.mig_nodes == 1
+    assert family.options(Job(CELL, 1, "budget", 7, 0)).mig_nodes == 0
+
+
+@pytest.mark.parametrize(
+    "args", [["--gpus", "100"], ["--days", "0"], ["--loads", "high"], ["--jobs", "0"]]
+)
+def test_bad_options_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        family.main(args)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err
