@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from scheduler_core.errors import InputError
 from scheduler_core.model import (
     MIG_SLICES,
     MILLI,
+    Gpu,
     Health,
     Node,
     Pool,
@@ -187,44 +188,71 @@ def _mig_layout(raw: Any, gpus: int, where: str) -> dict[int, list[str]]:
     return layout
 
 
-def _nodes(raw: Any, pools: Mapping[str, Pool]) -> list[Node]:
-    nodes: list[Node] = []
+GpuReader = Callable[[str, str], tuple[Gpu, ...]]
+"""Reads a node's GPUs for a ``gpus`` value that is not a count (the live Hub's
+``"nvml"``): (value, where) -> GPUs, raising InputError naming ``where``."""
+
+
+def parse_node_list(
+    raw: Any,
+    pools: Mapping[str, Pool],
+    *,
+    where: str = "nodes",
+    extra_keys: frozenset[str] = frozenset(),
+    read_gpus: GpuReader | None = None,
+) -> list[tuple[Node, Mapping[str, Any]]]:
+    """Nodes as a scenario and the live Hub declare them, each with its raw item.
+
+    One parser, one set of defaults (``cpus`` 64, ``memory_gib`` 512, ``gpus`` 0):
+    the Hub passes the keys only it knows (its engines) as ``extra_keys`` and reads
+    them from the raw item. An error names the field and the reason."""
+    nodes: list[tuple[Node, Mapping[str, Any]]] = []
     seen: set[str] = set()
-    for i, item in enumerate(_list(raw, "nodes")):
-        where = f"nodes[{i}]"
-        data = _obj(item, where)
-        _known_keys(data, _NODE_KEYS, where)
-        template = _str(data.get("name"), f"{where}.name")
-        pool = _str(data.get("pool"), f"{where}.pool")
+    known = _NODE_KEYS | extra_keys
+    for i, item in enumerate(_list(raw, where)):
+        at = f"{where}[{i}]"
+        data = _obj(item, at)
+        _known_keys(data, known, at)
+        template = _str(data.get("name"), f"{at}.name")
+        pool = _str(data.get("pool"), f"{at}.pool")
         if pool not in pools:
-            raise InputError(f"{where}.pool", f"unknown pool {pool!r}")
-        count = _int(data.get("count", 1), f"{where}.count", minimum=1)
-        gpus = _int(data.get("gpus", 0), f"{where}.gpus")
+            raise InputError(f"{at}.pool", f"unknown pool {pool!r}")
+        count = _int(data.get("count", 1), f"{at}.count", minimum=1)
+        raw_gpus = data.get("gpus", 0)
+        read: tuple[Gpu, ...] | None = None
+        if read_gpus is not None and isinstance(raw_gpus, str):
+            read = read_gpus(raw_gpus, f"{at}.gpus")
+            gpus = len(read)
+        else:
+            gpus = _int(raw_gpus, f"{at}.gpus")
         if gpus and pools[pool].kind is PoolKind.CPU:
-            raise InputError(f"{where}.gpus", f"pool {pool!r} is a CPU pool")
-        model = _str(data.get("gpu_model", "GPU"), f"{where}.gpu_model")
-        memory_mib = _int(data.get("gpu_memory_mib", 0), f"{where}.gpu_memory_mib")
-        cpus = _num(data.get("cpus", NODE_DEFAULT_CPUS), f"{where}.cpus", strict=True)
+            raise InputError(f"{at}.gpus", f"pool {pool!r} is a CPU pool")
+        model = _str(data.get("gpu_model", "GPU"), f"{at}.gpu_model")
+        memory_mib = _int(data.get("gpu_memory_mib", 0), f"{at}.gpu_memory_mib")
+        cpus = _num(data.get("cpus", NODE_DEFAULT_CPUS), f"{at}.cpus", strict=True)
         memory = _num(
-            data.get("memory_gib", NODE_DEFAULT_MEMORY_GIB), f"{where}.memory_gib", strict=True
+            data.get("memory_gib", NODE_DEFAULT_MEMORY_GIB), f"{at}.memory_gib", strict=True
         )
-        labels = _labels(data.get("labels", {}), f"{where}.labels")
-        mig = _mig_layout(data.get("mig", {}), gpus, f"{where}.mig")
+        labels = _labels(data.get("labels", {}), f"{at}.labels")
+        mig = _mig_layout(data.get("mig", {}), gpus, f"{at}.mig")
         state = data.get("state", "ready")
         if state not in {h.value for h in Health}:
-            raise InputError(f"{where}.state", f"must be one of {_HEALTH_NAMES}, not {state!r}")
+            raise InputError(f"{at}.state", f"must be one of {_HEALTH_NAMES}, not {state!r}")
         if count > 1 and "{i" not in template:
-            raise InputError(f"{where}.name", "a node with count > 1 needs {i} in its name")
+            raise InputError(f"{at}.name", "a node with count > 1 needs {i} in its name")
         for n in range(count):
             try:
                 name = template.format(i=n)
             except (KeyError, IndexError, ValueError) as error:
-                raise InputError(f"{where}.name", f"bad name template: {error}") from None
+                raise InputError(f"{at}.name", f"bad name template: {error}") from None
             if name in seen:
-                raise InputError(f"{where}.name", f"node {name!r} is defined twice")
+                raise InputError(f"{at}.name", f"node {name!r} is defined twice")
             seen.add(name)
-            gpu_list = virtual_gpus(name, gpus, model, mig, memory_mib)
-            nodes.append(Node(name, pool, cpus, memory, gpu_list, labels, Health(state)))
+            gpu_list = (
+                read if read is not None else virtual_gpus(name, gpus, model, mig, memory_mib)
+            )
+            node = Node(name, pool, cpus, memory, gpu_list, labels, Health(state))
+            nodes.append((node, data))
     return nodes
 
 
@@ -410,7 +438,7 @@ def parse_scenario(data: Any) -> Scenario:
         raise InputError("policy.name", f"unknown policy {settings.name!r} (known: {known})")
 
     pools = _pools(top.get("pools"))
-    nodes = _nodes(top.get("nodes", []), pools)
+    nodes = [node for node, _raw in parse_node_list(top.get("nodes", []), pools)]
     teams = _teams(top.get("teams", []), pools)
     team_map = {t.name: t for t in teams}
 

@@ -17,14 +17,12 @@ import time
 from typing import Any
 
 from jupyterhub.spawner import Spawner, SpawnException
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Integer, List, default
 
 from scheduler_core.model import Allocation, Request
 from scheduler_core.store import RequestState
-from spawner.containers import DEFAULT_PIDS_LIMIT, SessionIdentity, build_container
-from spawner.embedded import BudgetScheduler, QueueStatus, Waiter
-from spawner.nodes import OwnedElsewhere
+from spawner.containers import DEFAULT_PIDS_LIMIT, SessionIdentity
+from spawner.embedded import BudgetScheduler, LaunchFailed, QueueStatus, SessionLaunch, Waiter
 from spawner.profiles import FORM_FIELDS, FormError, Profile, parse_profiles, render_form, resolve
 
 DEFAULT_PROFILES: list[dict[str, Any]] = [
@@ -109,6 +107,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         self.container_id: str | None = None
         self.last_options: dict[str, Any] = {}
         self._waiter: Waiter | None = None
+        self._failure = ""
+        """Why the last start failed, while the request waits again."""
         self._phase = "submitting"
         self._phase_changed = asyncio.Event()
 
@@ -291,11 +291,38 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         scheduler.notices.pop((self.user.name, self.name), None)
         self.request_id = request_id
         self.last_options = options
+        deadline = time.monotonic() + scheduler.max_queue_wait
+        for attempt in range(1, scheduler.launch_attempts + 1):
+            allocation = await self._await_grant(request_id, waiter, deadline)
+            try:
+                return await self._launch(allocation)
+            except LaunchFailed as failure:
+                if failure.final or attempt == scheduler.launch_attempts:
+                    scheduler.finish(request_id, state=RequestState.CANCELLED, reason=str(failure))
+                    tries = f" (attempt {attempt} of {scheduler.launch_attempts})"
+                    raise SpawnException(
+                        f"Your session was granted but its container did not start{tries}: "
+                        f"{failure}",
+                        reason="launch",
+                        status_code=500,
+                    ) from None
+                self._failure = (
+                    f"The last start, on node {failure.node}, failed ({failure.reason}); "
+                    f"queued again at the same place (attempt {attempt + 1} of "
+                    f"{scheduler.launch_attempts}). "
+                )
+                self.log.warning("%s: launch failed, queued again: %s", self._prefix, failure)
+                scheduler.launch_failed(request_id, failure.reason)
+                waiter = scheduler.attach(request_id)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _await_grant(self, request_id: str, waiter: Waiter, deadline: float) -> Allocation:
+        scheduler = self.scheduler
         self._waiter = waiter
         self._set_phase("queued")
         try:
-            allocation = await asyncio.wait_for(
-                asyncio.shield(waiter.future), timeout=scheduler.max_queue_wait
+            return await asyncio.wait_for(
+                asyncio.shield(waiter.future), timeout=max(0.0, deadline - time.monotonic())
             )
         except TimeoutError:
             scheduler.cancel(request_id, "waited the maximum queue time")
@@ -314,35 +341,16 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             raise
         finally:
             self._waiter = None
-        return await self._launch(allocation)
 
     async def _launch(self, allocation: Allocation) -> tuple[str, int]:
         scheduler = self.scheduler
         request_id = allocation.id
         grant = allocation.grants[0]
-        backend = scheduler.backends[grant.node]
-        engine = backend.config
         self.node = grant.node
         self._set_phase("launching")
         profile = next(p for p in self._profiles() if p.slug == allocation.request.profile)
-        port = scheduler.allocate_port(request_id)
-        self.port = port
-        self.ip = engine.address
-        storage_name = allocation.request.labels.get("storage") if profile.storage else None
-        storage = None
-        if storage_name is not None:
-            path = engine.storage.get(storage_name)
-            if path is None:
-                scheduler.finish(request_id, state=RequestState.CANCELLED, reason="no storage")
-                raise SpawnException(
-                    f"Node {grant.node} has no path for storage {storage_name!r}; "
-                    "tell an administrator.",
-                    reason="config",
-                    status_code=500,
-                )
-            storage = (storage_name, path)
-        spec = build_container(
-            SessionIdentity(
+        ask = SessionLaunch(
+            identity=SessionIdentity(
                 user=self.user.name,
                 server=self.name,
                 request_id=request_id,
@@ -350,90 +358,26 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
                 profile=profile.slug,
                 hub=scheduler.hub_name,
             ),
-            profile.image,
-            grant,
+            image=profile.image,
             hub_env=self.get_env(),
-            port=port,
-            ip=engine.address if engine.network == "host" else "0.0.0.0",
-            nvidia=engine.nvidia,
-            storage=storage,
-            extra_env={
-                "BUDGETHUB_FUNDED": "1" if allocation.funded else "0",
-                "BUDGETHUB_PROTECTED_UNTIL": str(allocation.protected_until),
-            },
+            base_url=self.server.base_url if self.server else "/",
+            storage=allocation.request.labels.get("storage") if profile.storage else None,
             pids_limit=self.pids_limit,
         )
-        try:
-            self.container_id = await backend.launch(spec)
-            await self._wait_until_answers(backend, engine.address, port)
-        except asyncio.CancelledError:
-            await self._remove_container()
-            scheduler.finish(request_id, state=RequestState.CANCELLED, reason="spawn cancelled")
-            raise
-        except OwnedElsewhere as error:
-            scheduler.finish(request_id, state=RequestState.CANCELLED, reason=str(error))
-            raise SpawnException(
-                f"Your session was granted on node {grant.node} but cannot start there: "
-                f"{error}. Tell an administrator (two Hubs share the engine under one name?).",
-                reason="launch",
-                status_code=500,
-            ) from None
-        except Exception as error:
-            logs = await backend.logs(self.container_id) if self.container_id else ""
-            await self._remove_container()
-            scheduler.finish(request_id, state=RequestState.CANCELLED, reason=str(error))
-            self.log.error("%s: launch failed: %s\n%s", self._prefix, error, logs)
-            raise SpawnException(
-                f"Your session was granted on node {grant.node} but its container did not "
-                f"start: {error}",
-                reason="launch",
-                status_code=500,
-            ) from None
+        session = await scheduler.start_session(allocation, ask)
+        self.container_id = session.container_id
+        self.port = session.port
+        self.ip = session.address
+        self._failure = ""
         self.log.info(
             "%s: running on %s port %d (%s, %s)",
             self._prefix,
             grant.node,
-            port,
+            session.port,
             ",".join(s.device_id for s in grant.slices) or "no GPU",
             "funded" if allocation.funded else "unallocated",
         )
-        scheduler.session_running(request_id)
-        return engine.address, port
-
-    async def _wait_until_answers(self, backend: Any, address: str, port: int) -> None:
-        """Return as soon as the server answers HTTP; fail if the container exits.
-
-        A bare TCP connect is the cheap probe while the server boots (many spawns
-        at once share the Hub's event loop); HTTP is asked only once the port is open.
-        """
-        url = f"http://{address}:{port}{self.server.base_url if self.server else '/'}api"
-        client = AsyncHTTPClient()
-        deadline = time.monotonic() + self.scheduler.launch_timeout
-        checked = time.monotonic()
-        interval = 0.02
-        while time.monotonic() < deadline:
-            try:
-                _reader, writer = await asyncio.open_connection(address, port)
-            except OSError:
-                pass
-            else:
-                writer.close()
-                try:
-                    await client.fetch(HTTPRequest(url, connect_timeout=2, request_timeout=5))
-                    return
-                except HTTPClientError:
-                    return  # it answered, with an error status: it is up
-                except OSError:
-                    pass
-            if time.monotonic() - checked > 1.0 and self.container_id:
-                checked = time.monotonic()
-                state = await backend.state(self.container_id)
-                if state is None or not state.running:
-                    code = state.exit_code if state else "gone"
-                    raise RuntimeError(f"the container exited ({code}) before its server answered")
-            await asyncio.sleep(interval)
-            interval = min(interval * 1.2, 0.1)
-        raise TimeoutError(f"its server did not answer within {self.scheduler.launch_timeout:g} s")
+        return session.address, session.port
 
     # -- progress ------------------------------------------------------------------
 
@@ -484,6 +428,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
                 if status is not None:
                     shown = status
                 message = self._queue_message(status, moved) if status else "Granted; starting"
+                message = self._failure + message
                 event = {"progress": 10, "message": message}
                 if status is not None:
                     event["queue"] = {
@@ -525,56 +470,17 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         await scheduler.ensure_started(self.hub.api_url)
         if not self.container_id or not self.node:
             return 0
-        backend = scheduler.backends.get(self.node)
-        if backend is None:
-            return None if scheduler.broken else 0
-        if scheduler.started and not scheduler.node_answers(self.node):
-            return None  # its sessions are kept while the node is away
-        try:
-            state = await asyncio.wait_for(
-                backend.state(self.container_id), scheduler.engine_timeout
-            )
-        except Exception as error:  # an engine that does not answer: the node may be down
-            self.log.warning("%s: cannot reach node %s: %s", self._prefix, self.node, error)
-            return None
-        if state is not None and state.running:
-            return None
-        if scheduler.started and self.request_id:
-            scheduler.container_ended(self.request_id, state)
-        if state is None:
-            return 0
-        return state.exit_code
-
-    async def _remove_container(self) -> None:
-        """Remove the container, waiting at most ``engine_timeout`` for its engine; one
-        that cannot be removed now is removed when its node answers again."""
-        if self.container_id and self.node:
-            scheduler = self.scheduler
-            backend = scheduler.backends.get(self.node)
-            if backend is not None:
-                if self.request_id:
-                    scheduler.stopping(self.request_id)
-                try:
-                    if scheduler.started and not scheduler.node_answers(self.node):
-                        raise TimeoutError("the node does not answer")
-                    await asyncio.wait_for(
-                        backend.remove(self.container_id), scheduler.engine_timeout
-                    )
-                except Exception as error:  # an engine that is down: the node's problem now
-                    self.log.warning(
-                        "%s: could not remove %s on %s (%s); it goes when the node answers",
-                        self._prefix,
-                        self.container_id[:12],
-                        self.node,
-                        error or type(error).__name__,
-                    )
-                    scheduler.orphan(self.node, self.container_id)
-        self.container_id = None
+        return await scheduler.poll_session(self.request_id or "", self.node, self.container_id)
 
     async def stop(self, now: bool = False) -> None:
         scheduler = self.scheduler
         await scheduler.ensure_started(self.hub.api_url)
-        await self._remove_container()
-        if self.request_id and scheduler.started:
-            scheduler.finish(self.request_id)
-            self.log.info("%s: stopped %s", self._prefix, self.request_id)
+        request_id = self.request_id or ""
+        if self.node:
+            await scheduler.stop_session(request_id, self.node, self.container_id or "")
+        self.container_id = None
+        if request_id:
+            self.log.info("%s: stopped %s", self._prefix, request_id)
+        # The request is done with (or, preempted and resumable, waits again for a new
+        # spawn): clear_state must not take it out of the queue.
+        self.request_id = None

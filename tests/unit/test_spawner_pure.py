@@ -344,3 +344,36 @@ def test_queue_message_says_positions_can_move_and_why_one_moved_back():
     message = BudgetSpawner._queue_message(None, mixed, moved)
     assert message.startswith(f"Queued: position 3 of 5 in the pool{moved}, 1 of 1 in your team")
     assert message.endswith("Teams furthest under their share go first, so positions can move")
+
+
+def test_the_hub_and_a_scenario_parse_nodes_alike():
+    """One node parser: the same defaults, and the same field and reason for a bad node,
+    whether it comes from a scenario or from ``c.BudgetScheduler.nodes``."""
+    from scheduler_core.errors import InputError
+    from scheduler_core.model import Pool, PoolKind
+    from scheduler_core.scenario import parse_scenario
+
+    pools = {"gpu": Pool("gpu", PoolKind.GPU), "cpu": Pool("cpu", PoolKind.CPU)}
+    [live], _engines = parse_nodes([{"name": "n", "pool": "gpu", "gpus": 2}], pools)
+    scenario = {
+        "name": "s",
+        "horizon": 60,
+        "pools": [{"name": "gpu", "kind": "gpu"}, {"name": "cpu", "kind": "cpu"}],
+        "teams": [{"name": "t", "share": 1.0}],
+        "requests": [],
+    }
+    [simulated] = parse_scenario(
+        {**scenario, "nodes": [{"name": "n", "pool": "gpu", "gpus": 2}]}
+    ).nodes
+    assert (live.cpus, live.memory_gib) == (simulated.cpus, simulated.memory_gib) == (64, 512)
+    assert [g.uuid for g in live.gpus] == [g.uuid for g in simulated.gpus]
+    for bad in (
+        {"name": "n", "pool": "gpu", "state": "broken"},
+        {"name": "n", "pool": "gpu", "cpus": -1},
+        {"name": "n", "pool": "gpu", "mig": {"9": ["1g.10gb"]}},
+    ):
+        with pytest.raises(InputError) as from_scenario:
+            parse_scenario({**scenario, "nodes": [bad]})
+        with pytest.raises(ConfigError) as from_hub:
+            parse_nodes([bad], pools)
+        assert str(from_hub.value) == f"c.BudgetScheduler.{from_scenario.value}"

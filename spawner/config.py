@@ -1,0 +1,253 @@
+"""The embedded scheduler's configuration: every ``c.BudgetScheduler`` trait, and the
+cluster it declares, parsed once into the core's frozen objects.
+
+The traits live on a base class of `BudgetScheduler` (traitlets reads a class's
+config under each of its classes' names), so the facade in embedded.py holds no
+trait definitions and this room holds nothing but configuration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from traitlets import Bool, Dict, Float, Integer, List, Tuple, Unicode, default
+from traitlets.config import SingletonConfigurable
+
+from scheduler_core.errors import InputError
+from scheduler_core.model import Gpu, Node, Pool, Team, frozen_labels
+from scheduler_core.scenario import parse_node_list, parse_pools, parse_teams
+from scheduler_core.settings import SETTING_NAMES, SettingError, Settings, settings_from_mapping
+from spawner.containers import DEFAULT_HUB
+from spawner.inventory import InventoryError, nvml_gpus
+from spawner.nodes import EngineConfig
+
+ENGINE_KEYS = frozenset({"engine", "tls", "address", "network", "storage"})
+"""Keys of ``c.BudgetScheduler.nodes`` that only the Hub knows: how to reach each engine."""
+
+
+class ConfigError(ValueError):
+    """A ``c.BudgetScheduler`` setting that cannot work: ``key`` names it."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"c.BudgetScheduler.{key}: {reason}")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the configuration declares, as the core's objects."""
+
+    settings: Settings
+    pools: Mapping[str, Pool]
+    teams: tuple[Team, ...]
+    nodes: tuple[Node, ...]
+    engines: Mapping[str, EngineConfig]
+
+
+def parse_nodes(
+    raw: list[Any], pools: Mapping[str, Pool], nvml: Any = None
+) -> tuple[list[Node], dict[str, EngineConfig]]:
+    """Nodes and their engines from ``c.BudgetScheduler.nodes``; ConfigError names a bad key.
+
+    The scenario format's node parser (the same defaults and errors), plus each
+    node's engine; ``gpus`` may also be ``"nvml"``, to read this machine's GPUs."""
+
+    def read_gpus(value: str, where: str) -> tuple[Gpu, ...]:
+        if value != "nvml":
+            raise InputError(where, f"must be a count or 'nvml', not {value!r}")
+        try:
+            return tuple(nvml_gpus(nvml))
+        except InventoryError as error:
+            raise InputError(where, str(error)) from None
+
+    try:
+        parsed = parse_node_list(raw, pools, extra_keys=ENGINE_KEYS, read_gpus=read_gpus)
+        if not parsed:
+            raise InputError("nodes", "declares no node")
+        nodes: list[Node] = []
+        engines: dict[str, EngineConfig] = {}
+        for i, (node, item) in enumerate(parsed):
+            storage = item.get("storage", {})
+            tls = item.get("tls", {})
+            for key, value in (("storage", storage), ("tls", tls)):
+                if not isinstance(value, Mapping) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+                ):
+                    raise InputError(f"nodes[{i}].{key}", "must map names to paths")
+            if storage and "storage" not in node.labels:
+                labels = {**node.labels, "storage": next(iter(storage))}
+                node = replace(node, labels=frozen_labels(labels))
+            nodes.append(node)
+            engines[node.name] = EngineConfig(
+                node=node.name,
+                url=item.get("engine"),
+                tls=dict(tls),
+                address=item.get("address", "127.0.0.1"),
+                network=item.get("network", "host"),
+                storage=dict(storage),
+                nvidia=item.get("gpus") == "nvml",
+            )
+    except InputError as error:
+        raise ConfigError(error.where, error.reason) from None
+    return nodes, engines
+
+
+class SchedulerConfig(SingletonConfigurable):
+    """The settings of the budget scheduler embedded in the Hub (``c.BudgetScheduler``)."""
+
+    # -- the core's settings (docs/architecture.md), one trait each -------------
+
+    policy = Unicode("budget", help="Policy by name (`budget`, or a registered baseline).").tag(
+        config=True
+    )
+    lookback = Float(7 * 86400.0, help="Sliding window of charged usage, seconds.").tag(config=True)
+    max_min_runtime = Float(
+        8 * 3600.0, help="Cap on any session's minimum runtime (protected time), seconds."
+    ).tag(config=True)
+    default_min_runtime = Float(
+        3600.0, help="Minimum runtime of a session whose profile names none, seconds."
+    ).tag(config=True)
+    debug_min_runtime = Float(900.0, help="Cap on a debug session's minimum runtime, seconds.").tag(
+        config=True
+    )
+    debug_max_gpus = Integer(2, help="Most GPUs a debug session may hold.").tag(config=True)
+    unallocated_grace = Float(
+        60.0, help="Seconds an unallocated session runs before it may be preempted."
+    ).tag(config=True)
+    cycle_tick = Float(30.0, help="Seconds between periodic scheduling cycles.").tag(config=True)
+    budget_recheck = Float(
+        300.0, help="Seconds after which a periodic cycle weighs the whole queue again."
+    ).tag(config=True)
+    starvation_bound = Float(
+        7200.0, help="Seconds a request waits before it gets a reservation."
+    ).tag(config=True)
+    max_reservations_per_pool = Integer(
+        2, help="Most nodes held at once in a pool for starving requests."
+    ).tag(config=True)
+    guaranteed_share = Float(
+        1.0,
+        help="""A session is funded, whatever the team's budget over the window, while the
+        team's funded sessions in the pool stay within this multiple of its share (0: off).""",
+    ).tag(config=True)
+    funded_burst = Float(
+        1.5,
+        help="""The window budget funds a team's sessions up to this multiple of its share
+        of the pool at once; beyond, they run unallocated (0: no cap).""",
+    ).tag(config=True)
+    placement = Unicode("best-fit", help="best-fit, worst-fit or first-fit.").tag(config=True)
+    policy_settings: Dict[str, Any] = Dict(
+        help="""Settings of the policy that have no trait of their own (e.g. a baseline's),
+        by their scenario names: {'fairshare_half_life': '7d'}."""
+    ).tag(config=True)
+
+    # -- the cluster -------------------------------------------------------------
+
+    store_url = Unicode(
+        "sqlite:///budgethub.sqlite",
+        help="SQLAlchemy URL of the store: SQLite (default) or postgresql+psycopg://…",
+    ).tag(config=True)
+    pools = List(
+        [{"name": "gpu", "kind": "gpu"}, {"name": "cpu", "kind": "cpu"}],
+        help="Pools: [{'name': 'h100', 'kind': 'gpu'}, …], as in a scenario file.",
+    ).tag(config=True)
+    teams: List[dict[str, Any]] = List(
+        help="""Teams (JupyterHub groups) and their allocations, seeded into the store:
+        [{'name': 'nlp', 'share': {'h100': 0.5}}, {'name': 'olmo', 'parent': 'nlp',
+        'share': 0.5}]. A team's members are the members of the group of that name."""
+    ).tag(config=True)
+    nodes: List[dict[str, Any]] = List(
+        help="""Nodes: [{'name', 'pool', 'engine': 'unix:///…' or 'tcp://…' (None: local),
+        'tls': {'ca', 'cert', 'key'}, 'address': where sessions answer, 'cpus',
+        'memory_gib', 'labels', 'storage': {name: path on the node}, 'gpus': count of
+        virtual GPUs or 'nvml', 'gpu_model', 'mig': {index: [profiles]}}]"""
+    ).tag(config=True)
+
+    # -- sessions ----------------------------------------------------------------
+
+    max_queue_wait = Float(
+        8 * 3600.0, help="A spawn that waits longer than this in the queue ends, with a message."
+    ).tag(config=True)
+    launch_timeout = Float(
+        120.0, help="Seconds from grant to a container whose server answers."
+    ).tag(config=True)
+    launch_attempts = Integer(
+        3,
+        help="""Starts a granted session gets: a container that does not start (a bad image,
+        an engine error, a server that never answers) hands its slices back and waits again
+        at its old place in the queue, until this many have failed; then the spawn ends
+        with a message naming the node and the reason.""",
+    ).tag(config=True)
+    claim_timeout = Float(
+        120.0,
+        help="""Seconds a grant waits for its spawner (after a Hub restart, queued spawns are
+        started again through the Hub; a grant nobody claims is handed back).""",
+    ).tag(config=True)
+    health_interval = Float(10.0, help="Seconds between engine health checks.").tag(config=True)
+    port_range = Tuple(
+        Integer(),
+        Integer(),
+        default_value=(61000, 61999),
+        help="""Ports for sessions on host networking; above Linux's ephemeral range
+        (32768-60999), so no outgoing connection on the node takes one first.""",
+    ).tag(config=True)
+    hub_api_token = Unicode(
+        help="""Token of the `budgethub` service (scopes: servers, read:users), used to stop
+        preempted servers and restart queued spawns through the Hub. Set by
+        `spawner.hubconfig.configure_hub`."""
+    ).tag(config=True)
+    hub_name = Unicode(
+        DEFAULT_HUB,
+        help="""Names and labels every container this Hub starts; Hubs sharing an engine
+        need different names, and never touch each other's containers.""",
+    ).tag(config=True)
+    ping_timeout = Float(
+        5.0, help="Seconds a health ping waits for an engine before the node is unreachable."
+    ).tag(config=True)
+    node_down_grace = Float(
+        120.0,
+        help="""Seconds an unreachable node (an engine that stopped answering in time, e.g.
+        frozen or cut off) keeps its sessions before it is declared down and they are
+        released. An engine that refuses connections is down at once.""",
+    ).tag(config=True)
+    engine_timeout = Float(
+        10.0,
+        help="""Seconds a stop or a poll waits for a node's engine; past it the Hub goes on
+        (a container left behind is removed when its node answers again).""",
+    ).tag(config=True)
+    watch_events = Bool(
+        True,
+        help="""Follow each engine's container events, so a session whose container ends by
+        itself gives its slices back within seconds (without it, at the Hub's next poll of
+        the server, every ``c.Spawner.poll_interval``).""",
+    ).tag(config=True)
+    start_retry = Float(
+        30.0,
+        help="""When the scheduler cannot start (its store unreadable, say), the Hub keeps
+        running sessions, refuses new spawns with the reason, and tries again this often.""",
+    ).tag(config=True)
+
+    @default("teams")
+    def _default_teams(self) -> list[dict[str, Any]]:
+        return []
+
+    def core_settings(self) -> Settings:
+        """The core's frozen settings from the traits; ConfigError names a bad one."""
+        values = {key: getattr(self, key) for key in SETTING_NAMES if self.has_trait(key)}
+        values.update(self.policy_settings)
+        values["name"] = self.policy
+        try:
+            return settings_from_mapping(values)
+        except SettingError as error:
+            raise ConfigError(error.key, error.reason) from None
+
+    def cluster(self) -> Cluster:
+        """Pools, teams, nodes and engines as declared (no I/O but NVML)."""
+        settings = self.core_settings()
+        try:
+            pools = parse_pools(self.pools)
+            teams = parse_teams(self.teams, pools)
+        except InputError as error:
+            raise ConfigError(error.where, error.reason) from None
+        nodes, engines = parse_nodes(self.nodes, pools)
+        return Cluster(settings, pools, tuple(teams), tuple(nodes), engines)

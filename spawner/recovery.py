@@ -1,0 +1,105 @@
+"""Restart recovery: running sessions and the queue as the store and the engines left
+them, taken back into a new core.
+
+A session the store says runs is adopted when its container runs, or when its node
+does not answer yet (it may well still run); otherwise its slices are released.
+Containers of this Hub that ended while no Hub watched are removed. Waiting
+requests re-enter the queue at their old place; their spawn options and the
+notices users still have to read come back from the event log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_core.model import Health, Team
+from scheduler_core.scheduler import Scheduler
+from scheduler_core.store import RequestState, Store
+from spawner.actuator import SessionActuator
+from spawner.containers import LABEL_PREFIX
+from spawner.hubapi import split_request_id
+from spawner.nodes import Answer
+from spawner.readmodel import notices_from
+
+
+@dataclass
+class Recovered:
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Spawn options of the requests still waiting or running, by request id."""
+    sessions: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(user, server name) -> request id, for spawners that come back."""
+    notices: dict[tuple[str, str], str] = field(default_factory=dict)
+
+
+async def recover(
+    core: Scheduler,
+    store: Store,
+    actuator: SessionActuator,
+    teams: tuple[Team, ...],
+    now: float,
+    lookback: float,
+) -> Recovered:
+    """Take the store's running sessions and queue back into ``core``."""
+    found: dict[str, Mapping[str, str]] = {}
+    unknown: set[str] = set()
+    """Nodes whose engine did not answer: their sessions may well still run."""
+    for name, backend in actuator.backends.items():
+        answer = await backend.ping()
+        if answer is not Answer.OK:
+            health = Health.DOWN if answer is Answer.REFUSED else Health.UNREACHABLE
+            core.set_health(name, health)
+            if health is Health.UNREACHABLE:
+                actuator.mark_unreachable(name, now)
+                unknown.add(name)
+            continue
+        for container in await backend.sessions(actuator.hub_name):
+            request_id = container.labels.get(f"{LABEL_PREFIX}.request", "")
+            if container.running:
+                found[request_id] = container.labels
+            else:  # ended while no Hub watched: nothing holds it any more
+                await backend.remove(container.id)
+    recovered = Recovered()
+    for allocation in store.active_allocations():
+        kept = allocation.id in found or bool(unknown & set(allocation.node_names))
+        if kept and allocation.request.pool in core.pools:
+            core.adopt(allocation)
+            port = found.get(allocation.id, {}).get(f"{LABEL_PREFIX}.port")
+            if port and port.isdigit():
+                actuator.hold_port(int(port), allocation.id)
+            _note(recovered, allocation.id)
+            actuator.live.add(allocation.id)
+        else:
+            store.release(
+                allocation.id,
+                max(now, allocation.start),
+                state=RequestState.FINISHED,
+                reason="its container was gone when the Hub started",
+            )
+    team_names = {t.name for t in teams}
+    for request in store.pending_requests():
+        if request.pool not in core.pools or request.team not in team_names:
+            store.set_request_state(
+                request.id, RequestState.CANCELLED, "its pool or team is no longer configured"
+            )
+            continue
+        core.submit(request)
+        _note(recovered, request.id)
+    events = store.list_events()
+    # Kept in the event log, so a Hub restart does not forget them.
+    recovered.notices = notices_from(e for e in events if e.time >= now - lookback)
+    for event in events:
+        if event.kind != "submit":
+            continue
+        request_id = str(event.payload.get("request", ""))
+        if request_id in core.pending or request_id in core.running:
+            recovered.options[request_id] = dict(event.payload.get("options", {}))
+    return recovered
+
+
+def _note(recovered: Recovered, request_id: str) -> None:
+    try:
+        recovered.sessions[split_request_id(request_id)] = request_id
+    except ValueError:
+        pass  # not a server's request (written by another tool): no spawner comes back
