@@ -8,3 +8,4 @@ the simulator drive the same `decide` function.
 __version__ = "0.1.0"
 
 from scheduler_core import baselines as baselines  # registers the baseline policies
+from scheduler_core import policy as policy  # registers the budget policy

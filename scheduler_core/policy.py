@@ -6,7 +6,8 @@ with the lowest occupancy ratio first (rule 1; declared priority and submit
 time order only a team's own queue), fund them while the team is under its
 allocation (rule 2, see `funds`), place them on free slices (rule 3) or, when
 funded, on slices freed by preemption (rule 4). Policies are registered by name
-in `POLICIES`.
+in `POLICIES` (registry.py); the rules the baselines share with it (node
+health, kept holds, funding) are in rules.py.
 
 Why funding has two tests and reservations go only to funded requests: with the
 window budget alone, a team that was quiet could fund several times its share at
@@ -31,14 +32,15 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 
 from scheduler_core.capacity import Capacity, could_hold
-from scheduler_core.model import Allocation, Health, Node, NodeGrant, PoolKind, Request
+from scheduler_core.model import Allocation, NodeGrant, PoolKind, Request
 from scheduler_core.preemption import Victims, offers, search_targets
 from scheduler_core.ranking import Key, PoolRanking
-from scheduler_core.settings import Settings
+from scheduler_core.registry import POLICIES, Policy, decide, register
+from scheduler_core.rules import funded_rates, funds, health_preemptions, kept_reservations
 from scheduler_core.snapshot import (
     Admission,
     CycleIndex,
@@ -61,37 +63,12 @@ __all__ = [
     "budget_policy",
     "choose_reservation",
     "decide",
-    "funded_rates",
-    "funds",
-    "health_preemptions",
-    "kept_reservations",
     "queue_order",
     "register",
     "shape_of",
 ]
-
-Policy = Callable[[Snapshot, float], Decisions]
-
-POLICIES: dict[str, Policy] = {}
-"""Policy name → decide function. Baselines register themselves here too."""
-
-
-def register(name: str) -> Callable[[Policy], Policy]:
-    def add(policy: Policy) -> Policy:
-        POLICIES[name] = policy
-        return policy
-
-    return add
-
-
-def decide(snapshot: Snapshot, now: float) -> Decisions:
-    """Run the policy the snapshot's settings name."""
-    try:
-        policy = POLICIES[snapshot.settings.name]
-    except KeyError:
-        known = ", ".join(sorted(POLICIES))
-        raise ValueError(f"unknown policy {snapshot.settings.name!r} (known: {known})") from None
-    return policy(snapshot, now)
+# POLICIES, Policy, decide and register live in registry.py; they are named here too
+# for the callers that import them from the policy.
 
 
 def queue_order(requests: list[Request]) -> list[Request]:
@@ -138,10 +115,6 @@ class Failures:
     def clear(self) -> None:
         self._seen.clear()
         self.exact.clear()
-
-
-_all_ready: list[tuple[Node, ...]] = []
-"""The last node tuple found all ready (the scheduler keeps one tuple while nothing changes)."""
 
 
 class KnownFailures:
@@ -204,80 +177,6 @@ class KnownFailures:
         """The search for ``key`` fails now (for want of nodes)."""
         self._here[key] = (len(self.grown), len(self._capacity.grown))
         self.found[key] = self._end
-
-
-def health_preemptions(snapshot: Snapshot, now: float) -> list[Preemption]:
-    """Sessions on down nodes end now; on draining nodes, once their protection ends."""
-    nodes = snapshot.nodes
-    if _all_ready and _all_ready[0] is nodes:
-        return []
-    if all(n.health is Health.READY for n in nodes):
-        _all_ready[:] = [nodes]
-        return []
-    health = {n.name: n.health for n in snapshot.nodes}
-    found: list[Preemption] = []
-    for allocation in snapshot.allocations:
-        states = {health.get(node, Health.DOWN) for node in allocation.node_names}
-        if Health.DOWN in states:
-            found.append(Preemption(allocation.id, "node-down"))
-        elif Health.DRAINING in states and allocation.protected_until <= now:
-            found.append(Preemption(allocation.id, "drain"))
-    return found
-
-
-def kept_reservations(snapshot: Snapshot, capacity: Capacity) -> None:
-    """Carry last cycle's holds over while their request waits and their nodes are ready."""
-    if not snapshot.reservations:
-        return
-    pending = snapshot.queued if snapshot.queued is not None else {r.id for r in snapshot.pending}
-    for request_id, nodes in snapshot.reservations.items():
-        if request_id not in pending:
-            continue
-        if all(n in capacity.free and capacity.free[n].node.health is Health.READY for n in nodes):
-            for node in nodes:
-                capacity.reserved[node] = request_id
-
-
-_EPS = 1e-9
-"""Slack for sums of charge rates compared with a share."""
-
-
-def funds(
-    within_budget: bool, running: float, rate: float, share_rate: float, settings: Settings
-) -> bool:
-    """Rule 2: is a request of ``rate`` units per second funded?
-
-    ``within_budget``: the team's usage over the window plus the request's protected
-    window stays within its budget; ``running``: the charge rate of the team's funded
-    sessions in the pool; ``share_rate``: its share of the pool's capacity.
-    """
-    after = running + rate
-    guaranteed = settings.guaranteed_share * share_rate
-    if guaranteed > 0 and after <= guaranteed + _EPS:
-        return True
-    if not within_budget:
-        return False
-    cap = settings.funded_burst
-    return not cap or running <= _EPS or after <= cap * share_rate + _EPS
-
-
-def funded_rates(
-    snapshot: Snapshot, stopped: Collection[str] = ()
-) -> defaultdict[tuple[str, str], float]:
-    """Per (team, pool), the charge rate of the snapshot's funded allocations, less
-    those in ``stopped`` (this cycle's health preemptions)."""
-    rates: defaultdict[tuple[str, str], float] = defaultdict(float)
-    if snapshot.funded_rates is None:
-        for allocation in snapshot.allocations:
-            if allocation.funded and allocation.id not in stopped:
-                rates[(allocation.team, allocation.pool)] += allocation.charge_rate
-        return rates
-    rates.update(snapshot.funded_rates)
-    if stopped:  # rare: only health preemptions
-        for allocation in snapshot.allocations:
-            if allocation.funded and allocation.id in stopped:
-                rates[(allocation.team, allocation.pool)] -= allocation.charge_rate
-    return rates
 
 
 def choose_reservation(capacity: Capacity, request: Request) -> tuple[str, ...] | None:

@@ -14,8 +14,8 @@ from types import MappingProxyType
 
 from scheduler_core.capacity import Capacity
 from scheduler_core.model import Allocation, NodeGrant, PoolKind, Request
-from scheduler_core.policy import health_preemptions
 from scheduler_core.preemption import Victims, find_targets
+from scheduler_core.rules import health_preemptions
 from scheduler_core.snapshot import Admission, Decisions, Preemption, Snapshot
 from scheduler_core.teams import TeamTree
 

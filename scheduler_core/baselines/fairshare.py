@@ -21,7 +21,7 @@ from collections import defaultdict
 
 from scheduler_core.baselines.common import GreedyCycle, funding_share
 from scheduler_core.model import Request
-from scheduler_core.policy import register
+from scheduler_core.registry import register
 from scheduler_core.snapshot import Decisions, Snapshot
 
 LN2 = math.log(2.0)

@@ -11,7 +11,7 @@ requests may wait behind a stream of small ones.
 from __future__ import annotations
 
 from scheduler_core.baselines.common import GreedyCycle
-from scheduler_core.policy import register
+from scheduler_core.registry import register
 from scheduler_core.snapshot import Decisions, Snapshot
 
 

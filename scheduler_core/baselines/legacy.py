@@ -20,7 +20,8 @@ is enough. The seed does not say which; ``priority`` reproduces its "before"
 from __future__ import annotations
 
 from scheduler_core.baselines.common import GreedyCycle, funding_share
-from scheduler_core.policy import funded_rates, register
+from scheduler_core.registry import register
+from scheduler_core.rules import funded_rates
 from scheduler_core.settings import LegacyPreemption
 from scheduler_core.snapshot import Decisions, Snapshot
 

@@ -22,7 +22,7 @@ from collections import defaultdict
 from scheduler_core.baselines.common import GreedyCycle
 from scheduler_core.baselines.legacy import team_limits
 from scheduler_core.model import Allocation
-from scheduler_core.policy import register
+from scheduler_core.registry import register
 from scheduler_core.snapshot import Decisions, Snapshot
 
 

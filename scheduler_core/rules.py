@@ -1,0 +1,98 @@
+"""Rules of the scheduling contract that the budget policy and the baselines share.
+
+Node health (rule 6: sessions on down nodes stop at once, on draining nodes
+once their protection ends), the holds kept from the last cycle (rule 7), and
+funding (rule 2: `funds`, and the funded charge rates it compares with a
+team's share). See docs/architecture.md for the contract. Pure functions of
+the snapshot (and of a cycle's `Capacity`), so every policy reads them alike.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection
+
+from scheduler_core.capacity import Capacity
+from scheduler_core.model import Health, Node
+from scheduler_core.settings import Settings
+from scheduler_core.snapshot import Preemption, Snapshot
+
+__all__ = ["funded_rates", "funds", "health_preemptions", "kept_reservations"]
+
+_all_ready: list[tuple[Node, ...]] = []
+"""The last node tuple found all ready (the scheduler keeps one tuple while nothing
+changes): a memo of `health_preemptions`' answer, not state."""
+
+
+def health_preemptions(snapshot: Snapshot, now: float) -> list[Preemption]:
+    """Sessions on down nodes end now; on draining nodes, once their protection ends."""
+    nodes = snapshot.nodes
+    if _all_ready and _all_ready[0] is nodes:
+        return []
+    if all(n.health is Health.READY for n in nodes):
+        _all_ready[:] = [nodes]
+        return []
+    health = {n.name: n.health for n in snapshot.nodes}
+    found: list[Preemption] = []
+    for allocation in snapshot.allocations:
+        states = {health.get(node, Health.DOWN) for node in allocation.node_names}
+        if Health.DOWN in states:
+            found.append(Preemption(allocation.id, "node-down"))
+        elif Health.DRAINING in states and allocation.protected_until <= now:
+            found.append(Preemption(allocation.id, "drain"))
+    return found
+
+
+def kept_reservations(snapshot: Snapshot, capacity: Capacity) -> None:
+    """Carry last cycle's holds over while their request waits and their nodes are ready."""
+    if not snapshot.reservations:
+        return
+    pending = snapshot.queued if snapshot.queued is not None else {r.id for r in snapshot.pending}
+    for request_id, nodes in snapshot.reservations.items():
+        if request_id not in pending:
+            continue
+        if all(n in capacity.free and capacity.free[n].node.health is Health.READY for n in nodes):
+            for node in nodes:
+                capacity.reserved[node] = request_id
+
+
+_EPS = 1e-9
+"""Slack for sums of charge rates compared with a share."""
+
+
+def funds(
+    within_budget: bool, running: float, rate: float, share_rate: float, settings: Settings
+) -> bool:
+    """Rule 2: is a request of ``rate`` units per second funded?
+
+    ``within_budget``: the team's usage over the window plus the request's protected
+    window stays within its budget; ``running``: the charge rate of the team's funded
+    sessions in the pool; ``share_rate``: its share of the pool's capacity.
+    """
+    after = running + rate
+    guaranteed = settings.guaranteed_share * share_rate
+    if guaranteed > 0 and after <= guaranteed + _EPS:
+        return True
+    if not within_budget:
+        return False
+    cap = settings.funded_burst
+    return not cap or running <= _EPS or after <= cap * share_rate + _EPS
+
+
+def funded_rates(
+    snapshot: Snapshot, stopped: Collection[str] = ()
+) -> defaultdict[tuple[str, str], float]:
+    """Per (team, pool), the charge rate of the snapshot's funded allocations, less
+    those in ``stopped`` (this cycle's health preemptions)."""
+    rates: defaultdict[tuple[str, str], float] = defaultdict(float)
+    if snapshot.funded_rates is None:
+        for allocation in snapshot.allocations:
+            if allocation.funded and allocation.id not in stopped:
+                rates[(allocation.team, allocation.pool)] += allocation.charge_rate
+        return rates
+    rates.update(snapshot.funded_rates)
+    if stopped:  # rare: only health preemptions
+        for allocation in snapshot.allocations:
+            if allocation.funded and allocation.id in stopped:
+                rates[(allocation.team, allocation.pool)] -= allocation.charge_rate
+    return rates
