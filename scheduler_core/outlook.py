@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 
-from scheduler_core.policy import _queues
+from scheduler_core.policy import queue_heads
 from scheduler_core.ranking import PoolRanking
 from scheduler_core.snapshot import Snapshot
 
@@ -21,9 +21,7 @@ def admission_order(snapshot: Snapshot, now: float) -> list[str]:
     team ranking would reach them if each were admitted in turn (funded ones charged
     to their team as they go)."""
     index = snapshot.index
-    queues = index.queues if index is not None and index.queues is not None else None
-    if queues is None:
-        queues = _queues(snapshot)
+    queues = queue_heads(snapshot, index)
     order: list[str] = []
     for pool in sorted(queues):
         team_queues = {team: q for team, q in queues[pool].items() if q}

@@ -1,13 +1,13 @@
 """The budget policy: ``decide(snapshot, now) -> Decisions``, pure.
 
-One cycle: handle unhealthy nodes (rule 6), keep last cycle's reservations
-(rule 7), then for each pool take the pending requests team by team, the team
-with the lowest occupancy ratio first (rule 1; declared priority and submit
-time order only a team's own queue), fund them while the team is under its
-allocation (rule 2, see `funds`), place them on free slices (rule 3) or, when
-funded, on slices freed by preemption (rule 4). Policies are registered by name
-in `POLICIES` (registry.py); the rules the baselines share with it (node
-health, kept holds, funding) are in rules.py.
+One cycle handles unhealthy nodes (rule 6) and keeps last cycle's holds (rule
+7), then for each pool takes the pending requests team by team, the team with
+the lowest occupancy ratio first (rule 1; declared priority and submit time
+order only a team's own queue), funds them while the team is under its
+allocation (rule 2, see `funds`), places them on free slices (rule 3) or, when
+funded, on slices freed by preemption (rule 4). The rules are those of the
+scheduling contract in docs/architecture.md; those the baselines share are in
+rules.py, and policies are found by name in registry.py.
 
 Why funding has two tests and reservations go only to funded requests: with the
 window budget alone, a team that was quiet could fund several times its share at
@@ -19,13 +19,28 @@ that only up to `funded_burst` times the share. Holding nodes for a request that
 would run unallocated drained them for work that must yield to the first funded
 request: most idle GPUs sat on such nodes.
 
-A team at the head of the queue keeps it, without a trip through the heap,
-while its next request still sorts first: the order is the heap's, only cheaper.
-When the snapshot carries a `CycleIndex` the sorted queues, protected sessions
-and victims come from it instead of being rebuilt from every running session,
-and victim searches that failed in earlier cycles are only re-checked on the
-nodes that grew since (`KnownFailures`): a search's answer is monotone in room
-and victims, so that check is exact, not a heuristic.
+The cycle runs in phases, as Kueue's ``schedule()`` does, each a function here:
+
+1. start (`_Cycle`): health preemptions, kept holds, funded charge rates;
+2. heads of the queue (`queue_heads`): per pool and team, the queue in order;
+3. team order (`_Cycle.pool`): teams by occupancy ratio, re-ranked after each
+   funded admission; each entry is judged for funding, then
+4. fit (`_Cycle.fit`), else victims (`_Cycle.evict`, funded entries only), else
+   hold (`_Cycle.hold`, funded entries past the starvation bound); an entry that
+   found room is admitted (`_Cycle.admit`);
+5. decisions (`_Cycle.decisions`).
+
+Speed: a team at the head of the queue keeps it, without a trip through the
+heap, while its next request still sorts first: the order is the heap's, only
+cheaper. The loop over entries stays in `_Cycle.pool` with the checks that skip
+hopeless work (shapes that found no room, no victims) inline, so a phase is
+called only when it may find something: in a steady cycle nearly every entry
+stops at those checks, and a call per entry would cost a tenth of the cycle.
+When the snapshot carries a `CycleIndex` the sorted queues, protected
+sessions and victims come from it instead of being rebuilt from every running
+session, and victim searches that failed in earlier cycles are only re-checked
+on the nodes that grew since (`KnownFailures`): a search's answer is monotone in
+room and victims, so that check is exact, not a heuristic.
 """
 
 from __future__ import annotations
@@ -63,6 +78,7 @@ __all__ = [
     "budget_policy",
     "choose_reservation",
     "decide",
+    "queue_heads",
     "queue_order",
     "register",
     "shape_of",
@@ -205,8 +221,14 @@ def _drop_hold(capacity: Capacity, request_id: str, grown: list[str]) -> None:
         grown.append(node)
 
 
-def _queues(snapshot: Snapshot) -> Mapping[str, Mapping[str, tuple[Queued, ...]]]:
-    """The pending requests per pool and team, in queue order, with their figures."""
+def queue_heads(
+    snapshot: Snapshot, index: CycleIndex | None = None
+) -> Mapping[str, Mapping[str, tuple[Queued, ...]]]:
+    """Heads of the queue: per pool and team, the snapshot's pending requests in queue
+    order (`queue_key`), with the figures the policy weighs. ``index``, if given and
+    holding the queues, answers instead of sorting ``pending`` again."""
+    if index is not None and index.queues is not None:
+        return index.queues
     grouped: dict[str, dict[str, list[Request]]] = defaultdict(lambda: defaultdict(list))
     for request in snapshot.pending:
         grouped[request.pool][request.team].append(request)
@@ -222,95 +244,121 @@ def _queues(snapshot: Snapshot) -> Mapping[str, Mapping[str, tuple[Queued, ...]]
     return out
 
 
-@register("budget")
-def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
-    """The contract of DESIGN.md §4."""
-    settings = snapshot.settings
-    placement = settings.placement
-    index = snapshot.index
-    if index is not None and index.at != now:
-        index = None
-    capacity = Capacity(
-        snapshot.nodes,
-        snapshot.allocations,
-        snapshot.free,
-        index.layout if index else None,
-        index.whole if index else None,
-    )
-    preemptions = health_preemptions(snapshot, now)
-    stopped = {p.allocation_id for p in preemptions}
-    by_id: dict[str, Allocation] = {}
-    if stopped:
-        by_id = {a.id: a for a in snapshot.allocations}
-        for allocation_id in stopped:
-            capacity.give(by_id[allocation_id].grants)
+class _Pass:
+    """What one pool's pass over its queue knows so far."""
 
-    rates = funded_rates(snapshot, stopped)
-    window = snapshot.window
+    __slots__ = ("name", "ranking", "held", "no_fit", "no_victims", "team_keys", "team_keys_at")
 
-    victim_index: list[Victims] = []
+    def __init__(self, name: str, ranking: PoolRanking, held: set[str]) -> None:
+        self.name = name
+        self.ranking = ranking
+        self.held = held
+        """Requests holding nodes of the pool."""
+        self.no_fit = Failures()
+        """Shapes with no room on free slices."""
+        self.no_victims = Failures()
+        """Shapes, with the team key they had, for which no victims made room."""
+        self.team_keys: list[tuple[str, Key]] = []
+        """Every team's key, as of ``team_keys_at`` charges of the ranking."""
+        self.team_keys_at = -1
 
-    def victims() -> Victims:
-        """Built on first use: most cycles never search for victims."""
-        if not victim_index:
+
+class _Cycle:
+    """One cycle of the budget policy: its what-if capacity, its charge rates, and what
+    it has decided so far."""
+
+    def __init__(self, snapshot: Snapshot, now: float) -> None:
+        """Start: sessions on unhealthy nodes are stopped and their slices free (rule 6);
+        last cycle's holds stay while their requests wait and their nodes are ready
+        (rule 7); charge rates are those of the funded sessions left running."""
+        self.snapshot = snapshot
+        self.now = now
+        self.settings = snapshot.settings
+        index = snapshot.index
+        if index is not None and index.at != now:
+            index = None
+        self.index = index
+        capacity = self.capacity = Capacity(
+            snapshot.nodes,
+            snapshot.allocations,
+            snapshot.free,
+            index.layout if index else None,
+            index.whole if index else None,
+        )
+        self.preemptions: list[Preemption] = health_preemptions(snapshot, now)
+        self.stopped = {p.allocation_id for p in self.preemptions}
+        self._by_id: dict[str, Allocation] = {}
+        if self.stopped:
+            self._by_id = {a.id: a for a in snapshot.allocations}
+            for allocation_id in self.stopped:
+                capacity.give(self._by_id[allocation_id].grants)
+        self.rates = funded_rates(snapshot, self.stopped)
+        self._victims: Victims | None = None
+        kept_reservations(snapshot, capacity)
+        self.known_failures = KnownFailures(index, capacity)
+        for held_nodes in snapshot.reservations.values():
+            self.known_failures.grown.extend(n for n in held_nodes if n not in capacity.reserved)
+        self.held: dict[str, set[str]] = defaultdict(set)
+        """Per pool, the requests holding nodes there."""
+        for node, request_id in capacity.reserved.items():
+            self.held[capacity.free[node].node.pool].add(request_id)
+        self.admissions: list[Admission] = []
+        self.released: list[str] = []
+        self.order: list[str] = []
+        self.funded: dict[str, bool] = {}
+
+    def victims(self) -> Victims:
+        """The sessions this cycle may still preempt: past their protected window (or
+        grace), not stopped. Built on first use: most cycles never search for victims."""
+        found = self._victims
+        if found is None:
+            index, now = self.index, self.now
             if index is not None:
                 found = Victims.of(index.exposed, now, index.reach)
-                for allocation_id in stopped:
-                    allocation = by_id[allocation_id]
+                for allocation_id in self.stopped:
+                    allocation = self._by_id[allocation_id]
                     if allocation.protected_until <= now:
                         found.remove(allocation)
             else:
+                stopped = self.stopped
                 found = Victims(
                     (
                         a
-                        for a in snapshot.allocations
+                        for a in self.snapshot.allocations
                         if a.id not in stopped and a.protected_until <= now
                     ),
                     now,
                 )
-            victim_index.append(found)
-        return victim_index[0]
+            self._victims = found
+        return found
 
-    kept_reservations(snapshot, capacity)
-    known_failures = KnownFailures(index, capacity)
-    for held_nodes in snapshot.reservations.values():
-        known_failures.grown.extend(n for n in held_nodes if n not in capacity.reserved)
-    held_per_pool: dict[str, set[str]] = defaultdict(set)
-    for node, request_id in capacity.reserved.items():
-        held_per_pool[capacity.free[node].node.pool].add(request_id)
-
-    queues = index.queues if index is not None and index.queues is not None else None
-    if queues is None:
-        queues = _queues(snapshot)
-
-    admissions: list[Admission] = []
-    released: list[str] = []
-    order: list[str] = []
-    funded_now: dict[str, bool] = {}
-    team_names = tuple(snapshot.teams.teams)
-    unallocated_grace = settings.unallocated_grace
-    starvation_bound = settings.starvation_bound
-    max_reservations = settings.max_reservations_per_pool
-    heappush, heappop = heapq.heappush, heapq.heappop
-
-    for pool_name in sorted(queues):
-        team_queues = queues[pool_name]
-        if not team_queues:
-            continue
+    def pool(self, pool_name: str, team_queues: Mapping[str, tuple[Queued, ...]]) -> None:
+        """Team order: every entry of the pool's queues is looked at once, team by team,
+        the team with the lowest occupancy ratio first (rule 1) and ranked again after
+        each funded admission; a team's own entries in queue order. Each entry is judged
+        for funding (rule 2), then fitted, else given victims, else a hold; ``order``
+        and ``funded`` record every entry looked at."""
+        now = self.now
+        settings = self.settings
+        index = self.index
         ranking = PoolRanking(
-            snapshot, pool_name, now, index.protected.get(pool_name, ()) if index else None
+            self.snapshot, pool_name, now, index.protected.get(pool_name, ()) if index else None
         )
+        held = self.held[pool_name]
+        state = _Pass(pool_name, ranking, held)
+        no_fit, no_victims = state.no_fit, state.no_victims
+        no_fit_exact, no_victims_exact = no_fit.exact, no_victims.exact
+        window = self.snapshot.window
+        rates = self.rates
+        order_append = self.order.append
+        funded_now = self.funded
+        starvation_bound = settings.starvation_bound
+        max_reservations = settings.max_reservations_per_pool
+        heappush, heappop = heapq.heappush, heapq.heappop
+
         heads = dict.fromkeys(team_queues, 0)
         heap = [(ranking.key(team), q[0].request.submit, team) for team, q in team_queues.items()]
         heapq.heapify(heap)
-        no_fit = Failures()
-        no_victims = Failures()
-        no_fit_exact = no_fit.exact
-        no_victims_exact = no_victims.exact
-        team_keys: list[tuple[str, Key]] = []
-        team_keys_at = -1
-        held = held_per_pool[pool_name]
-
         while heap:
             key, _, team = heappop(heap)
             current = ranking.key(team)
@@ -321,20 +369,18 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
             queue = team_queues[team]
             at = heads[team]
             end = len(queue)
-            # Until this team is charged (which ends the run), its ratios stand still.
+            # Until this team is charged (which ends its turn), its ratios stand still.
             leaf_units, leaf_budget = ranking.leaf(team)
             share_rate = leaf_budget / window if window > 0 else 0.0
             rate_key = (team, pool_name)
             afters: dict[float, Key] = {}
-            if team_keys_at != ranking.charges:
-                team_keys = []
             top = heap[0] if heap else None
             while True:
                 entry = queue[at]
                 at += 1
                 request = entry.request
                 request_id = request.id
-                order.append(request_id)
+                order_append(request_id)
                 units = entry.units
                 funded = funds(
                     leaf_budget > 0.0 and (leaf_units + units) / leaf_budget <= 1.0,
@@ -344,24 +390,20 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
                     settings,
                 )
                 funded_now[request_id] = funded
-                charged = False
-
-                grants: tuple[NodeGrant, ...] | None = None
-                preempted_ids: tuple[str, ...] = ()
                 holder = bool(held) and request_id in held
                 if holder and not funded:
                     # It would run unallocated: its nodes go back to everyone.
-                    _drop_hold(capacity, request_id, known_failures.grown)
-                    held.discard(request_id)
-                    released.append(request_id)
+                    self.end_hold(request_id, held)
                     holder = False
+
+                # Fit, else victims, else hold; each only where it may find something.
+                grants: tuple[NodeGrant, ...] | None = None
+                preempts: tuple[str, ...] = ()
                 if holder or (
                     entry.shape_id not in no_fit_exact
                     and not no_fit.known(entry.shape, (), entry.shape_id)
                 ):
-                    grants = capacity.place(request, placement)
-                    if grants is None and not holder:
-                        no_fit.add(entry.shape, (), entry.shape_id)
+                    grants = self.fit(entry, holder, no_fit)
                 if grants is None and funded:
                     after = afters.get(units)
                     if after is None:
@@ -370,71 +412,21 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
                     if (failed_at is None or after < failed_at) and not no_victims.known(
                         entry.shape, after, entry.shape_id
                     ):
-                        if not team_keys:
-                            team_keys = [(t, ranking.key(t)) for t in team_names]
-                            team_keys_at = ranking.charges
-                        below = frozenset(t for t, k in team_keys if t != team and k > after)
-                        search = (entry.shape_id, below)
-                        if not holder and known_failures.fails(request, search, victims()):
-                            targets, for_want = None, True
-                        else:
-                            targets, for_want = search_targets(
-                                request, capacity, victims(), below, now
-                            )
-                        if targets is None:
-                            if for_want and not holder:
-                                known_failures.failed(search)
-                            no_victims.add(entry.shape, after, entry.shape_id)
-                        else:
-                            chosen: dict[str, Allocation] = {}
-                            for target in targets:
-                                for victim in target.victims:
-                                    chosen[victim.id] = victim
-                            for victim in chosen.values():
-                                if victim.funded:
-                                    lost = (victim.team, victim.pool)
-                                    rates[lost] -= victim.charge_rate
-                                capacity.give(victim.grants)
-                                stopped.add(victim.id)
-                                preemptions.append(Preemption(victim.id, "funded", request_id))
-                                victims().remove(victim)
-                            preempted_ids = tuple(chosen)
-                            built = tuple(
-                                NodeGrant(t.node, t.slices, request.cpus, request.memory_gib)
-                                for t in targets
-                            )
-                            capacity.take(built)
-                            grants = built
-                            no_fit.clear()
-                            no_victims.clear()
-
+                        found = self.evict(entry, team, after, holder, state)
+                        if found is not None:
+                            grants, preempts = found
+                charged = False
                 if grants is not None:
-                    if holder:
-                        _drop_hold(capacity, request_id, known_failures.grown)
-                        held.discard(request_id)
-                        released.append(request_id)
-                    protected = entry.min_runtime if funded else unallocated_grace
-                    admissions.append(
-                        Admission(
-                            request, grants, funded, now + protected, entry.rate, preempted_ids
-                        )
-                    )
-                    if funded:
-                        rates[rate_key] += entry.rate
-                        ranking.charge(team, units)
-                        charged = True
+                    charged = self.admit(entry, grants, funded, preempts, holder, state)
                 elif (
                     funded
                     and now - request.submit >= starvation_bound
                     and not holder
                     and len(held) < max_reservations
                 ):
-                    nodes = choose_reservation(capacity, request)
-                    if nodes is not None:
-                        for node in nodes:
-                            capacity.reserved[node] = request_id
-                        held.add(request_id)
+                    self.hold(entry, held)
 
+                # The team keeps its turn while its next entry still sorts first.
                 if at >= end:
                     break
                 if not charged and (top is None or current < top[0]):
@@ -445,15 +437,131 @@ def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
                     break
             heads[team] = at
 
-    reservations: dict[str, list[str]] = defaultdict(list)
-    for node, request_id in sorted(capacity.reserved.items()):
-        reservations[request_id].append(node)
-    return Decisions(
-        admissions=tuple(admissions),
-        preemptions=tuple(preemptions),
-        reservations=MappingProxyType({k: tuple(v) for k, v in reservations.items()}),
-        order=tuple(order),
-        funded=MappingProxyType(funded_now),
-        released=tuple(released),
-        searches=MappingProxyType(known_failures.found),
-    )
+    def fit(self, entry: Queued, holder: bool, no_fit: Failures) -> tuple[NodeGrant, ...] | None:
+        """Fit: grants for the entry on free slices (rule 3), taken from the capacity, or
+        None. A shape that found no room is remembered in ``no_fit`` unless the entry
+        holds nodes (which no other request may use)."""
+        grants = self.capacity.place(entry.request, self.settings.placement)
+        if grants is None and not holder:
+            no_fit.add(entry.shape, (), entry.shape_id)
+        return grants
+
+    def evict(
+        self, entry: Queued, team: str, after: Key, holder: bool, state: _Pass
+    ) -> tuple[tuple[NodeGrant, ...], tuple[str, ...]] | None:
+        """Victims: for a funded entry with no room on free slices, stop the sessions that
+        lose the least work and make room (rule 4): unallocated ones past their grace,
+        funded ones past their protected window of teams whose key is above ``after``
+        (the team's key with the entry charged). Their slices go to the entry: its grants
+        and the victims' ids, or None, with the shape remembered in ``state.no_victims``
+        (and the search in `KnownFailures`), if no set of victims makes room."""
+        ranking = state.ranking
+        if not state.team_keys or state.team_keys_at != ranking.charges:
+            state.team_keys = [(t, ranking.key(t)) for t in self.snapshot.teams.teams]
+            state.team_keys_at = ranking.charges
+        below = frozenset(t for t, k in state.team_keys if t != team and k > after)
+        search = (entry.shape_id, below)
+        request = entry.request
+        capacity = self.capacity
+        victims = self.victims()
+        known_failures = self.known_failures
+        if not holder and known_failures.fails(request, search, victims):
+            targets, for_want = None, True
+        else:
+            targets, for_want = search_targets(request, capacity, victims, below, self.now)
+        if targets is None:
+            if for_want and not holder:
+                known_failures.failed(search)
+            state.no_victims.add(entry.shape, after, entry.shape_id)
+            return None
+        chosen: dict[str, Allocation] = {}
+        for target in targets:
+            for victim in target.victims:
+                chosen[victim.id] = victim
+        rates = self.rates
+        for victim in chosen.values():
+            if victim.funded:
+                rates[(victim.team, victim.pool)] -= victim.charge_rate
+            capacity.give(victim.grants)
+            self.stopped.add(victim.id)
+            self.preemptions.append(Preemption(victim.id, "funded", request.id))
+            victims.remove(victim)
+        grants = tuple(
+            NodeGrant(t.node, t.slices, request.cpus, request.memory_gib) for t in targets
+        )
+        capacity.take(grants)
+        state.no_fit.clear()
+        state.no_victims.clear()
+        return grants, tuple(chosen)
+
+    def hold(self, entry: Queued, held: set[str]) -> None:
+        """Hold: a funded entry past the starvation bound reserves the nodes closest to
+        fitting it, which take no new work from others until it fits (rule 7); no hold
+        if too few nodes could ever take it."""
+        request_id = entry.request.id
+        nodes = choose_reservation(self.capacity, entry.request)
+        if nodes is not None:
+            for node in nodes:
+                self.capacity.reserved[node] = request_id
+            held.add(request_id)
+
+    def end_hold(self, request_id: str, held: set[str]) -> None:
+        """The nodes held for ``request_id`` go back to everyone (and count as grown)."""
+        _drop_hold(self.capacity, request_id, self.known_failures.grown)
+        held.discard(request_id)
+        self.released.append(request_id)
+
+    def admit(
+        self,
+        entry: Queued,
+        grants: tuple[NodeGrant, ...],
+        funded: bool,
+        preempts: tuple[str, ...],
+        holder: bool,
+        state: _Pass,
+    ) -> bool:
+        """Admit the entry on ``grants`` (after ``preempts`` stop): its hold ends; it is
+        protected for its minimum runtime if funded, else for the unallocated grace; a
+        funded one is charged to its team. True if it was (the team's rank moved)."""
+        request = entry.request
+        if holder:
+            self.end_hold(request.id, state.held)
+        protected = entry.min_runtime if funded else self.settings.unallocated_grace
+        self.admissions.append(
+            Admission(request, grants, funded, self.now + protected, entry.rate, preempts)
+        )
+        if not funded:
+            return False
+        self.rates[(request.team, state.name)] += entry.rate
+        state.ranking.charge(request.team, entry.units)
+        return True
+
+    def decisions(self) -> Decisions:
+        """Decisions: preemptions and admissions in the order they must be carried out,
+        the holds as they stand at the end, and every entry looked at, in order, with
+        whether it would be funded."""
+        reservations: dict[str, list[str]] = defaultdict(list)
+        for node, request_id in sorted(self.capacity.reserved.items()):
+            reservations[request_id].append(node)
+        return Decisions(
+            admissions=tuple(self.admissions),
+            preemptions=tuple(self.preemptions),
+            reservations=MappingProxyType({k: tuple(v) for k, v in reservations.items()}),
+            order=tuple(self.order),
+            funded=MappingProxyType(self.funded),
+            released=tuple(self.released),
+            searches=MappingProxyType(self.known_failures.found),
+        )
+
+
+@register("budget")
+def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
+    """The scheduling contract of docs/architecture.md: start the cycle, take the heads
+    of the queue, then each pool in name order, and return what was decided."""
+    cycle = _Cycle(snapshot, now)
+    queues = queue_heads(snapshot, cycle.index)
+    for pool_name in sorted(queues):
+        team_queues = queues[pool_name]
+        if team_queues:
+            cycle.pool(pool_name, team_queues)
+    return cycle.decisions()
