@@ -1,11 +1,13 @@
 """Free capacity during one cycle, with what-if operations that can be undone.
 
-`Capacity` is built from a snapshot's nodes and allocations; the policy takes
-and gives back grants on it as it decides. Placement follows DESIGN.md §4 rule
-3: free slices first, best fit by default, whole nodes kept free for whole-node
-requests (nodes are indexed by their count of free whole GPUs, so best fit is a
-walk up that index rather than a scan of every node), fractional GPUs packed
-onto GPUs already shared before a fresh GPU is broken.
+`Capacity` is built from a snapshot's nodes and allocations (or from the
+`NodeFree` records the scheduler keeps, copied node by node on first change);
+the policy takes and gives back grants on it as it decides. Placement follows
+rule 3 of the scheduling contract (docs/architecture.md): free slices first,
+best fit by default, whole nodes kept free for whole-node requests (nodes are
+indexed by their count of free whole GPUs, so best fit is a walk up that index
+rather than a scan of every node), fractional GPUs packed onto GPUs already
+shared before a fresh GPU is broken.
 
 A search scores each candidate node without building its slices; only the
 winner's slices are made, since most nodes a search looks at lose. Of equally
@@ -13,181 +15,21 @@ tight nodes the first tried wins, so the order within an index bucket matters:
 it starts as name order (the scheduler's kept `WholeIndex` is name-ordered, as a
 fresh build would be) and a node that moves goes to the back, also when a
 multi-node placement fails (`_as_if_taken_and_given` leaves exactly what taking
-and giving back each part would, without doing it).
+and giving back each part would, without doing it). Nothing here outlives the
+cycle: what is kept between cycles is in kept.py.
 """
 
 from __future__ import annotations
 
-from bisect import insort
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 
-from scheduler_core.model import (
-    MILLI,
-    Allocation,
-    Gpu,
-    Health,
-    MigInstance,
-    Node,
-    NodeGrant,
-    Request,
-    Slice,
-    SliceKind,
-)
+from scheduler_core.kept import Layout, WholeBuckets
+from scheduler_core.model import MILLI, Allocation, Health, Node, NodeGrant, Request, Slice
+from scheduler_core.nodefree import NodeFree, Tightness
 from scheduler_core.settings import PlacementStrategy
 
 _EPS = 1e-9
 _READY = Health.READY
-
-Tightness = tuple[float, ...]
-
-
-class NodeFree:
-    """What is still free on one node."""
-
-    __slots__ = ("node", "cpus", "memory_gib", "whole", "shared", "mig", "_gpus", "_in_order")
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.cpus = node.cpus
-        self.memory_gib = node.memory_gib
-        self.whole: list[Gpu] = [g for g in node.gpus if not g.mig]
-        self.shared: dict[str, int] = {}
-        """Milli-GPUs in use on GPUs that hold fractional sessions."""
-        self.mig: dict[str, list[tuple[str, MigInstance]]] = {}
-        for gpu in node.gpus:
-            for inst in gpu.mig:
-                self.mig.setdefault(inst.profile, []).append((gpu.uuid, inst))
-        self._gpus = {g.uuid: g for g in node.gpus}
-        indexes = [g.index for g in self.whole]
-        self._in_order = all(a < b for a, b in zip(indexes, indexes[1:], strict=False))
-        """Are the whole GPUs listed by index (as `give` keeps them)?"""
-
-    def copy(self) -> NodeFree:
-        clone = NodeFree.__new__(NodeFree)
-        clone.node = self.node
-        clone.cpus = self.cpus
-        clone.memory_gib = self.memory_gib
-        clone.whole = list(self.whole)
-        clone.shared = dict(self.shared)
-        clone.mig = {k: list(v) for k, v in self.mig.items()}
-        clone._gpus = self._gpus
-        clone._in_order = self._in_order
-        return clone
-
-    @property
-    def free_whole(self) -> int:
-        return len(self.whole)
-
-    def slices_for(self, request: Request) -> tuple[Slice, ...] | None:
-        """The slices this node would give the request now, or None if it does not fit."""
-        if request.cpus > self.cpus + _EPS or request.memory_gib > self.memory_gib + _EPS:
-            return None
-        if request.mig is not None:
-            free = self.mig.get(request.mig)
-            if not free:
-                return None
-            gpu_uuid, inst = free[0]
-            return (Slice(gpu_uuid, SliceKind.MIG, MILLI, inst.uuid, inst.profile),)
-        if request.gpu_milli:
-            need = request.gpu_milli
-            best: str | None = None
-            best_used = -1
-            for gpu_uuid, used in self.shared.items():
-                if used + need <= MILLI and used > best_used:
-                    best, best_used = gpu_uuid, used
-            if best is None:
-                if not self.whole:
-                    return None
-                best = self.whole[0].uuid
-            return (Slice(best, SliceKind.FRACTION, need),)
-        if request.gpus > len(self.whole):
-            return None
-        return tuple(Slice(g.uuid, SliceKind.WHOLE) for g in self.whole[: request.gpus])
-
-    def tightness(self, request: Request) -> Tightness | None:
-        """How tightly the request fits here now (smaller is tighter), or None if it does not.
-
-        None exactly when `slices_for` is None. Fractions prefer a GPU already
-        shared (the fuller the better); whole-GPU and CPU-only work prefers the
-        node with the fewest GPUs left, so that empty nodes stay whole for
-        whole-node requests.
-        """
-        if request.cpus > self.cpus + _EPS or request.memory_gib > self.memory_gib + _EPS:
-            return None
-        cpus_left = self.cpus - request.cpus
-        if request.mig is not None:
-            free = self.mig.get(request.mig)
-            if not free:
-                return None
-            return (float(len(free)), cpus_left)
-        whole = len(self.whole)
-        if request.gpu_milli:
-            need = request.gpu_milli
-            best_used = -1
-            for used in self.shared.values():
-                if used + need <= MILLI and used > best_used:
-                    best_used = used
-            if best_used >= 0:
-                return (0.0, float(MILLI - best_used - need), float(whole), cpus_left)
-            if not whole:
-                return None
-            return (1.0, float(MILLI - need), float(whole), cpus_left)
-        if request.gpus > whole:
-            return None
-        return (
-            float(whole - request.gpus),
-            float(len(self.shared)),
-            cpus_left,
-            self.memory_gib - request.memory_gib,
-        )
-
-    def take(self, grant: NodeGrant) -> None:
-        self.cpus -= grant.cpus
-        self.memory_gib -= grant.memory_gib
-        for piece in grant.slices:
-            if piece.kind is SliceKind.MIG:
-                free = self.mig[piece.mig_profile or ""]
-                free[:] = [(g, i) for g, i in free if i.uuid != piece.mig_uuid]
-            elif piece.kind is SliceKind.FRACTION:
-                if piece.gpu_uuid not in self.shared:
-                    self._remove_whole(piece.gpu_uuid)
-                    self.shared[piece.gpu_uuid] = 0
-                self.shared[piece.gpu_uuid] += piece.milli
-            else:
-                self._remove_whole(piece.gpu_uuid)
-
-    def give(self, grant: NodeGrant) -> None:
-        self.cpus += grant.cpus
-        self.memory_gib += grant.memory_gib
-        for piece in grant.slices:
-            if piece.kind is SliceKind.MIG:
-                gpu = self._gpus[piece.gpu_uuid]
-                inst = next(i for i in gpu.mig if i.uuid == piece.mig_uuid)
-                self.mig.setdefault(inst.profile, []).append((gpu.uuid, inst))
-            elif piece.kind is SliceKind.FRACTION:
-                left = self.shared[piece.gpu_uuid] - piece.milli
-                if left <= 0:
-                    del self.shared[piece.gpu_uuid]
-                    self._add_whole(piece.gpu_uuid)
-                else:
-                    self.shared[piece.gpu_uuid] = left
-            else:
-                self._add_whole(piece.gpu_uuid)
-
-    def _remove_whole(self, gpu_uuid: str) -> None:
-        for i, gpu in enumerate(self.whole):
-            if gpu.uuid == gpu_uuid:
-                del self.whole[i]
-                return
-        raise ValueError(f"GPU {gpu_uuid} on {self.node.name} is not free")
-
-    def _add_whole(self, gpu_uuid: str) -> None:
-        gpu = self._gpus[gpu_uuid]
-        at = len(self.whole)
-        while at > 0 and self.whole[at - 1].index > gpu.index:
-            at -= 1
-        self.whole.insert(at, gpu)
 
 
 def labels_match(wanted: Mapping[str, str], have: Mapping[str, str]) -> bool:
@@ -205,94 +47,6 @@ def could_hold(node: Node, request: Request) -> bool:
     if request.gpu_milli:
         return bool(node.whole_gpus)
     return len(node.whole_gpus) >= request.gpus
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Which nodes each pool has, in name order, and which of them have MIG instances.
-
-    Fixed while the set of nodes is: the scheduler keeps one and hands it to
-    every cycle, so that a cycle does not sort node names again.
-    """
-
-    by_pool: Mapping[str, tuple[str, ...]]
-    mig_by_pool: Mapping[str, tuple[str, ...]]
-
-    @classmethod
-    def of(cls, nodes: Iterable[Node]) -> Layout:
-        by_pool: dict[str, list[str]] = {}
-        mig_by_pool: dict[str, list[str]] = {}
-        for node in sorted(nodes, key=lambda n: n.name):
-            by_pool.setdefault(node.pool, []).append(node.name)
-            if any(gpu.mig for gpu in node.gpus):
-                mig_by_pool.setdefault(node.pool, []).append(node.name)
-        return cls(
-            {pool: tuple(names) for pool, names in by_pool.items()},
-            {pool: tuple(names) for pool, names in mig_by_pool.items()},
-        )
-
-
-@dataclass(frozen=True)
-class WholeBuckets:
-    """Per pool, node names by their count of free whole GPUs (name order within a
-    count), and each node's count: the index `Capacity` builds, as of one moment."""
-
-    names: Mapping[str, tuple[tuple[str, ...], ...]]
-    counts: Mapping[str, Mapping[str, int]]
-    """Per pool, node name → free whole GPUs."""
-
-
-def _bucket_sizes(nodes: Iterable[Node]) -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    for node in nodes:
-        sizes[node.pool] = max(sizes.get(node.pool, 0), len(node.gpus) + 1)
-    return sizes
-
-
-class WholeIndex:
-    """`WholeBuckets` kept up to date by the scheduler as sessions start and end."""
-
-    def __init__(self, free: Mapping[str, NodeFree]) -> None:
-        self._pool_of = {name: nf.node.pool for name, nf in free.items()}
-        self._counts: dict[str, dict[str, int]] = {}
-        self._buckets: dict[str, list[list[str]]] = {
-            pool: [[] for _ in range(size)]
-            for pool, size in _bucket_sizes(nf.node for nf in free.values()).items()
-        }
-        for name in sorted(free):
-            pool, count = self._pool_of[name], len(free[name].whole)
-            self._counts.setdefault(pool, {})[name] = count
-            self._buckets[pool][count].append(name)
-        self._frozen: WholeBuckets | None = None
-
-    def update(self, node_free: NodeFree) -> None:
-        """The node's free whole GPUs may have changed."""
-        name = node_free.node.name
-        pool = self._pool_of[name]
-        count = len(node_free.whole)
-        counts = self._counts[pool]
-        old = counts[name]
-        if old == count:
-            return
-        buckets = self._buckets[pool]
-        buckets[old].remove(name)
-        insort(buckets[count], name)
-        counts[name] = count
-        self._frozen = None
-
-    def count(self, name: str) -> int:
-        return self._counts[self._pool_of[name]][name]
-
-    def frozen(self) -> WholeBuckets:
-        if self._frozen is None:
-            self._frozen = WholeBuckets(
-                {
-                    pool: tuple(tuple(bucket) for bucket in buckets)
-                    for pool, buckets in self._buckets.items()
-                },
-                {pool: dict(counts) for pool, counts in self._counts.items()},
-            )
-        return self._frozen
 
 
 class Capacity:

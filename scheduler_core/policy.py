@@ -36,7 +36,7 @@ cheaper. The loop over entries stays in `_Cycle.pool` with the checks that skip
 hopeless work (shapes that found no room, no victims) inline, so a phase is
 called only when it may find something: in a steady cycle nearly every entry
 stops at those checks, and a call per entry would cost a tenth of the cycle.
-When the snapshot carries a `CycleIndex` the sorted queues, protected
+When the snapshot carries a `CycleIndex` (kept.py) the sorted queues, protected
 sessions and victims come from it instead of being rebuilt from every running
 session, and victim searches that failed in earlier cycles are only re-checked
 on the nodes that grew since (`KnownFailures`): a search's answer is monotone in
@@ -51,37 +51,24 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from scheduler_core.capacity import Capacity, could_hold
+from scheduler_core.kept import CycleIndex, KnownFailures, Queued, Shape, queue_key
 from scheduler_core.model import Allocation, NodeGrant, PoolKind, Request
 from scheduler_core.preemption import Victims, offers, search_targets
 from scheduler_core.ranking import Key, PoolRanking
 from scheduler_core.registry import POLICIES, Policy, decide, register
 from scheduler_core.rules import funded_rates, funds, health_preemptions, kept_reservations
-from scheduler_core.snapshot import (
-    Admission,
-    CycleIndex,
-    Decisions,
-    Preemption,
-    Queued,
-    SearchKey,
-    Shape,
-    Snapshot,
-    queue_key,
-    shape_of,
-)
+from scheduler_core.snapshot import Admission, Decisions, Preemption, Snapshot
 
 __all__ = [
     "POLICIES",
     "Failures",
-    "KnownFailures",
     "Policy",
-    "Shape",
     "budget_policy",
     "choose_reservation",
     "decide",
     "queue_heads",
     "queue_order",
     "register",
-    "shape_of",
 ]
 # POLICIES, Policy, decide and register live in registry.py; they are named here too
 # for the callers that import them from the policy.
@@ -131,68 +118,6 @@ class Failures:
     def clear(self) -> None:
         self._seen.clear()
         self.exact.clear()
-
-
-class KnownFailures:
-    """Victim searches known to fail, carried from cycle to cycle (`CycleIndex.searches`).
-
-    A search fails for want of nodes where the request could go once the
-    permitted victims stop. A node gains that only if room, eligibility or
-    victims grew there, so a search that failed keeps failing, for the same
-    permitted teams, until some node that grew since then could take the
-    request: checking those few nodes stands in for the whole search.
-    """
-
-    FOCUS_LIMIT = 8
-    """More grown nodes than this and the whole search is cheaper."""
-    REACH = 32
-    """A failure recorded more than this many log entries ago is not looked at."""
-
-    def __init__(self, index: CycleIndex | None, capacity: Capacity) -> None:
-        self._capacity = capacity
-        self._earlier: Mapping[SearchKey, int] = index.searches if index is not None else {}
-        self._log = index.growth if index is not None else ()
-        self._start = index.growth_start if index is not None else 0
-        self._end = index.growth_end if index is not None else 0
-        self.grown: list[str] = []
-        """Nodes this cycle made eligible again (holds dropped or released)."""
-        self._here: dict[SearchKey, tuple[int, int]] = {}
-        self.found: dict[SearchKey, int] = {}
-        """Failures this cycle, as of the log position the cycle started at."""
-
-    def fails(self, request: Request, key: SearchKey, victims: Victims) -> bool:
-        """Is the search for ``request`` (shape and permitted teams ``key``) known to fail?"""
-        capacity = self._capacity
-        here = self._here.get(key)
-        if here is not None:
-            focus = set(self.grown[here[0] :])
-            focus.update(capacity.grown[here[1] :])
-        else:
-            stamp = self._earlier.get(key)
-            if stamp is None or not self._start <= stamp <= self._end:
-                return False
-            if self._end - stamp > self.REACH:
-                return False
-            focus = set(self._log[stamp - self._start : self._end - self._start])
-            focus.update(self.grown)
-            focus.update(capacity.grown)
-        if len(focus) > self.FOCUS_LIMIT:
-            return False
-        free = capacity.free
-        for name in focus:
-            node_free = free.get(name)
-            if (
-                node_free is not None
-                and node_free.node.pool == request.pool
-                and offers(capacity, victims, request, key[1], node_free)
-            ):
-                return False
-        return True
-
-    def failed(self, key: SearchKey) -> None:
-        """The search for ``key`` fails now (for want of nodes)."""
-        self._here[key] = (len(self.grown), len(self._capacity.grown))
-        self.found[key] = self._end
 
 
 def choose_reservation(capacity: Capacity, request: Request) -> tuple[str, ...] | None:
@@ -295,7 +220,7 @@ class _Cycle:
         self.rates = funded_rates(snapshot, self.stopped)
         self._victims: Victims | None = None
         kept_reservations(snapshot, capacity)
-        self.known_failures = KnownFailures(index, capacity)
+        self.known_failures = KnownFailures(index, capacity.free, capacity.grown)
         for held_nodes in snapshot.reservations.values():
             self.known_failures.grown.extend(n for n in held_nodes if n not in capacity.reserved)
         self.held: dict[str, set[str]] = defaultdict(set)
@@ -465,7 +390,9 @@ class _Cycle:
         capacity = self.capacity
         victims = self.victims()
         known_failures = self.known_failures
-        if not holder and known_failures.fails(request, search, victims):
+        if not holder and known_failures.fails(
+            request, search, lambda nf: offers(capacity, victims, request, below, nf)
+        ):
             targets, for_want = None, True
         else:
             targets, for_want = search_targets(request, capacity, victims, below, self.now)

@@ -1,4 +1,5 @@
-"""Choosing preemption victims (DESIGN.md §4 rule 4), without side effects.
+"""Choosing preemption victims (rule 4 of the scheduling contract, docs/architecture.md),
+without side effects.
 
 `find_targets` reads the cycle's capacity and the running allocations and says
 which sessions to stop so a funded request fits; the policy applies the answer
@@ -8,10 +9,11 @@ first, then funded sessions past their protected window whose team ranks below
 the requester's once the requester's protected time is counted. Among the sets
 that work, the one that loses the least work wins.
 
-The scheduler keeps the exposed sessions (past their protected window) in an
-`ExposedIndex` between cycles, so a cycle starts its `Victims` without looking
-at every running session; each node's victims are put in order only when a
-search first reaches that node, because the order (lost work) depends on the time.
+A cycle's `Victims` start from the exposed sessions (past their protected
+window) that the scheduler keeps between cycles (`ExposedSessions`, kept.py),
+without looking at every running session; each node's victims are put in order
+only when a search first reaches that node, because the order (lost work)
+depends on the time. Nothing here outlives the cycle.
 """
 
 from __future__ import annotations
@@ -19,11 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduler_core.capacity import Capacity, NodeFree
-from scheduler_core.model import MILLI, Allocation, Request, Slice, SliceKind
-
-Tally = Mapping[str | None, int]
-"""GPUs held by preemptible sessions, per funding team (None: unallocated)."""
+from scheduler_core.capacity import Capacity
+from scheduler_core.kept import ExposedSessions, Tally, gpu_totals, held_gpus
+from scheduler_core.model import MILLI, Allocation, Request, Slice
+from scheduler_core.nodefree import NodeFree
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +50,6 @@ def lost_work(allocation: Allocation, now: float) -> float:
 def victim_order(allocation: Allocation, now: float) -> tuple[int, float, float, str]:
     """Cheapest victim first: unallocated before funded, then least work lost."""
     return (int(allocation.funded), lost_work(allocation, now), -allocation.start, allocation.id)
-
-
-def held_gpus(allocation: Allocation) -> list[tuple[str, int]]:
-    """Per node of the allocation, the GPUs (whole or shared, not MIG) it holds there."""
-    return [
-        (grant.node, sum(1 for piece in grant.slices if piece.kind is not SliceKind.MIG))
-        for grant in allocation.grants
-    ]
 
 
 def _could_fit(node_free: NodeFree, request: Request, candidates: Sequence[Allocation]) -> bool:
@@ -121,96 +114,6 @@ def _node_target(
         float(len(chosen)),
     )
     return Target(name, tuple(chosen), slices, cost)
-
-
-class ExposedIndex:
-    """Running sessions past their protected window, kept by the scheduler between cycles.
-
-    Every change replaces the containers it touches instead of changing them,
-    so `frozen` can hand a cycle a consistent copy cheaply (and only when
-    something changed since the last one).
-    """
-
-    def __init__(self) -> None:
-        self._by_node: dict[str, tuple[Allocation, ...]] = {}
-        self._gpus: dict[str, dict[str | None, int]] = {}
-        self._node_gpus: dict[str, dict[str | None, int]] = {}
-        self._totals: dict[str, tuple[int, int]] = {}
-        self._ids: set[str] = set()
-        self._frozen: ExposedSessions | None = None
-
-    def __contains__(self, allocation_id: object) -> bool:
-        return allocation_id in self._ids
-
-    def held(self, node: str) -> int:
-        """GPUs the exposed sessions on the node hold."""
-        found = self._totals.get(node)
-        return found[0] if found is not None else 0
-
-    def add(self, allocation: Allocation) -> None:
-        self._ids.add(allocation.id)
-        for node in allocation.node_names:
-            self._by_node[node] = self._by_node.get(node, ()) + (allocation,)
-        self._tally(allocation, 1)
-
-    def remove(self, allocation: Allocation) -> None:
-        """Forget the allocation (whatever object stands for its id)."""
-        if allocation.id not in self._ids:
-            return
-        self._ids.discard(allocation.id)
-        for node in allocation.node_names:
-            kept = tuple(a for a in self._by_node.get(node, ()) if a.id != allocation.id)
-            if kept:
-                self._by_node[node] = kept
-            else:
-                self._by_node.pop(node, None)
-        self._tally(allocation, -1)
-
-    def _tally(self, allocation: Allocation, sign: int) -> None:
-        key = allocation.team if allocation.funded else None
-        pool = dict(self._gpus.get(allocation.pool, {}))
-        for node, held in held_gpus(allocation):
-            _count(pool, key, sign * held)
-            on_node = dict(self._node_gpus.get(node, {}))
-            _count(on_node, key, sign * held)
-            self._node_gpus[node] = on_node
-            self._totals[node] = _totals(on_node)
-        self._gpus[allocation.pool] = pool
-        self._frozen = None
-
-    def frozen(self) -> ExposedSessions:
-        """The exposed sessions as they are now; later changes do not show in it."""
-        if self._frozen is None:
-            self._frozen = ExposedSessions(
-                dict(self._by_node), dict(self._gpus), dict(self._node_gpus), dict(self._totals)
-            )
-        return self._frozen
-
-
-def _totals(held: Tally) -> tuple[int, int]:
-    return (sum(held.values()), held.get(None, 0))
-
-
-def _count(tally: dict[str | None, int], key: str | None, change: int) -> None:
-    """Add ``change`` to a tally, dropping teams that come to hold nothing."""
-    count = tally.get(key, 0) + change
-    if count:
-        tally[key] = count
-    else:
-        tally.pop(key, None)
-
-
-@dataclass(frozen=True)
-class ExposedSessions:
-    """Sessions past their protected window: per node (any order), and GPU tallies."""
-
-    by_node: Mapping[str, tuple[Allocation, ...]]
-    gpus: Mapping[str, Tally]
-    """Per pool."""
-    node_gpus: Mapping[str, Tally]
-    """Per node."""
-    totals: Mapping[str, tuple[int, int]]
-    """Per node: GPUs held by every exposed session, and by the unallocated ones."""
 
 
 class _Roomy:
@@ -314,7 +217,7 @@ class Victims:
             if on_node is None:
                 on_node = self._node_gpus[node] = dict(self._base_node_gpus.get(node, {}))
             on_node[key] = on_node.get(key, 0) - held
-            self._totals[node] = _totals(on_node)
+            self._totals[node] = gpu_totals(on_node)
             self._touched.append(node)
         self._permitted.clear()
 
@@ -335,7 +238,7 @@ class Victims:
             if base is not None:
                 found = base.get(node, (0, 0))
             else:
-                found = _totals(self._node_tally(node))
+                found = gpu_totals(self._node_tally(node))
             self._totals[node] = found
         return found
 

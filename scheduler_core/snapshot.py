@@ -5,137 +5,27 @@ team's charged usage in the lookback window, and the reservations kept from the
 previous cycle. The policy does its what-if work on a `Capacity` built from it
 (capacity.py) and never changes the snapshot itself.
 
-A scheduler may also hand over a `CycleIndex`: the queue already sorted per
-team, the funded sessions still protected and the exposed ones, all kept up to
-date event by event, so a cycle costs what changed rather than what is running.
-It is only a faster road to the same answer; `decide` must decide exactly as
-it would from the rest of the snapshot, and falls back to that when it is absent.
+A scheduler may also hand over a `CycleIndex` (kept.py): the queue already
+sorted per team, the funded sessions still protected and the exposed ones, all
+kept up to date event by event, so a cycle costs what changed rather than what
+is running. It is only a faster road to the same answer; `decide` must decide
+exactly as it would from the rest of the snapshot, and falls back to that when
+it is absent.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from scheduler_core.capacity import Layout, NodeFree, WholeBuckets
-from scheduler_core.model import Allocation, Node, NodeGrant, Pool, PoolKind, Request
-from scheduler_core.preemption import ExposedSessions
+from scheduler_core.kept import CycleIndex, SearchKey
+from scheduler_core.model import Allocation, Node, NodeGrant, Pool, Request
+from scheduler_core.nodefree import NodeFree
 from scheduler_core.settings import Settings
 from scheduler_core.teams import TeamTree
 
 _EMPTY: Mapping[str, tuple[str, ...]] = MappingProxyType({})
-
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """What a request needs on each node; a larger shape fits nowhere a smaller one does not."""
-
-    kind: tuple[object, ...]
-    """Pool, labels and MIG profile: shapes of different kinds are not comparable."""
-    gpus: int
-    nodes: int
-    gpu_milli: int
-    cpus: float
-    memory_gib: float
-
-    def covers(self, other: Shape) -> bool:
-        """Is ``other`` at least as large in every dimension (so fails where self fails)?"""
-        return (
-            self.kind == other.kind
-            and other.gpus >= self.gpus
-            and other.nodes >= self.nodes
-            and other.gpu_milli >= self.gpu_milli
-            and other.cpus >= self.cpus
-            and other.memory_gib >= self.memory_gib
-        )
-
-
-def shape_of(request: Request) -> Shape:
-    labels = tuple(sorted(request.labels.items())) if request.labels else ()
-    kind = (request.pool, request.mig, bool(request.gpu_milli), labels)
-    return Shape(
-        kind, request.gpus, request.nodes, request.gpu_milli, request.cpus, request.memory_gib
-    )
-
-
-_SHAPE_IDS: dict[Shape, int] = {}
-"""Equal shapes get one number, so per-cycle records of failed shapes are dict lookups."""
-_NEXT_SHAPE_ID = itertools.count()
-
-
-def shape_id(shape: Shape) -> int:
-    """A number for the shape. Equal numbers mean equal shapes; equal shapes get equal
-    numbers unless the table was cleared in between (which only costs lookups)."""
-    found = _SHAPE_IDS.get(shape)
-    if found is None:
-        if len(_SHAPE_IDS) >= 100_000:
-            _SHAPE_IDS.clear()  # numbers are never given out twice
-        found = _SHAPE_IDS[shape] = next(_NEXT_SHAPE_ID)
-    return found
-
-
-@dataclass(frozen=True, slots=True)
-class Queued:
-    """A waiting request with the figures the policy derives from it, worked out once."""
-
-    request: Request
-    shape: Shape
-    shape_id: int
-    min_runtime: float
-    """The protected window it would get (capped by the settings)."""
-    rate: float
-    """Budget units per second while it runs."""
-    units: float
-    """``rate × min_runtime``: what funding it commits its team to."""
-
-    @classmethod
-    def of(cls, request: Request, settings: Settings, kind: PoolKind) -> Queued:
-        min_runtime = settings.capped_min_runtime(request.min_runtime, request.klass)
-        rate = request.charge_rate(kind)
-        shape = shape_of(request)
-        return cls(request, shape, shape_id(shape), min_runtime, rate, rate * min_runtime)
-
-
-def queue_key(request: Request) -> tuple[int, float, str]:
-    """Order inside one team: declared priority (high first), then submit time."""
-    return (-request.priority, request.submit, request.id)
-
-
-SearchKey = tuple[int, frozenset[str]]
-
-
-@dataclass(frozen=True)
-class CycleIndex:
-    """What the scheduler keeps up to date between cycles, valid for a decision at ``at``."""
-
-    at: float
-    layout: Layout
-    """The nodes of every pool (those of the snapshot)."""
-    whole: WholeBuckets
-    """Nodes by free whole GPUs, as in the snapshot's ``free``."""
-    protected: Mapping[str, tuple[Allocation, ...]]
-    """Per pool, the funded allocations whose protected window ends after ``at``,
-    in the order of the snapshot's ``allocations``."""
-    exposed: ExposedSessions
-    """The allocations whose protected window (or grace) ended at or before ``at``."""
-    reach: Mapping[str, int]
-    """Per node, free whole GPUs plus the GPUs the exposed sessions there hold."""
-    queues: Mapping[str, Mapping[str, tuple[Queued, ...]]] | None = None
-    """Per pool and team, the snapshot's ``pending`` in queue order (`queue_key`);
-    None: the policy sorts ``pending`` itself."""
-    growth: Sequence[str] = ()
-    """Nodes where room, eligibility or preemptible sessions may have grown, in the
-    order it happened (the latest part of the scheduler's growth log)."""
-    growth_start: int = 0
-    """The log position of ``growth[0]``."""
-    growth_end: int = 0
-    """The log position at ``at``: entries from here on came later."""
-    searches: Mapping[SearchKey, int] = field(default_factory=lambda: MappingProxyType({}))
-    """Victim searches known to have failed: (shape number, permitted teams) → the log
-    position at which fewer nodes than the request needs could take it. Entries past
-    ``growth_end`` are ignored."""
 
 
 @dataclass(frozen=True)

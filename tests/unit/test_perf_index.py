@@ -21,14 +21,16 @@ from hypothesis import strategies as st
 from test_properties import only_placeable
 
 from scheduler_core import scheduler as scheduler_module
-from scheduler_core.capacity import Capacity, NodeFree
+from scheduler_core.capacity import Capacity
+from scheduler_core.kept import shape_of
 from scheduler_core.ledger import UsageLedger
 from scheduler_core.model import Gpu, MigInstance, Node, NodeGrant, Request, Slice, SliceKind
+from scheduler_core.nodefree import NodeFree
 from scheduler_core.policy import Failures, decide
 from scheduler_core.scenario import Scenario
 from scheduler_core.settings import PlacementStrategy
 from scheduler_core.simulator import Simulation
-from scheduler_core.snapshot import Decisions, Snapshot, shape_of
+from scheduler_core.snapshot import Decisions, Snapshot
 
 TEAMS = ["a", "b", "c", "d", "e"]
 
