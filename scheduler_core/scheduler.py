@@ -14,6 +14,9 @@ whole GPUs, and a log of the nodes where room grew, against which victim
 searches that failed are re-checked. That data is a `Kept` (kept.py), handed
 to each cycle as a frozen `CycleIndex`. ``pending`` and ``running`` are for
 reading: change them only through the methods, or that data goes stale.
+
+After a step, `settle` runs the follow-up cycles a cycle that freed room calls
+for; the live scheduler and the simulator both call it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Protocol
@@ -65,6 +68,11 @@ class CycleStats:
     last_snapshot_s: float = 0.0
     last_decide_s: float = 0.0
     last_apply_s: float = 0.0
+
+
+MAX_FOLLOW_UPS = 5
+"""Most cycles `Scheduler.settle` runs at once, the first included (see
+`Decisions.follow_up`)."""
 
 
 class Scheduler:
@@ -216,6 +224,27 @@ class Scheduler:
         if scope or draining:
             return self.cycle(scope)
         return None
+
+    def settle(self, observe: Callable[[Decisions], None] | None = None) -> Decisions | None:
+        """`step`, then at once the follow-up cycles it calls for.
+
+        While the last cycle freed room that requests it had passed over could
+        use (`Decisions.follow_up`), another full cycle runs, up to
+        `MAX_FOLLOW_UPS` cycles in all. ``observe`` sees each cycle's decisions
+        in turn. Returns the first cycle's decisions; None if the step called
+        for no cycle. The live scheduler and the simulator both settle after
+        every event and tick.
+        """
+        first = decisions = self.step()
+        rounds = 0
+        while decisions is not None:
+            if observe is not None:
+                observe(decisions)
+            rounds += 1
+            if not decisions.follow_up or rounds >= MAX_FOLLOW_UPS:
+                break
+            decisions = self.cycle()
+        return first
 
     def next_wake(self) -> float | None:
         """When step() next has something time-driven to look at (a protected

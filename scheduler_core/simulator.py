@@ -3,8 +3,10 @@
 It jumps from one schedulable moment to the next: submissions, sessions
 ending, node events, the end of a protected window or grace (a pending funded
 request may now preempt), a request reaching the starvation bound, and the
-policy's cycle tick while requests wait. A resumable request keeps the work it
-did before a preemption; any other starts over, and that work counts as lost.
+policy's cycle tick while requests wait; at each it settles the scheduler
+(`Scheduler.settle`: the step, then any follow-up cycles, as live). A resumable
+request keeps the work it did before a preemption; any other starts over, and
+that work counts as lost.
 """
 
 from __future__ import annotations
@@ -117,9 +119,6 @@ class SimActuator:
 
 CycleObserver = Callable[[Scheduler, Decisions, float], None]
 
-MAX_FOLLOW_UPS = 5
-"""Cycles run again at once after one that freed room (see Decisions.follow_up)."""
-
 
 class Simulation:
     """One run of a scenario through the real scheduler.
@@ -173,6 +172,11 @@ class Simulation:
             )
         )
 
+    def _observe(self, decisions: Decisions) -> None:
+        """Show the observer one cycle's decisions (cycles do not move the clock)."""
+        assert self.observer is not None
+        self.observer(self.scheduler, decisions, self.clock.time)
+
     def run(self) -> SimRun:
         started = time.perf_counter()
         scenario = self.scenario
@@ -188,6 +192,7 @@ class Simulation:
         """Times already in the event queue at which the scheduler asked to wake."""
         events = self._events
         pending = scheduler.pending
+        observe = self._observe if self.observer is not None else None
         while events and events[0][0] <= horizon:
             now = events[0][0]
             self.clock.time = now
@@ -205,15 +210,7 @@ class Simulation:
                     tick_pending = False
                 else:
                     wakes.discard(now)
-            decisions = scheduler.step()
-            rounds = 0
-            while decisions is not None:
-                if self.observer is not None:
-                    self.observer(scheduler, decisions, now)
-                rounds += 1
-                if not decisions.follow_up or rounds >= MAX_FOLLOW_UPS:
-                    break
-                decisions = scheduler.cycle()
+            scheduler.settle(observe)
             wake = scheduler.next_wake()
             if wake is not None and wake not in wakes:
                 self.push(wake, _WAKE, None)

@@ -102,5 +102,6 @@ class Decisions:
         """Did this cycle free room that requests it already passed over could use?
 
         Slices freed by preemption beyond the need, and nodes no longer held,
-        are only seen by the next cycle, which should then run at once."""
+        are only seen by the next cycle, which should then run at once
+        (`Scheduler.settle` runs it)."""
         return bool(self.preemptions or self.released)
