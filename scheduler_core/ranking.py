@@ -1,4 +1,5 @@
-"""Occupancy ratios and the order of teams within a pool (DESIGN.md §4 rules 1–2).
+"""Occupancy ratios and the order of teams within a pool (rules 1–2 of the scheduling
+contract, docs/architecture.md).
 
 A team's ratio counts the usage charged in the lookback window plus what its
 running funded sessions are still certain to be charged (the rest of their

@@ -1,7 +1,8 @@
 """Every rule of the scheduling contract as one frozen settings object.
 
-The defaults are the ones DESIGN.md §4 names; `jupyterhub_config.py` and a
-scenario's ``policy`` object override them field by field. Durations are seconds.
+The defaults are the ones the scheduling contract in docs/architecture.md names;
+`jupyterhub_config.py` and a scenario's ``policy`` object override them field by
+field. Durations are seconds.
 """
 
 from __future__ import annotations
