@@ -301,9 +301,7 @@ class BudgetScheduler(SchedulerConfig):
 
     def run_cycle(self) -> None:
         t0 = time.perf_counter()
-        decisions = self.core.step()
-        if decisions is not None and decisions.follow_up:
-            self.core.cycle()
+        decisions = self.core.settle()  # a step and its follow-ups, as in the simulator
         if decisions is not None:
             self.view.changed()
             for waiter in self._waiters.values():

@@ -1,4 +1,4 @@
-"""One small scenario per rule of the scheduling contract (docs/architecture.md), with its outcome."""
+"""One small scenario per rule of the scheduling contract (docs/architecture.md)."""
 
 from __future__ import annotations
 
