@@ -301,6 +301,7 @@ def plot(path: Path, cells: Sequence[Cell], outcomes: Sequence[Outcome], title: 
             ax.axhline(bar, color="grey", linestyle=":", linewidth=1)
             if col == 0:
                 ax.set_yscale("symlog", linthresh=1.0)
+                ax.set_ylim(bottom=0)
             ax.set_title(f"{name}, notebooks {share:.0%}")
             ax.set_xlabel("arrival load (x capacity)")
             ax.set_xticks(loads)
