@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from bench import compare, cycle, family, idle, month, spawn
-from scheduler_core.cli import main as cli
+from scheduler_core.research.cli import main as cli
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-openb"
 

@@ -18,8 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from scheduler_core.evaluation import RunSpec, headline, headline_table, run_all, worst_team
-from scheduler_core.generator import SeedLikeOptions, dumps, seed_like
+from scheduler_core.research.evaluation import (
+    RunSpec,
+    headline,
+    headline_table,
+    run_all,
+    worst_team,
+)
+from scheduler_core.research.generator import SeedLikeOptions, dumps, seed_like
 from scheduler_core.settings import LegacyPreemption
 
 POLICIES = ("budget", "legacy", "fairshare", "quota", "fifo")
@@ -46,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         variant = run_all(str(path), [by_priority], jobs=1)[0]
     name = str(scenario["name"])
     if args.report:
-        from scheduler_core.report import write_report
+        from scheduler_core.research.report import write_report
 
         write_report(args.report, name, runs, wall)
     verdict = "within" if wall <= BAR_S else "OVER"

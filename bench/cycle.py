@@ -15,7 +15,7 @@ import sys
 import time
 
 from scheduler_core.model import Node, Pool, Request, RequestClass, Team
-from scheduler_core.policy import decide
+from scheduler_core.registry import decide
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.settings import Settings

@@ -45,8 +45,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from scheduler_core.generator import SeedLikeOptions, seed_like
 from scheduler_core.metrics import result
+from scheduler_core.research.generator import SeedLikeOptions, seed_like
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.simulator import Simulation
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
-from scheduler_core.generator import SeedLikeOptions, seed_like
 from scheduler_core.model import PoolKind
+from scheduler_core.research.generator import SeedLikeOptions, seed_like
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.simulator import Simulation

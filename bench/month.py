@@ -14,8 +14,8 @@ from __future__ import annotations
 import sys
 import time
 
-from scheduler_core.generator import SeedLikeOptions, seed_like
 from scheduler_core.metrics import result
+from scheduler_core.research.generator import SeedLikeOptions, seed_like
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.simulator import Simulation
 

@@ -55,23 +55,11 @@ from scheduler_core.kept import CycleIndex, KnownFailures, Queued, Shape, queue_
 from scheduler_core.model import Allocation, NodeGrant, PoolKind, Request
 from scheduler_core.preemption import Victims, offers, search_targets
 from scheduler_core.ranking import Key, PoolRanking
-from scheduler_core.registry import POLICIES, Policy, decide, register
+from scheduler_core.registry import register
 from scheduler_core.rules import funded_rates, funds, health_preemptions, kept_reservations
 from scheduler_core.snapshot import Admission, Decisions, Preemption, Snapshot
 
-__all__ = [
-    "POLICIES",
-    "Failures",
-    "Policy",
-    "budget_policy",
-    "choose_reservation",
-    "decide",
-    "queue_heads",
-    "queue_order",
-    "register",
-]
-# POLICIES, Policy, decide and register live in registry.py; they are named here too
-# for the callers that import them from the policy.
+__all__ = ["Failures", "budget_policy", "choose_reservation", "queue_heads", "queue_order"]
 
 
 def queue_order(requests: list[Request]) -> list[Request]:

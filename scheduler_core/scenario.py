@@ -431,7 +431,7 @@ def parse_scenario(data: Any) -> Scenario:
         settings = settings_from_mapping(policy)
     except SettingError as error:
         raise InputError(f"policy.{error.key}", error.reason) from None
-    from scheduler_core.policy import POLICIES
+    from scheduler_core.registry import POLICIES
 
     if settings.name not in POLICIES:
         known = ", ".join(sorted(POLICIES))

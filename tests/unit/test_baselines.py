@@ -20,7 +20,7 @@ from test_properties import (
 
 from scheduler_core.errors import InputError
 from scheduler_core.metrics import result
-from scheduler_core.policy import POLICIES
+from scheduler_core.registry import POLICIES
 from scheduler_core.scenario import Scenario, parse_scenario
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.settings import LegacyPreemption

@@ -1,4 +1,4 @@
-"""Fragmentation (scheduler_core.fragmentation) and the placement benchmark (fragbench)."""
+"""Fragmentation (scheduler_core.research.fragmentation) and the placement benchmark (fragbench)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_core.cli import main
-from scheduler_core.fragbench import (
+from scheduler_core.research.cli import main
+from scheduler_core.research.fragbench import (
     STRATEGIES,
     BenchContext,
     Cluster,
@@ -22,7 +22,7 @@ from scheduler_core.fragbench import (
     run_strategy,
     task_sequence,
 )
-from scheduler_core.fragmentation import (
+from scheduler_core.research.fragmentation import (
     FragmentationModel,
     NodeFree,
     Placement,
@@ -34,7 +34,7 @@ from scheduler_core.fragmentation import (
     reduce_workload,
     task_fragmentation,
 )
-from scheduler_core.traces import read_nodes, read_pod_shapes, read_pods
+from scheduler_core.research.traces import read_nodes, read_pod_shapes, read_pods
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 PODS = DATA / "openb_pods_small.csv"

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_core import cli, generator
 from scheduler_core.errors import InputError
-from scheduler_core.generator import SeedLikeOptions, dumps, load_report, seed_like
+from scheduler_core.research import cli, generator
+from scheduler_core.research.generator import SeedLikeOptions, dumps, load_report, seed_like
 
 SCENARIO_KEYS = {
     "name",

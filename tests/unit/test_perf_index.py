@@ -26,7 +26,8 @@ from scheduler_core.kept import shape_of
 from scheduler_core.ledger import UsageLedger
 from scheduler_core.model import Gpu, MigInstance, Node, NodeGrant, Request, Slice, SliceKind
 from scheduler_core.nodefree import NodeFree
-from scheduler_core.policy import Failures, decide
+from scheduler_core.policy import Failures
+from scheduler_core.registry import decide
 from scheduler_core.scenario import Scenario
 from scheduler_core.settings import PlacementStrategy
 from scheduler_core.simulator import Simulation

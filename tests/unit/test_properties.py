@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from scheduler_core.capacity import Capacity
 from scheduler_core.errors import InputError
 from scheduler_core.model import MILLI, Health, SliceKind
-from scheduler_core.policy import decide
+from scheduler_core.registry import decide
 from scheduler_core.scenario import Scenario, parse_scenario
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.simulator import Simulation

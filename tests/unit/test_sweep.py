@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_core.cli import main
+from scheduler_core.research.cli import main
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "debug-fast-start.json"
 

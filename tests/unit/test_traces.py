@@ -1,4 +1,4 @@
-"""Importing the Alibaba GPU trace as a §5 scenario (scheduler_core.traces)."""
+"""Importing the Alibaba GPU trace as a §5 scenario (scheduler_core.research.traces)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_core.cli import main
 from scheduler_core.errors import InputError
-from scheduler_core.traces import (
+from scheduler_core.research.cli import main
+from scheduler_core.research.traces import (
     ImportOptions,
     dump_scenario,
     import_alibaba_openb,

@@ -1,7 +1,7 @@
 """`budgethub generate`: write a generated scenario (DESIGN.md §5) to stdout.
 
 ``budgethub generate seed-like --gpus 1024 --days 30 --seed 7 > scenario.json``
-builds a month on a cluster shaped like the seed's (see scheduler_core.generator
+builds a month on a cluster shaped like the seed's (see scheduler_core.research.generator
 for the knobs and the load arithmetic); ``--stats`` adds the offered-load
 figures on stderr. Every knob value is parsed here, so a bad one is reported as
 one line naming its flag (exit status 2), like any other InputError.
@@ -14,9 +14,9 @@ import dataclasses
 import sys
 from typing import Any
 
-from scheduler_core import generator
 from scheduler_core.errors import InputError
-from scheduler_core.generator import SeedLikeOptions
+from scheduler_core.research import generator
+from scheduler_core.research.generator import SeedLikeOptions
 from scheduler_core.settings import parse_duration
 
 

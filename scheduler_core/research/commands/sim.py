@@ -9,9 +9,9 @@ from dataclasses import replace
 from typing import Any
 
 from scheduler_core.errors import InputError
-from scheduler_core.evaluation import fmt_wait
 from scheduler_core.metrics import result
-from scheduler_core.policy import POLICIES
+from scheduler_core.registry import POLICIES
+from scheduler_core.research.evaluation import fmt_wait
 from scheduler_core.scenario import Scenario, load_scenario
 from scheduler_core.simulator import Simulation
 

@@ -16,9 +16,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from scheduler_core.commands.sim import with_policy
 from scheduler_core.errors import InputError
-from scheduler_core.evaluation import (
+from scheduler_core.research.commands.sim import with_policy
+from scheduler_core.research.evaluation import (
     Axis,
     RunOutcome,
     RunSpec,
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - started
     if args.plot:
         # matplotlib loads only when a plot is drawn: every other command stays quick.
-        from scheduler_core.sweepplot import plot_sweep
+        from scheduler_core.research.sweepplot import plot_sweep
 
         plot_sweep(args.plot, axes, runs, f"{scenario.name}, policy {scenario.settings.name}")
     if args.json:

@@ -2,7 +2,7 @@
 
 Turns a public cluster trace into a §5 scenario on stdout; a one-line summary of
 what was imported and skipped goes to stderr. The rules (pools, teams, classes,
-which tasks) are documented in scheduler_core/traces.py.
+which tasks) are documented in scheduler_core/research/traces.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from scheduler_core.traces import TRACE_IMPORTERS, ImportOptions, dump_scenario
+from scheduler_core.research.traces import TRACE_IMPORTERS, ImportOptions, dump_scenario
 
 _DEFAULTS = ImportOptions()
 
@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "import",
         help="print a scenario made from a trace",
         description="Print a §5 scenario made from a public trace "
-        "(rules: scheduler_core/traces.py).",
+        "(rules: scheduler_core/research/traces.py).",
     )
     importer.add_argument("source", choices=sorted(TRACE_IMPORTERS), help="the trace's format")
     importer.add_argument("--pods", required=True, metavar="PODS.csv", help="the task list")

@@ -24,7 +24,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from scheduler_core.evaluation import (  # noqa: E402
+from scheduler_core.metrics import CLASSES  # noqa: E402
+from scheduler_core.research.evaluation import (  # noqa: E402
     RunOutcome,
     fmt_share,
     fmt_wait,
@@ -32,7 +33,6 @@ from scheduler_core.evaluation import (  # noqa: E402
     headline_table,
     report_object,
 )
-from scheduler_core.metrics import CLASSES  # noqa: E402
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }

@@ -96,8 +96,8 @@ from pathlib import Path
 from typing import Any
 
 from scheduler_core.errors import InputError
-from scheduler_core.fragmentation import TaskShape
 from scheduler_core.model import MILLI, RequestClass
+from scheduler_core.research.fragmentation import TaskShape
 from scheduler_core.settings import Settings
 
 SHAPE_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")

@@ -61,13 +61,13 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.fragmentation import (
+from scheduler_core.model import MILLI
+from scheduler_core.research.fragmentation import (
     FragmentationModel,
     NodeFree,
     TaskShape,
     reduce_workload,
 )
-from scheduler_core.model import MILLI
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]

@@ -23,8 +23,14 @@ from typing import Any
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from scheduler_core.errors import InputError
-from scheduler_core.fragbench import POINTS, STRATEGIES, BenchResult, Cluster, run_benchmark
-from scheduler_core.traces import read_nodes, read_pod_shapes
+from scheduler_core.research.fragbench import (
+    POINTS,
+    STRATEGIES,
+    BenchResult,
+    Cluster,
+    run_benchmark,
+)
+from scheduler_core.research.traces import read_nodes, read_pod_shapes
 
 BASELINE = "best-fit"
 """The strategy the table compares the others with."""
@@ -36,7 +42,7 @@ def add_placement(benchmarks: argparse._SubParsersAction[Any]) -> None:
         help="unallocated GPUs of placement strategies on a trace (fragmentation)",
         description="Tasks from a trace arrive without departures until their GPU demand "
         "reaches 100%% and 130%% of capacity; report the unallocated GPUs of every "
-        "placement strategy (see scheduler_core/fragbench.py).",
+        "placement strategy (see scheduler_core/research/fragbench.py).",
     )
     parser.add_argument("--pods", required=True, metavar="PODS.csv", help="the task population")
     parser.add_argument("--nodes", required=True, metavar="NODES.csv", help="the cluster")

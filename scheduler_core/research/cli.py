@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from scheduler_core.errors import InputError
 
 COMMAND_MODULES = (
-    "scheduler_core.commands.sim",
-    "scheduler_core.commands.generate",
-    "scheduler_core.commands.trace",
-    "scheduler_core.commands.bench",
-    "scheduler_core.commands.compare",
-    "scheduler_core.commands.sweep",
+    "scheduler_core.research.commands.sim",
+    "scheduler_core.research.commands.generate",
+    "scheduler_core.research.commands.trace",
+    "scheduler_core.research.commands.bench",
+    "scheduler_core.research.commands.compare",
+    "scheduler_core.research.commands.sweep",
 )
 """Modules that add subcommands; a module that is not there yet is skipped."""
 

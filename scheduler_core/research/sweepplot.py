@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
-from scheduler_core.evaluation import Axis, RunOutcome, headline  # noqa: E402
+from scheduler_core.research.evaluation import Axis, RunOutcome, headline  # noqa: E402
 
 
 def _debug_p90_minutes(figures: dict[str, Any]) -> float:

@@ -14,8 +14,14 @@ import time
 from typing import Any
 
 from scheduler_core.errors import InputError
-from scheduler_core.evaluation import RunSpec, headline, headline_table, report_object, run_all
-from scheduler_core.policy import POLICIES
+from scheduler_core.registry import POLICIES
+from scheduler_core.research.evaluation import (
+    RunSpec,
+    headline,
+    headline_table,
+    report_object,
+    run_all,
+)
 from scheduler_core.scenario import load_scenario
 
 DEFAULT_POLICIES = ("budget", "legacy", "fairshare", "quota", "fifo")
@@ -65,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - started
     if args.report:
         # matplotlib loads only when a report is drawn: every other command stays quick.
-        from scheduler_core.report import write_report
+        from scheduler_core.research.report import write_report
 
         report = write_report(args.report, scenario.name, runs, wall)
     else:
