@@ -1,4 +1,4 @@
-"""Reducing a simulator run to the §5 result object.
+"""Reducing a simulator run to the result object.
 
 Percentiles use the nearest-rank method. A request that never started counts
 with the wait it had reached at the horizon (a lower bound), so a policy that
@@ -17,7 +17,7 @@ hourly figure never credits beyond the share. A parent team's figures cover
 its sub-teams. The run's ``fulfilment`` and ``daily_fulfilment`` sum the
 top-level teams.
 
-Extra fields beyond §5: ``wait_s`` always has ``all`` and the four classes
+Extra fields beyond the basic result: ``wait_s`` always has ``all`` and the four classes
 (``n`` 0 and null percentiles for a class with no requests); ``occupancy_hourly``
 is the GPU pools' busy fraction hour by hour; ``stranded_gpu_h`` is GPU time
 stranded by fragmentation: the free GPU-equivalents of a pool (on ready nodes),
@@ -100,7 +100,7 @@ class HourlySeries:
 
 
 def result(run: SimRun) -> dict[str, Any]:
-    """The §5 result object for a finished run."""
+    """The result object for a finished run."""
     scenario = run.scenario
     horizon = scenario.horizon
     kinds = {p.name: p.kind for p in scenario.pools}

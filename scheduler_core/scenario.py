@@ -1,7 +1,7 @@
-"""Reading a scenario (DESIGN.md §5) into the model, with errors that name the field.
+"""Reading a scenario (docs/architecture.md) into the model, with errors that name the field.
 
 Every rule a scenario can break is checked here, before anything runs: the
-simulator may then trust its input. Defaults are §5's: request ``gpus`` 0,
+simulator may then trust its input. Defaults (docs/architecture.md): request ``gpus`` 0,
 ``nodes`` 1, ``cpus`` 1, ``memory_gib`` 4, ``resumable`` false, ``priority`` 0,
 ``class`` interactive, ``min_runtime`` the policy's default. A node without
 ``cpus``/``memory_gib`` gets 64 CPUs and 512 GiB. Seeded ``usage`` is charged

@@ -37,7 +37,7 @@ class VirtualClock:
 
 @dataclass
 class RequestRecord:
-    """What happened to one request (the §5 result's ``requests`` entries)."""
+    """What happened to one request (the result's ``requests`` entries)."""
 
     id: str
     submit: float

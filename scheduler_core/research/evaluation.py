@@ -1,7 +1,7 @@
 """Running one scenario under several policies or settings, in parallel, for compare and sweep.
 
 Each run is a `RunSpec` (a label, a policy, settings overrides) and comes back
-as a `RunOutcome`: the §5 metrics, the waits by class (for CDF plots) and the
+as a `RunOutcome`: the result metrics, the waits by class (for CDF plots) and the
 wall time. Runs go to worker processes (``spawn``: nothing is inherited, and a
 worker reads the scenario file itself, since a parsed scenario holds read-only
 mappings that do not pickle); a progress bar of simulated time goes to stderr

@@ -1,4 +1,4 @@
-"""Seed-like scenarios: a month of work on a shared H100 cluster, as DESIGN.md §5 JSON.
+"""Seed-like scenarios: a month of work on a shared H100 cluster, as scenario JSON.
 
 The cluster imitates the one in the seed (Ai2's write-up): 88-1024 H100 GPUs,
 about 150 researchers in 15 team allocations, demand 2-3x capacity, debug work
@@ -18,7 +18,7 @@ What it builds
   ``{"storage": s}``, with ``s`` cycling through ``storages``.
 * Teams: ``teams`` allocations that users charge to. With ``program`` on (and at
   least 2 teams) the last two become sub-teams of an extra parent team
-  ``prior``, each with a float share of it, as in the §5 example. Top-level
+  ``prior``, each with a float share of it, as in the example of docs/architecture.md. Top-level
   shares of each pool are drawn from a symmetric Dirichlet law of concentration
   ``share_alpha``, rounded to 4 decimals (at least 0.001 each) and summing to at
   most 1.0 exactly as JSON floats add up. With ``small_teams`` N, the N
@@ -35,7 +35,7 @@ What it builds
   factor 3 asks, per unit of share, 7.5x as much as one with factor 0.4.
   `load_report` prints each team's offered work over its share of capacity.
 
-Requests (§5 fields only; ids ``r000001`` ... in submit order)
+Requests (scenario fields only; ids ``r000001`` ... in submit order)
 --------------------------------------------------------------
 =========== ============================================================================
 class       shape
@@ -569,7 +569,7 @@ def _minutes(seconds: float) -> int:
 
 
 def seed_like(options: SeedLikeOptions) -> dict[str, Any]:
-    """A §5 scenario shaped like the seed's cluster; the same options give the same dict.
+    """A scenario shaped like the seed's cluster; the same options give the same dict.
 
     Raises InputError (``where`` is the knob's flag) when a knob is out of range.
     """
@@ -951,7 +951,7 @@ def dumps(scenario: Mapping[str, Any]) -> str:
 
 
 def gpu_weight(request: Mapping[str, Any]) -> float:
-    """GPU-equivalents a §5 request holds while it runs (all nodes)."""
+    """GPU-equivalents a request holds while it runs (all nodes)."""
     nodes = int(request.get("nodes", 1))
     if request.get("mig") is not None:
         return mig_weight(str(request["mig"])) * nodes

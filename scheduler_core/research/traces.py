@@ -1,4 +1,4 @@
-"""Public cluster traces turned into §5 scenarios (`budgethub trace import`).
+"""Public cluster traces turned into scenarios (`budgethub trace import`).
 
 One source so far, ``alibaba-openb``: the GPU trace Alibaba released with
 "Beware of Fragmentation" (ATC'23), a pod list (``name, cpu_milli, memory_mib,
@@ -20,7 +20,7 @@ always give byte-identical JSON):
 * **Pools.** One GPU pool, ``gpu``, holds every node with GPUs, whatever its
   model: no task in the trace names a GPU model (``gpu_spec`` is empty in this
   release and is ignored), so for the trace's tasks all GPU nodes are
-  interchangeable, which is what a pool means (§3). Nodes keep their
+  interchangeable, which is what a pool means. Nodes keep their
   ``gpu_model``. Nodes without GPUs (present when the all-node list is given)
   form a ``cpu`` pool.
 * **Nodes.** One entry per trace node, named by its ``sn``: ``cpus`` =
@@ -502,7 +502,7 @@ def alibaba_openb_scenario(
     nodes: Sequence[TraceNode],
     options: ImportOptions | None = None,
 ) -> tuple[dict[str, Any], ImportReport]:
-    """A §5 scenario from the Alibaba trace, and what was kept and skipped."""
+    """A scenario from the Alibaba trace, and what was kept and skipped."""
     options = options or ImportOptions()
     if options.teams < 1:
         raise InputError("--teams", f"{options.teams} is not a number of teams >= 1")

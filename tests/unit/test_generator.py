@@ -1,4 +1,4 @@
-"""The seed-like generator: §5 shape, determinism, load arithmetic, and its CLI."""
+"""The seed-like generator: the scenario shape, determinism, load arithmetic, and its CLI."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The §5 result metrics on scenarios small enough to work out by hand."""
+"""The result metrics on scenarios small enough to work out by hand."""
 
 from __future__ import annotations
 

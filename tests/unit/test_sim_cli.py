@@ -1,4 +1,4 @@
-"""`budgethub sim`: the §5 formats, the summary table, and bad scenarios (exit 2, one line)."""
+"""`budgethub sim`: the formats, the summary table, and bad scenarios (exit 2, one line)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Importing the Alibaba GPU trace as a §5 scenario (scheduler_core.research.traces)."""
+"""Importing the Alibaba GPU trace as a scenario (scheduler_core.research.traces)."""
 
 from __future__ import annotations
 

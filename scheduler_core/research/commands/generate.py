@@ -1,4 +1,4 @@
-"""`budgethub generate`: write a generated scenario (DESIGN.md §5) to stdout.
+"""`budgethub generate`: write a generated scenario (docs/architecture.md) to stdout.
 
 ``budgethub generate seed-like --gpus 1024 --days 30 --seed 7 > scenario.json``
 builds a month on a cluster shaped like the seed's (see scheduler_core.research.generator
@@ -25,7 +25,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="write a generated scenario JSON to stdout",
-        description="Write a generated scenario (DESIGN.md §5 JSON) to stdout.",
+        description="Write a generated scenario (scenario JSON (docs/architecture.md)) to stdout.",
     )
     kinds = parser.add_subparsers(dest="generator", metavar="GENERATOR", required=True)
     seed_like = kinds.add_parser(

@@ -20,10 +20,10 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "sim",
         help="simulate a scenario and print its result",
-        description="Replay a scenario (DESIGN.md §5) through the budget scheduler.",
+        description="Replay a scenario (docs/architecture.md) through the budget scheduler.",
     )
     parser.add_argument("scenario", help="scenario JSON file")
-    parser.add_argument("--json", action="store_true", help="print the §5 result object")
+    parser.add_argument("--json", action="store_true", help="print the result object")
     parser.add_argument("--policy", help="run this policy instead of the scenario's")
     parser.set_defaults(func=run)
 
@@ -38,7 +38,7 @@ def with_policy(scenario: Scenario, name: str | None) -> Scenario:
 
 
 def simulate(scenario: Scenario) -> dict[str, Any]:
-    """The §5 result of one run."""
+    """The result of one run."""
     return result(Simulation(scenario).run())
 
 

@@ -1,6 +1,6 @@
 """`budgethub trace import SOURCE --pods PODS.csv --nodes NODES.csv > scenario.json`.
 
-Turns a public cluster trace into a §5 scenario on stdout; a one-line summary of
+Turns a public cluster trace into a scenario on stdout; a one-line summary of
 what was imported and skipped goes to stderr. The rules (pools, teams, classes,
 which tasks) are documented in scheduler_core/research/traces.py.
 """
@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     importer = commands.add_parser(
         "import",
         help="print a scenario made from a trace",
-        description="Print a §5 scenario made from a public trace "
+        description="Print a scenario made from a public trace "
         "(rules: scheduler_core/research/traces.py).",
     )
     importer.add_argument("source", choices=sorted(TRACE_IMPORTERS), help="the trace's format")
