@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-from scheduler_core.model import Allocation
 from scheduler_core.outlook import admission_order
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.scheduler import Scheduler
 from tests.unit.test_rules import req, scenario
-
-
-class Clock:
-    def now(self) -> float:
-        return 10.0
-
-
-class Idle:
-    def launch(self, allocation: Allocation) -> None:
-        pass
-
-    def preempt(self, allocation: Allocation, reason: str) -> bool:
-        return False
+from tests.unit.test_settle import Clock, Idle
 
 
 def order_of(data: dict) -> list[str]:
