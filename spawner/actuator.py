@@ -91,7 +91,6 @@ class SessionActuator:
         self,
         engines: Mapping[str, EngineConfig],
         nodes: tuple[Node, ...],
-        store: Store,
         hub: HubClient,
         *,
         hub_name: str,
@@ -110,7 +109,8 @@ class SessionActuator:
             for name, engine in engines.items()
         }
         self.configured = {n.name: n.health for n in nodes}
-        self.store = store
+        self.store: Store
+        """Given with the core (`attach`): until then only the engines can be asked."""
         self.hub = hub
         self.hub_name = hub_name
         self.timeouts = timeouts
@@ -133,8 +133,9 @@ class SessionActuator:
 
     # -- plumbing ------------------------------------------------------------------
 
-    def attach(self, core: Scheduler) -> None:
+    def attach(self, core: Scheduler, store: Store) -> None:
         self.core = core
+        self.store = store
 
     @property
     def _core(self) -> Scheduler:

@@ -150,11 +150,10 @@ class BudgetScheduler(SchedulerConfig):
         self.core_pools = dict(cluster.pools)
         self.core_teams = list(cluster.teams)
         self.node_list = list(cluster.nodes)
-        self.store = Store.create(self.store_url)
+        # The engines first: a store that cannot be opened leaves them to ask in safe mode.
         self.actuator = SessionActuator(
             cluster.engines,
             cluster.nodes,
-            self.store,
             self.hub,
             hub_name=self.hub_name,
             timeouts=Timeouts(
@@ -174,7 +173,7 @@ class BudgetScheduler(SchedulerConfig):
     async def _start(self) -> None:
         self.build()
         now = time.time()
-        store = self.store
+        store = self.store = Store.create(self.store_url)
         store.save_pools(self.core_pools.values())
         store.save_teams(self.core_teams)
         store.save_nodes(self.node_list, {n: e.url for n, e in self.actuator.engines.items()})
@@ -195,7 +194,7 @@ class BudgetScheduler(SchedulerConfig):
             self.actuator,
             ledger,
         )
-        self.actuator.attach(self.core)
+        self.actuator.attach(self.core, store)
         self.view = QueueView(self.core)
         recovered = await recover(
             self.core, store, self.actuator, tuple(self.core_teams), now, self.lookback
