@@ -97,6 +97,7 @@ class SessionActuator:
         timeouts: Timeouts,
         port_range: tuple[int, int],
         granted: Callable[[Allocation], None],
+        preempted: Callable[[str], None],
         changed: Callable[[], None],
         respawn: Callable[[str], None],
         notices: dict[tuple[str, str], str],
@@ -116,6 +117,7 @@ class SessionActuator:
         self.timeouts = timeouts
         self.port_range = port_range
         self._granted = granted
+        self._preempted = preempted
         self._changed = changed
         self._respawn = respawn
         self.notices = notices
@@ -267,6 +269,7 @@ class SessionActuator:
         self.notices[split_request_id(allocation.id)] = message
         self.live.discard(allocation.id)
         self._free_ports(allocation.id)
+        self._preempted(allocation.id)
         self.background(self._stop_through_hub(allocation, requeue))
         return requeue
 

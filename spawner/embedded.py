@@ -164,6 +164,7 @@ class BudgetScheduler(SchedulerConfig):
             ),
             port_range=self.port_range,
             granted=self._granted,
+            preempted=self._preempted,
             changed=self.kick,
             respawn=self._respawn,
             notices=self.notices,
@@ -315,6 +316,14 @@ class BudgetScheduler(SchedulerConfig):
             waiter.future.set_result(allocation)
         else:
             self._unclaimed[allocation.id] = (allocation, time.time() + self.claim_timeout)
+
+    def _preempted(self, request_id: str) -> None:
+        """A grant that was preempted is no grant any more: a parked one is dropped, and
+        a waiting spawner's progress hears of it."""
+        self._unclaimed.pop(request_id, None)
+        waiter = self._waiters.get(request_id)
+        if waiter is not None:
+            waiter.changed.set()
 
     def _expire_unclaimed(self) -> None:
         now = time.time()
