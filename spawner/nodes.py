@@ -93,7 +93,6 @@ class NodeBackend:
         self._ping_client: docker.DockerClient | None = None
         self._pinging: asyncio.Future[Any] | None = None
         self._watcher: threading.Thread | None = None
-        self._watching = threading.Event()
 
     @property
     def node(self) -> str:
@@ -149,10 +148,9 @@ class NodeBackend:
     def watch(self, hub: str, on_exit: Callable[[ContainerState], None]) -> None:
         """Call ``on_exit`` (from a thread of this engine's own) each time a container of
         this Hub's ends: exited, killed, out of memory. Reconnects while the engine is
-        away; ``unwatch`` ends it."""
+        away, for as long as the Hub runs."""
         if self._watcher is not None:
             return
-        self._watching.set()
         self._watcher = threading.Thread(
             target=self._watch,
             args=(hub, on_exit),
@@ -161,37 +159,27 @@ class NodeBackend:
         )
         self._watcher.start()
 
-    def unwatch(self) -> None:
-        self._watching.clear()
-        self._watcher = None
-
     def _watch(self, hub: str, on_exit: Callable[[ContainerState], None]) -> None:
         filters = {"type": "container", "event": "die", "label": f"{LABEL_PREFIX}.hub={hub}"}
         backoff = 0.5
-        while self._watching.is_set():
+        while True:
+            client = None
             try:
-                # docker-py reads the stream with no timeout: it is quiet while nothing ends.
                 client = self._new_client(self._timeout)
-                stream = client.events(decode=True, filters=filters)
+                # docker-py reads the stream with no timeout: it is quiet while nothing ends.
+                events = client.events(decode=True, filters=filters)
                 backoff = 0.5
-                for event in stream:
-                    if not self._watching.is_set():
-                        break
+                for event in events:
                     attributes = event.get("Actor", {}).get("Attributes", {})
                     labels = {k: v for k, v in attributes.items() if k.startswith(LABEL_PREFIX)}
-                    code = attributes.get("exitCode", "0")
-                    on_exit(
-                        ContainerState(
-                            str(event.get("id", "")),
-                            False,
-                            int(code) if str(code).lstrip("-").isdigit() else -1,
-                            labels,
-                        )
-                    )
-                stream.close()
-                client.close()
+                    code = str(attributes.get("exitCode", "0"))
+                    exit_code = int(code) if code.lstrip("-").isdigit() else -1
+                    on_exit(ContainerState(str(event.get("id", "")), False, exit_code, labels))
             except Exception as error:  # the engine went away: try again shortly
                 log.debug("node %s: event stream ended: %s", self.node, error)
+            finally:
+                if client is not None:
+                    client.close()
             time.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
 

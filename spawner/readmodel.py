@@ -9,7 +9,7 @@ for notices); it changes nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scheduler_core.model import PoolKind, Request
@@ -173,8 +173,3 @@ class QueueView:
             if used is not None:
                 parts.append(f"{pool_name}: {used:.0%} of budget used")
         return f"({'; '.join(parts)})" if parts else ""
-
-
-def teams_of(groups: Iterable[str], teams: Mapping[str, object]) -> list[str]:
-    """The user's groups that are teams with an allocation."""
-    return [g for g in groups if g in teams]
