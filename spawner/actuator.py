@@ -411,13 +411,16 @@ class SessionActuator:
             interval = min(interval * 1.2, 0.1)
         raise TimeoutError(f"its server did not answer within {self.timeouts.launch:g} s")
 
-    async def poll_session(self, request_id: str, node: str, container_id: str) -> int | None:
+    async def poll_session(
+        self, request_id: str, node: str, container_id: str, *, release: bool = True
+    ) -> int | None:
         """None while the container runs (or its node cannot be asked now); its exit
-        status once it ended, its slices then freed."""
+        status once it ended, its slices then freed (``release``: not in safe mode, where
+        no core holds them)."""
         backend = self.backends.get(node)
         if backend is None:
-            return 0
-        if self.core is not None and not self.node_answers(node):
+            return 0 if release else None
+        if release and not self.node_answers(node):
             return None  # its sessions are kept while the node is away
         try:
             state = await asyncio.wait_for(backend.state(container_id), self.timeouts.engine)
@@ -426,7 +429,7 @@ class SessionActuator:
             return None
         if state is not None and state.running:
             return None
-        if self.core is not None:
+        if release:
             self.container_ended(request_id, state)
         return 0 if state is None else state.exit_code
 

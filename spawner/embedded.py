@@ -28,20 +28,17 @@ from scheduler_core.scheduler import Scheduler, WallClock
 from scheduler_core.settings import Settings
 from scheduler_core.store import RequestState, Store
 from spawner.actuator import LaunchFailed, RunningSession, SessionActuator, SessionLaunch, Timeouts
-from spawner.config import ConfigError, SchedulerConfig, parse_nodes
+from spawner.config import SchedulerConfig
 from spawner.hubapi import HubClient, split_request_id
-from spawner.readmodel import QueueStatus, QueueView, notices_from
+from spawner.readmodel import QueueStatus, QueueView
 from spawner.recovery import recover
 
 __all__ = [
     "BudgetScheduler",
-    "ConfigError",
     "LaunchFailed",
     "SessionLaunch",
     "QueueStatus",
     "Waiter",
-    "notices_from",
-    "parse_nodes",
 ]
 
 
@@ -82,10 +79,6 @@ class BudgetScheduler(SchedulerConfig):
         self._background: set[asyncio.Task[None]] = set()
         self.cycle_ms: list[float] = []
         """Wall time of recent cycles on the event loop (the Hub's lag from scheduling)."""
-
-    @property
-    def hub_api_url(self) -> str:
-        return self.hub.url
 
     # -- start, or safe mode -----------------------------------------------------------
 
@@ -421,27 +414,15 @@ class BudgetScheduler(SchedulerConfig):
 
     async def poll_session(self, request_id: str, node: str, container_id: str) -> int | None:
         """None while the session runs (or cannot be asked); its exit status once ended."""
-        if not self.started:
-            return await self._poll_in_safe_mode(node, container_id)
-        return await self.actuator.poll_session(request_id, node, container_id)
-
-    async def _poll_in_safe_mode(self, node: str, container_id: str) -> int | None:
-        """Without a core, only the engine can say: None unless it says it ended."""
-        actuator = getattr(self, "actuator", None)
-        backend = actuator.backends.get(node) if actuator is not None else None
-        if backend is None:
-            return None
-        try:
-            state = await asyncio.wait_for(backend.state(container_id), self.engine_timeout)
-        except Exception:
-            return None
-        if state is not None and state.running:
-            return None
-        return 0 if state is None else state.exit_code
+        actuator: SessionActuator | None = getattr(self, "actuator", None)
+        if actuator is None:
+            return None  # not even the configuration could be read: keep every session
+        # In safe mode only the engine can say; no core holds slices to release.
+        return await actuator.poll_session(request_id, node, container_id, release=self.started)
 
     async def stop_session(self, request_id: str, node: str, container_id: str) -> None:
         """Remove the session's container (bounded) and free what it held."""
-        actuator = getattr(self, "actuator", None)
+        actuator: SessionActuator | None = getattr(self, "actuator", None)
         if actuator is not None:
             await actuator.stop_container(node, container_id, request_id)
         if self.started and request_id:
@@ -463,9 +444,6 @@ class BudgetScheduler(SchedulerConfig):
         """The user's groups that are teams with an allocation."""
         names = {t.name for t in self.core_teams}
         return [g for g in groups if g in names]
-
-    def budget_used(self, team: str, pool: str) -> float | None:
-        return self.view.budget_used(team, pool)
 
     def team_hint(self, team: str) -> str:
         """A short line about a team's budget: how much of it is used, per pool."""

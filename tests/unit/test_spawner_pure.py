@@ -8,6 +8,7 @@ import pytest
 
 from scheduler_core.model import MILLI, NodeGrant, RequestClass, Slice, SliceKind
 from scheduler_core.settings import Settings
+from spawner.config import ConfigError, parse_nodes
 from spawner.containers import (
     DEFAULT_PIDS_LIMIT,
     SessionIdentity,
@@ -15,7 +16,6 @@ from spawner.containers import (
     container_name,
     workspace_volume,
 )
-from spawner.embedded import ConfigError, parse_nodes
 from spawner.inventory import nvml_gpus, virtual_gpus
 from spawner.profiles import FormError, parse_profiles, render_form, resolve
 from spawner.spawner import DEFAULT_PROFILES
@@ -311,7 +311,7 @@ def test_queue_message_says_why_a_request_would_run_unallocated():
 
 def test_stop_notices_are_rebuilt_from_the_event_log():
     from scheduler_core.store import EventRecord
-    from spawner.embedded import notices_from
+    from spawner.readmodel import notices_from
 
     def event(i: int, kind: str, **payload: object) -> EventRecord:
         return EventRecord(id=i, time=float(i), kind=kind, payload=payload)
