@@ -173,6 +173,7 @@ class SchedulerConfig(SingletonConfigurable):
     ).tag(config=True)
     launch_attempts = Integer(
         3,
+        min=1,
         help="""Starts a granted session gets: a container that does not start (a bad image,
         an engine error, a server that never answers) hands its slices back and waits again
         at its old place in the queue, until this many have failed; then the spawn ends
