@@ -114,17 +114,23 @@ def test_a_spawn_that_waits_past_the_maximum_queue_wait_ends_with_a_message(make
     assert [c.labels["org.budgethub.user"] for c in containers(hub.hub_name)] == []
 
 
-def test_a_funded_request_displaces_an_unallocated_session_and_its_user_sees_why(make_hub):
-    teams = [
-        {"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}},
-        {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
-    ]
-    hub = make_hub(
+def preemption_hub(make_hub, **extra: Any) -> Hub:
+    """One GPU; ann (nlp) is funded, gus (guests, no share) runs unallocated and may be
+    displaced a second after he starts."""
+    return make_hub(
         nodes=[local_gpu_node(gpus=1)],
-        teams=teams,
+        teams=[
+            {"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}},
+            {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
+        ],
         groups={"nlp": ["ann"], "guests": ["gus"]},
         extra="c.BudgetScheduler.unallocated_grace = 1.0",
+        **extra,
     )
+
+
+def test_a_funded_request_displaces_an_unallocated_session_and_its_user_sees_why(make_hub):
+    hub = preemption_hub(make_hub)
     hub.spawn("gus", ONE_GPU)  # guests have no share: unallocated, on idle capacity
     hub.wait_ready("gus")
     [victim] = containers(hub.hub_name)

@@ -8,7 +8,7 @@ import time
 from scheduler_core.store import Store
 from tests.integration.conftest import local_gpu_node
 from tests.integration.hub import containers
-from tests.integration.test_queue import wait_for
+from tests.integration.test_queue import preemption_hub, wait_for
 from tests.integration.test_reliability import booked
 
 
@@ -61,16 +61,9 @@ def test_a_container_that_does_not_start_waits_again_then_the_spawn_says_why(mak
 
 
 def test_preempted_resumable_work_waits_again_at_its_old_place(make_hub):
-    teams = [
-        {"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}},
-        {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
-    ]
-    hub = make_hub(
-        nodes=[local_gpu_node(gpus=1)],
-        teams=teams,
-        groups={"nlp": ["ann"], "guests": ["gus"]},
+    hub = preemption_hub(
+        make_hub,
         profiles=[profile("job", **{"class": "batch", "resumable": True}), profile("notebook")],
-        extra="c.BudgetScheduler.unallocated_grace = 1.0",
     )
     hub.spawn("gus", {"profile": "job"})  # guests have no share: it runs unallocated
     hub.wait_ready("gus")
