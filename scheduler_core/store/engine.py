@@ -83,8 +83,11 @@ def alembic_config() -> Config:
     return Config(str(ini))
 
 
-def migrate(engine: Engine, revision: str = "head") -> None:
-    """Bring the database behind ``engine`` to ``revision`` with the shipped migrations."""
+def migrate(engine: Engine, revision: str = "heads") -> None:
+    """Bring the database behind ``engine`` to ``revision`` with the shipped migrations.
+
+    ``heads``, not ``head``: features that add tables each bring their own migration, and
+    two written side by side may both follow the same parent until they are chained."""
     config = alembic_config()
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
