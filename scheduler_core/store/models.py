@@ -262,15 +262,26 @@ class UsageRow(Base):
 
 
 class SnapshotRow(Base):
+    """A preempted session's snapshot: ``key`` names its directory in the snapshot store
+    (and is what a restore asks for); ``user_name`` and ``server`` say whose it is."""
+
     __tablename__ = "snapshots"
+    __table_args__ = (Index(None, "user_name", "server"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
     request_id: Mapped[str] = mapped_column(String(128), ForeignKey("requests.id"), index=True)
     allocation_id: Mapped[int | None] = mapped_column(ForeignKey("allocations.id"))
+    user_name: Mapped[str] = mapped_column(String(128))
+    server: Mapped[str]
+    node: Mapped[str | None] = mapped_column(String(128))
     created: Mapped[float]
     image: Mapped[str] = mapped_column(Text)
     saved: Mapped[list[str]]
     unsaved: Mapped[dict[str, str]]
+    sizes: Mapped[dict[str, Any]]
+    kernels: Mapped[list[Any]] = mapped_column(JSON())
+    report: Mapped[dict[str, Any]]
 
 
 class EventRow(Base):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -45,10 +45,11 @@ class EventRecord:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotRecord:
-    """A saved session: the image it was committed to and what was or was not saved.
+    """A saved session: whose, where and when it was taken, and what was or was not saved.
 
-    ``unsaved`` maps each item that could not be saved to the reason, so that
-    nothing is dropped silently.
+    ``key`` names it (its directory in the snapshot store, and what a restore asks
+    for). ``unsaved`` maps each item that could not be saved to the reason, so that
+    nothing is dropped silently; ``report`` is the whole account the user is shown.
     """
 
     id: int
@@ -58,3 +59,10 @@ class SnapshotRecord:
     image: str
     saved: tuple[str, ...]
     unsaved: Mapping[str, str]
+    key: str = ""
+    user: str = ""
+    server: str = ""
+    node: str | None = None
+    sizes: Mapping[str, Any] = field(default_factory=dict)
+    kernels: tuple[Any, ...] = ()
+    report: Mapping[str, Any] = field(default_factory=dict)

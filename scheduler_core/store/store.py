@@ -8,6 +8,7 @@ device; the partial unique index on booked devices is a second line of defence.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from graphlib import CycleError, TopologicalSorter
@@ -475,34 +476,78 @@ class Store:
         image: str,
         saved: Iterable[str] = (),
         unsaved: Mapping[str, str] | None = None,
+        *,
+        key: str | None = None,
+        server: str = "",
+        node: str | None = None,
+        sizes: Mapping[str, Any] | None = None,
+        kernels: Iterable[Any] = (),
+        report: Mapping[str, Any] | None = None,
     ) -> SnapshotRecord:
         """Record a snapshot of the request's session (linked to its latest allocation).
 
-        ``saved`` lists what was saved; ``unsaved`` maps what could not be to why.
-        """
+        ``saved`` lists what was saved; ``unsaved`` maps what could not be to why. The
+        snapshot belongs to the request's user and to ``server``; ``key`` (default: the
+        row's id) names it."""
         with self._write() as session:
-            self._request(session, request_id)
+            request = self._request(session, request_id)
             allocation_id = session.scalar(
                 select(func.max(AllocationRow.id)).where(AllocationRow.request_id == request_id)
             )
             row = SnapshotRow(
+                key=key or f"pending-{secrets.token_hex(8)}",
                 request_id=request_id,
                 allocation_id=allocation_id,
+                user_name=request.user_name,
+                server=server,
+                node=node,
                 created=created,
                 image=image,
                 saved=list(saved),
                 unsaved=dict(unsaved or {}),
+                sizes=dict(sizes or {}),
+                kernels=list(kernels),
+                report=dict(report or {}),
             )
             session.add(row)
+            if key is None:
+                session.flush()
+                row.key = str(row.id)
         return _snapshot(row)
 
-    def list_snapshots(self, request_id: str | None = None) -> list[SnapshotRecord]:
-        """Snapshots (all, or of one request), oldest first."""
+    def list_snapshots(
+        self,
+        request_id: str | None = None,
+        *,
+        user: str | None = None,
+        server: str | None = None,
+    ) -> list[SnapshotRecord]:
+        """Snapshots (all, of one request, or of one user or one user's server), oldest
+        first."""
         query = select(SnapshotRow).order_by(SnapshotRow.created, SnapshotRow.id)
         if request_id is not None:
             query = query.where(SnapshotRow.request_id == request_id)
+        if user is not None:
+            query = query.where(SnapshotRow.user_name == user)
+        if server is not None:
+            query = query.where(SnapshotRow.server == server)
         with self._read() as session:
             return [_snapshot(row) for row in session.scalars(query)]
+
+    def get_snapshot(self, key: str) -> SnapshotRecord | None:
+        """The snapshot named ``key``, or None."""
+        with self._read() as session:
+            row = session.scalar(select(SnapshotRow).where(SnapshotRow.key == key))
+            return None if row is None else _snapshot(row)
+
+    def delete_snapshots(self, keys: Iterable[str]) -> int:
+        """Forget the snapshots named ``keys``; how many there were."""
+        wanted = list(keys)
+        if not wanted:
+            return 0
+        with self._write() as session:
+            result = session.execute(delete(SnapshotRow).where(SnapshotRow.key.in_(wanted)))
+            return int(getattr(result, "rowcount", 0) or 0)
 
 
 def _event(row: EventRow) -> EventRecord:
@@ -518,4 +563,11 @@ def _snapshot(row: SnapshotRow) -> SnapshotRecord:
         image=row.image,
         saved=tuple(row.saved),
         unsaved=MappingProxyType(dict(row.unsaved)),
+        key=row.key,
+        user=row.user_name,
+        server=row.server,
+        node=row.node,
+        sizes=MappingProxyType(dict(row.sizes)),
+        kernels=tuple(row.kernels),
+        report=MappingProxyType(dict(row.report)),
     )
