@@ -111,6 +111,10 @@ class Scheduler:
         self._starving: list[tuple[float, str]] = []
         self._funded: dict[str, bool] = {}
         self._last_cycle: float | None = None
+        self.idle: dict[str, float] = {}
+        """Running request id → when its session went idle (`mark_activity`)."""
+        self._idle_due: list[tuple[float, str]] = []
+        """When idle sessions become free to release (``idle_release``)."""
 
     def _pool_capacity(self) -> dict[str, float]:
         capacity = dict.fromkeys(self.pools, 0.0)
@@ -174,11 +178,57 @@ class Scheduler:
                 allocation.team, allocation.pool, allocation.start, allocation.charge_rate
             )
 
+    def mark_activity(self, request_id: str, idle_since: float | None) -> None:
+        """What a running session is doing: idle since ``idle_since``, or busy (None).
+
+        Idle sessions are the first victims; with ``idle_release`` set, one idle long
+        enough may be stopped for any team's funded request. Reports for requests that
+        are not running are ignored (the session may have ended meanwhile)."""
+        if request_id not in self.running:
+            return
+        before = self.idle.get(request_id)
+        if idle_since is None:
+            self.idle.pop(request_id, None)
+        else:
+            self.idle[request_id] = idle_since
+            if self.settings.idle_release > 0:
+                due = idle_since + self.settings.idle_release
+                heapq.heappush(self._idle_due, (due, request_id))
+        if before != idle_since:
+            self._changed = True
+
     def set_health(self, node_name: str, health: Health) -> None:
         node = replace(self.nodes[node_name], health=health)
         self.nodes[node_name] = node
         self._node_tuple = tuple(self.nodes.values())
         self._kept.node_changed(node)
+        self._changed = True
+
+    def reconfigure(
+        self,
+        *,
+        settings: Settings | None = None,
+        teams: Iterable[Team] | None = None,
+        ledger: UsageLedger | None = None,
+    ) -> None:
+        """Swap the settings, the team tree or the ledger between cycles (an admin's
+        change, picked up without a restart). The kept data is built again from the
+        queue and the running sessions, and the next cycle looks at the whole queue;
+        waiting requests are capped again by the new settings."""
+        if settings is not None:
+            self.settings = settings
+        if teams is not None:
+            self.teams = TeamTree.build(teams)
+        if ledger is not None:
+            self.ledger = ledger
+        self._kept = Kept(self.settings, self.pools, self.nodes.values())
+        for allocation in self.running.values():
+            self._kept.book(allocation)
+        for request_id, request in list(self.pending.items()):
+            capped = self.settings.capped_min_runtime(request.min_runtime, request.klass)
+            if capped != request.min_runtime:
+                request = self.pending[request_id] = replace(request, min_runtime=capped)
+            self._kept.enqueue(request)
         self._changed = True
 
     @property
@@ -210,6 +260,10 @@ class Scheduler:
         while self._expiries and self._expiries[0][0] <= now:
             _, request_id = heapq.heappop(self._expiries)
             expired = expired or request_id in self.running
+        while self._idle_due and self._idle_due[0][0] <= now:
+            # An idle session became free to release: like a protected window ending.
+            _, request_id = heapq.heappop(self._idle_due)
+            expired = expired or request_id in self.idle
         starving = False
         while self._starving and self._starving[0][0] <= now:
             _, request_id = heapq.heappop(self._starving)
@@ -249,7 +303,8 @@ class Scheduler:
     def next_wake(self) -> float | None:
         """When step() next has something time-driven to look at (a protected
         window ending, a request reaching the starvation bound), if ever."""
-        times = [heap[0][0] for heap in (self._expiries, self._starving) if heap]
+        heaps = (self._expiries, self._starving, self._idle_due)
+        times = [heap[0][0] for heap in heaps if heap]
         return min(times) if times else None
 
     # -- one cycle ---------------------------------------------------------
@@ -281,6 +336,7 @@ class Scheduler:
             queued=queued,
             index=index,
             funded_rates=MappingProxyType(dict(kept.funded_rates)),
+            idle=tuple((self.running[r], since) for r, since in self.idle.items()),
         )
 
     def cycle(self, scope: Iterable[str] | None = None) -> Decisions:
@@ -352,6 +408,7 @@ class Scheduler:
 
     def _release(self, allocation: Allocation) -> None:
         self._changed = True
+        self.idle.pop(allocation.id, None)
         self._kept.release(allocation)
         if allocation.funded:
             self.ledger.stop_charging(

@@ -15,23 +15,33 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tornado.httpclient import HTTPClientError
 
 from scheduler_core.ledger import UsageLedger
-from scheduler_core.model import Allocation, Node, Pool, Request, Team
+from scheduler_core.model import Allocation, Health, Node, Pool, Request, Team
 from scheduler_core.scenario import why_unplaceable
 from scheduler_core.scheduler import Scheduler, WallClock
 from scheduler_core.settings import Settings
 from scheduler_core.store import RequestState, Store
+from scheduler_core.store.admin import AdminStore, SchedulerStatus
+from spawner import admin
 from spawner.actuator import LaunchFailed, RunningSession, SessionActuator, SessionLaunch, Timeouts
 from spawner.config import SchedulerConfig
 from spawner.hubapi import HubClient, split_request_id
 from spawner.readmodel import QueueStatus, QueueView
 from spawner.recovery import recover
+
+ADMIN_CHECK = 0.5
+"""Seconds between looks for admin changes (one small query) before a cycle."""
+REPORT_EVERY = 5.0
+"""Seconds between status reports to the store (cycle counts, for /metrics)."""
+CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+"""Upper bounds (seconds) of the cycle-duration histogram; longer cycles count in +Inf."""
 
 __all__ = [
     "BudgetScheduler",
@@ -79,6 +89,14 @@ class BudgetScheduler(SchedulerConfig):
         self._background: set[asyncio.Task[None]] = set()
         self.cycle_ms: list[float] = []
         """Wall time of recent cycles on the event loop (the Hub's lag from scheduling)."""
+        self.admin: AdminStore
+        self.applied_admin = 0
+        """The newest admin change (audit id) the core runs with."""
+        self._admin_checked = 0.0
+        self._reported = 0.0
+        self._cycle_counts = [0] * (len(CYCLE_BUCKETS) + 1)
+        self._cycles = 0
+        self._cycle_sum = 0.0
 
     # -- start, or safe mode -----------------------------------------------------------
 
@@ -168,17 +186,14 @@ class BudgetScheduler(SchedulerConfig):
         self.build()
         now = time.time()
         store = self.store = Store.create(self.store_url)
+        self.admin = AdminStore(store)
+        self.applied_admin = self.admin.version()
+        self._merge_admin(self.admin.overrides())
         store.save_pools(self.core_pools.values())
         store.save_teams(self.core_teams)
         store.save_nodes(self.node_list, {n: e.url for n, e in self.actuator.engines.items()})
         ledger = UsageLedger()
-        for team, pool, start, end, units in store.usage_records(now - self.lookback):
-            if end > start:
-                rate = units / (end - start)
-                ledger.start_charging(team, pool, start, rate)
-                ledger.stop_charging(team, pool, end, rate)
-            else:
-                ledger.add(team, pool, end, units)
+        self._replay_usage(ledger, now - self.settings.lookback)
         self.core = Scheduler(
             self.settings,
             self.core_pools.values(),
@@ -191,7 +206,7 @@ class BudgetScheduler(SchedulerConfig):
         self.actuator.attach(self.core, store)
         self.view = QueueView(self.core)
         recovered = await recover(
-            self.core, store, self.actuator, tuple(self.core_teams), now, self.lookback
+            self.core, store, self.actuator, tuple(self.core_teams), now, self.settings.lookback
         )
         self._options.update(recovered.options)
         self._by_session.update(recovered.sessions)
@@ -208,6 +223,94 @@ class BudgetScheduler(SchedulerConfig):
             len(self.core.pending),
         )
         self.kick()
+
+    def _replay_usage(self, ledger: UsageLedger, since: float) -> None:
+        for team, pool, start, end, units in self.store.usage_records(since):
+            if end > start:
+                rate = units / (end - start)
+                ledger.start_charging(team, pool, start, rate)
+                ledger.stop_charging(team, pool, end, rate)
+            else:
+                ledger.add(team, pool, end, units)
+
+    # -- what an admin changed through the budget service ---------------------------------
+
+    def _merge_admin(self, overrides: Mapping[str, Any]) -> admin.Effective:
+        """The store's admin changes over the configuration (the store wins)."""
+        cluster = self.cluster()
+        merged = admin.effective(
+            cluster.teams,
+            cluster.settings,
+            self.core_pools,
+            [n.name for n in cluster.nodes],
+            overrides,
+        )
+        for reason in merged.ignored:
+            self.log.warning(
+                "budgethub: an admin change no longer fits the configuration: %s", reason
+            )
+        self.settings = merged.settings
+        self.core_teams = list(merged.teams)
+        configured = {n.name: n.health for n in cluster.nodes}
+        for name, health in configured.items():
+            self.actuator.configured[name] = Health.DRAINING if name in merged.drained else health
+        self.node_list = [
+            replace(n, health=self.actuator.configured.get(n.name, n.health))
+            for n in self.node_list
+        ]
+        return merged
+
+    def sync_admin(self) -> bool:
+        """Take in the admin changes made since the last look (True if there were any):
+        teams, shares and settings swapped in the core, nodes drained or returned."""
+        version = self.admin.version()
+        if version == self.applied_admin:
+            return False
+        old_lookback = self.settings.lookback
+        merged = self._merge_admin(self.admin.overrides())
+        ledger = None
+        if merged.settings.lookback > old_lookback:
+            # Usage older than the old window was never replayed: read it again.
+            ledger = UsageLedger()
+            self._replay_usage(ledger, time.time() - merged.settings.lookback)
+            for allocation in self.core.running.values():
+                if allocation.funded:
+                    ledger.start_charging(
+                        allocation.team, allocation.pool, allocation.start, allocation.charge_rate
+                    )
+        self.store.save_teams(merged.teams)
+        self.core.reconfigure(settings=merged.settings, teams=merged.teams, ledger=ledger)
+        for name, node in self.core.nodes.items():
+            wanted = self.actuator.configured[name]
+            if node.health in (Health.READY, Health.DRAINING) and node.health is not wanted:
+                self.core.set_health(name, wanted)
+                self.store.set_node_health(name, wanted)
+                self.store.append_event(time.time(), "node", {"node": name, "state": wanted.value})
+        self.applied_admin = version
+        self.log.info("budgethub: admin change %d applied (teams, settings, nodes)", version)
+        return True
+
+    def _report(self, now: float) -> None:
+        """Write the cycle counts and effective settings for the budget service's /metrics."""
+        cumulative, total = [], 0
+        for bound, count in zip(CYCLE_BUCKETS, self._cycle_counts[:-1], strict=True):
+            total += count
+            cumulative.append((bound, total))
+        settings = {
+            key: value.value if hasattr(value, "value") else value
+            for key, value in asdict(self.settings).items()
+        }
+        self.admin.report(
+            SchedulerStatus(
+                hub=self.hub_name,
+                updated=now,
+                cycles=self._cycles,
+                cycle_seconds_sum=self._cycle_sum,
+                cycle_buckets=tuple(cumulative),
+                settings=settings,
+                applied_audit_id=self.applied_admin,
+            )
+        )
 
     # -- queued spawns that no spawner waits for -------------------------------------------
 
@@ -293,14 +396,33 @@ class BudgetScheduler(SchedulerConfig):
         self.run_cycle()
 
     def run_cycle(self) -> None:
+        now = time.time()
+        changed = False
+        if now - self._admin_checked >= ADMIN_CHECK:
+            self._admin_checked = now
+            try:
+                changed = self.sync_admin()
+            except Exception:
+                self.log.exception("budgethub: could not take in the admin changes")
         t0 = time.perf_counter()
         decisions = self.core.settle()  # a step and its follow-ups, as in the simulator
-        if decisions is not None:
+        if decisions is not None or changed:
             self.view.changed()
             for waiter in self._waiters.values():
                 waiter.changed.set()
-        self.cycle_ms.append((time.perf_counter() - t0) * 1e3)
+        seconds = time.perf_counter() - t0
+        self.cycle_ms.append(seconds * 1e3)
         del self.cycle_ms[:-1000]
+        if decisions is not None:
+            self._cycles += 1
+            self._cycle_sum += seconds
+            self._cycle_counts[bisect_left(CYCLE_BUCKETS, seconds)] += 1
+        if changed or now - self._reported >= REPORT_EVERY:
+            self._reported = now
+            try:
+                self._report(now)
+            except Exception as error:
+                self.log.warning("budgethub: could not report the scheduler's status: %s", error)
 
     def _granted(self, allocation: Allocation) -> None:
         """The actuator booked an admission: hand it to its spawner (or park it)."""

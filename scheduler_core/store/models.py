@@ -293,3 +293,47 @@ class EventRow(Base):
     time: Mapped[float] = mapped_column(index=True)
     kind: Mapped[str] = mapped_column(String(64), index=True)
     payload: Mapped[dict[str, Any]]
+
+
+class AdminSettingRow(Base):
+    """What an admin changed through the budget service (migration 0003), by key.
+
+    ``teams`` (the whole hierarchy with shares), ``lookback``, ``max_min_runtime`` and
+    ``drained`` (node names); at start the embedded scheduler lets these win over the
+    configuration file, and it picks up a change in its next cycle.
+    """
+
+    __tablename__ = "admin_settings"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[Any] = mapped_column(JSON(), nullable=False)
+    changed: Mapped[float]
+    changed_by: Mapped[str] = mapped_column(String(128))
+
+
+class AuditRow(Base):
+    """One admin change: who, when, what, the old and the new value."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    time: Mapped[float] = mapped_column(index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    target: Mapped[str] = mapped_column(String(255))
+    old: Mapped[Any] = mapped_column(JSON(), nullable=True)
+    new: Mapped[Any] = mapped_column(JSON(), nullable=True)
+
+
+class SchedulerStatusRow(Base):
+    """What the embedded scheduler last reported of itself: cycles and their durations
+    (histogram buckets), its effective settings, and the admin change it applied."""
+
+    __tablename__ = "scheduler_status"
+
+    hub: Mapped[str] = mapped_column(String(128), primary_key=True)
+    updated: Mapped[float]
+    cycles: Mapped[int]
+    cycle_seconds_sum: Mapped[float]
+    cycle_buckets: Mapped[list[Any]] = mapped_column(JSON())
+    settings: Mapped[dict[str, Any]]
+    applied_audit_id: Mapped[int]

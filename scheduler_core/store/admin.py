@@ -1,0 +1,133 @@
+"""What admins change through the budget service, its audit log, and the scheduler's status.
+
+Kept beside `Store` (the same engine, its own short transactions) because two
+processes use it: the budget service writes a change and its audit entry in one
+transaction; the embedded scheduler reads the changes (cheaply: the newest audit id
+says whether anything changed) and reports its cycles for /metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from scheduler_core.store.engine import writer_engine
+from scheduler_core.store.models import AdminSettingRow, AuditRow, SchedulerStatusRow
+from scheduler_core.store.store import Store
+
+ADMIN_KEYS = ("teams", "lookback", "max_min_runtime", "drained")
+"""What an admin may change (see `spawner/admin.py` for how each is checked)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    id: int
+    time: float
+    actor: str
+    target: str
+    old: Any
+    new: Any
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStatus:
+    hub: str
+    updated: float
+    cycles: int
+    cycle_seconds_sum: float
+    cycle_buckets: tuple[tuple[float, int], ...]
+    """(upper bound in seconds, cumulative count) for the finite bounds; ``cycles`` is
+    the +Inf bucket (JSON has no infinity)."""
+    settings: Mapping[str, Any]
+    applied_audit_id: int
+
+
+class AdminStore:
+    """Admin overrides, the audit log and the scheduler status in a `Store`'s database."""
+
+    def __init__(self, store: Store) -> None:
+        self._reads = sessionmaker(store.engine, expire_on_commit=False)
+        self._writes = sessionmaker(writer_engine(store.engine), expire_on_commit=False)
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with self._reads.begin() as session:
+            yield session
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        with self._writes.begin() as session:
+            yield session
+
+    def overrides(self) -> dict[str, Any]:
+        """Every admin-changed value by key."""
+        with self._read() as session:
+            return {row.key: row.value for row in session.scalars(select(AdminSettingRow))}
+
+    def change(self, actor: str, when: float, changes: Mapping[str, tuple[Any, Any]]) -> int:
+        """Set ``key → (old, new)`` values and log each in the audit log, in one
+        transaction; returns the newest audit id."""
+        unknown = set(changes) - set(ADMIN_KEYS)
+        if unknown:
+            raise ValueError(f"not admin settings: {', '.join(sorted(unknown))}")
+        with self._write() as session:
+            for key, (old, new) in changes.items():
+                row = session.get(AdminSettingRow, key)
+                if row is None:
+                    session.add(AdminSettingRow(key=key, value=new, changed=when, changed_by=actor))
+                else:
+                    row.value, row.changed, row.changed_by = new, when, actor
+                session.add(AuditRow(time=when, actor=actor, target=key, old=old, new=new))
+            session.flush()
+            return int(session.scalar(select(func.max(AuditRow.id))) or 0)
+
+    def version(self) -> int:
+        """The newest audit id (0: no admin change yet); it grows with every change."""
+        with self._read() as session:
+            return int(session.scalar(select(func.max(AuditRow.id))) or 0)
+
+    def audit(self, limit: int = 200) -> list[AuditEntry]:
+        """The newest entries of the audit log, newest first."""
+        query = select(AuditRow).order_by(AuditRow.id.desc()).limit(limit)
+        with self._read() as session:
+            return [
+                AuditEntry(r.id, r.time, r.actor, r.target, r.old, r.new)
+                for r in session.scalars(query)
+            ]
+
+    def report(self, status: SchedulerStatus) -> None:
+        """Insert or replace the scheduler's status row."""
+        with self._write() as session:
+            session.merge(
+                SchedulerStatusRow(
+                    hub=status.hub,
+                    updated=status.updated,
+                    cycles=status.cycles,
+                    cycle_seconds_sum=status.cycle_seconds_sum,
+                    cycle_buckets=[list(b) for b in status.cycle_buckets],
+                    settings=dict(status.settings),
+                    applied_audit_id=status.applied_audit_id,
+                )
+            )
+
+    def statuses(self) -> list[SchedulerStatus]:
+        with self._read() as session:
+            return [
+                SchedulerStatus(
+                    hub=r.hub,
+                    updated=r.updated,
+                    cycles=r.cycles,
+                    cycle_seconds_sum=r.cycle_seconds_sum,
+                    cycle_buckets=tuple((float(b), int(n)) for b, n in r.cycle_buckets),
+                    settings=dict(r.settings),
+                    applied_audit_id=r.applied_audit_id,
+                )
+                for r in session.scalars(
+                    select(SchedulerStatusRow).order_by(SchedulerStatusRow.hub)
+                )
+            ]

@@ -1,0 +1,197 @@
+"""Admin changes to allocations and settings: checked like the configuration, merged over it.
+
+The budget service checks a change here before it writes it to the store; the
+embedded scheduler merges what the store holds over the configuration file at start
+and in the cycle after a change. One module for both, so that what the form accepts
+is exactly what the scheduler will run. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_core.errors import InputError
+from scheduler_core.model import Health, Pool, Team
+from scheduler_core.scenario import parse_teams
+from scheduler_core.settings import SettingError, Settings, settings_from_mapping
+
+DAY = 86400.0
+LIMITS: Mapping[str, tuple[float, float]] = {
+    "lookback": (3600.0, 365 * DAY),
+    "max_min_runtime": (0.0, 30 * DAY),
+}
+"""What an admin may set each setting to, in seconds (inclusive)."""
+NODE_STATES = (Health.READY.value, Health.DRAINING.value)
+"""What an admin may set a node to: drain it, or return it to service."""
+
+
+class AdminError(ValueError):
+    """A change that cannot be made: ``field`` names what is wrong, ``reason`` why."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+_MISSING: Any = object()
+
+
+def team_specs(teams: Iterable[Team]) -> list[dict[str, Any]]:
+    """Teams as the store keeps them (and as the configuration writes them)."""
+    return [
+        {"name": t.name, "parent": t.parent, "share": dict(sorted(t.share.items()))}
+        for t in sorted(teams, key=lambda t: t.name)
+    ]
+
+
+def check_teams(specs: Sequence[Mapping[str, Any]], pools: Mapping[str, Pool]) -> list[Team]:
+    """Parse teams as the configuration is parsed; AdminError names ``teams.NAME.…``."""
+    try:
+        return parse_teams([dict(s) for s in specs], pools)
+    except InputError as error:
+
+        def by_name(match: re.Match[str]) -> str:
+            i = int(match.group(1))
+            name = specs[i].get("name") if i < len(specs) else None
+            return f"teams.{name}" if isinstance(name, str) else match.group(0)
+
+        raise AdminError(re.sub(r"teams\[(\d+)\]", by_name, error.where), error.reason) from None
+
+
+def change_team(
+    teams: Sequence[Team],
+    pools: Mapping[str, Pool],
+    name: Any,
+    *,
+    share: Any = _MISSING,
+    parent: Any = _MISSING,
+) -> list[Team]:
+    """The teams with ``name``'s shares (some pools or all) and/or parent changed."""
+    by_name = {t.name: t for t in teams}
+    if not isinstance(name, str) or name not in by_name:
+        known = ", ".join(sorted(by_name))
+        raise AdminError("team", f"unknown team {name!r} (teams: {known})")
+    if share is _MISSING and parent is _MISSING:
+        raise AdminError("share", "give a share or a parent to change")
+    specs = team_specs(teams)
+    spec = next(s for s in specs if s["name"] == name)
+    if share is not _MISSING:
+        if not isinstance(share, Mapping) or not share:
+            raise AdminError("share", f"must be an object of pool → fraction, not {share!r}")
+        for pool, value in share.items():
+            field = f"share.{pool}"
+            if pool not in pools:
+                raise AdminError(field, f"unknown pool {pool!r} (pools: {', '.join(pools)})")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise AdminError(field, f"must be a number, not {value!r}")
+            if not 0.0 <= value <= 1.0:
+                raise AdminError(field, f"must be between 0 and 1, not {value!r}")
+            spec["share"][pool] = float(value)
+    if parent is not _MISSING:
+        if parent is not None and (not isinstance(parent, str) or parent not in by_name):
+            raise AdminError("parent", f"unknown team {parent!r}")
+        if parent == name:
+            raise AdminError("parent", f"team {name!r} cannot be its own parent")
+        spec["parent"] = parent
+    try:
+        return check_teams(specs, pools)
+    except AdminError as error:
+        # Name the field of the request: "teams.nlp.share.gpu" is "share.gpu" of nlp.
+        prefix = f"teams.{name}."
+        field = error.field[len(prefix) :] if error.field.startswith(prefix) else error.field
+        if field == "share" and share is not _MISSING and len(share) == 1:
+            field = f"share.{next(iter(share))}"
+        raise AdminError(field, error.reason) from None
+
+
+def check_setting(key: Any, value: Any) -> float:
+    """A duration setting an admin may change, in seconds ("7d", "8h" or a number)."""
+    if key not in LIMITS:
+        raise AdminError("setting", f"unknown setting {key!r} (settings: {', '.join(LIMITS)})")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise AdminError(
+            key, f"must be a number of seconds or a duration such as '7d', not {value!r}"
+        )
+    try:
+        seconds = float(getattr(settings_from_mapping({key: value}), key))
+    except SettingError as error:
+        raise AdminError(key, error.reason) from None
+    low, high = LIMITS[key]
+    if not low <= seconds <= high:
+        raise AdminError(key, f"must be between {low:g} s and {high:g} s, not {seconds:g} s")
+    return seconds
+
+
+def check_node_state(nodes: Iterable[str], name: Any, state: Any) -> str:
+    names = sorted(nodes)
+    if not isinstance(name, str) or name not in names:
+        raise AdminError("node", f"unknown node {name!r} (nodes: {', '.join(names)})")
+    if state not in NODE_STATES:
+        raise AdminError("state", f"must be one of {', '.join(NODE_STATES)}, not {state!r}")
+    return str(state)
+
+
+@dataclass(frozen=True, slots=True)
+class Effective:
+    """The configuration with what an admin changed merged over it."""
+
+    teams: tuple[Team, ...]
+    settings: Settings
+    drained: frozenset[str]
+    ignored: tuple[str, ...] = ()
+    """Stored changes that no longer fit the configuration, and why (logged)."""
+
+
+def effective(
+    teams: Sequence[Team],
+    settings: Settings,
+    pools: Mapping[str, Pool],
+    nodes: Iterable[str],
+    overrides: Mapping[str, Any],
+) -> Effective:
+    """What the scheduler runs: the store's admin changes win over the configuration.
+
+    Teams come from the configuration (they are the Hub's groups); a stored team's
+    shares and parent replace its configured ones. A stored change that no longer
+    checks against the configuration (a pool removed, say) is ignored, with the reason.
+    """
+    ignored: list[str] = []
+    result_teams = list(teams)
+    stored = overrides.get("teams")
+    if isinstance(stored, list):
+        by_name = {s.get("name"): s for s in stored if isinstance(s, Mapping)}
+        specs = []
+        for spec in team_specs(teams):
+            override = by_name.get(spec["name"])
+            if override is not None:
+                spec = {
+                    "name": spec["name"],
+                    "parent": override.get("parent"),
+                    "share": {
+                        p: v for p, v in dict(override.get("share", {})).items() if p in pools
+                    },
+                }
+            specs.append(spec)
+        try:
+            result_teams = check_teams(specs, pools)
+        except AdminError as error:
+            ignored.append(f"teams: {error}")
+    changes: dict[str, float] = {}
+    for key in LIMITS:
+        if key in overrides:
+            try:
+                changes[key] = check_setting(key, overrides[key])
+            except AdminError as error:
+                ignored.append(str(error))
+    node_names = set(nodes)
+    drained = overrides.get("drained", [])
+    drained_set = (
+        frozenset(n for n in drained if n in node_names)
+        if isinstance(drained, list)
+        else frozenset()
+    )
+    return Effective(tuple(result_teams), settings.replace(**changes), drained_set, tuple(ignored))
