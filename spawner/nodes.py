@@ -99,17 +99,7 @@ class NodeBackend:
         return self.config.node
 
     def _new_client(self, timeout: float) -> docker.DockerClient:
-        tls: TLSConfig | bool = False
-        if self.config.tls:
-            cert = self.config.tls.get("cert"), self.config.tls.get("key")
-            tls = TLSConfig(
-                client_cert=cert if all(cert) else None,
-                ca_cert=self.config.tls.get("ca"),
-                verify=bool(self.config.tls.get("ca")),
-            )
-        if self.config.url:
-            return docker.DockerClient(base_url=self.config.url, tls=tls, timeout=timeout)
-        return docker.from_env(timeout=timeout)
+        return docker_client(self.config.url, self.config.tls, timeout)
 
     def _docker(self) -> docker.DockerClient:
         if self._client is None:
@@ -279,6 +269,49 @@ class NodeBackend:
             return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
 
         return await call(run)
+
+
+def docker_client(
+    url: str | None, tls: Mapping[str, str] | None = None, timeout: float = 30.0
+) -> docker.DockerClient:
+    """A docker-py client for an engine: ``url`` None is the local one (DOCKER_HOST);
+    ``tls`` names the ``ca``, ``cert`` and ``key`` files of a ``tcp://`` engine.
+
+    A TLS client ignores the environment's CA bundle and proxies: requests lets
+    REQUESTS_CA_BUNDLE (or CURL_CA_BUNDLE) replace a session's own CA (psf/requests#3829),
+    so the node's CA would not verify it, and an engine is not reached through an HTTP
+    proxy."""
+    if not url:
+        return docker.from_env(timeout=timeout)
+    config: TLSConfig | bool = False
+    if tls:
+        cert = tls.get("cert"), tls.get("key")
+        config = TLSConfig(
+            client_cert=cert if all(cert) else None,
+            ca_cert=tls.get("ca"),
+            verify=bool(tls.get("ca")),
+        )
+    if tls:
+        return _TlsDockerClient(base_url=url, tls=config, timeout=timeout)
+    return docker.DockerClient(base_url=url, tls=config, timeout=timeout)
+
+
+class _EnvFreeAPIClient(docker.APIClient):  # type: ignore[misc]
+    """An API client that never reads CA bundles or proxies from the environment (it
+    asks the engine's version in its constructor, so this cannot be set afterwards)."""
+
+    @property
+    def trust_env(self) -> bool:
+        return False
+
+    @trust_env.setter
+    def trust_env(self, value: bool) -> None:
+        pass  # requests.Session.__init__ sets it
+
+
+class _TlsDockerClient(docker.DockerClient):  # type: ignore[misc]
+    def __init__(self, **kwargs: Any) -> None:
+        self.api = _EnvFreeAPIClient(**kwargs)
 
 
 def _timed_out(error: BaseException) -> bool:

@@ -18,6 +18,7 @@ import pytest
 from docker.errors import DockerException, ImageNotFound
 
 from tests.integration.hub import Hub, free_port, hub_config, remove_containers
+from tests.integration.tlsnode import NetnsUnavailable, TlsNode, start_tls_node, stop_tls_node
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "bhprep"
@@ -74,6 +75,29 @@ def second_engine() -> str:
     return url
 
 
+TLS_NODE = "bhtls"
+"""The TLS node's engine name (scripts/engine tls-node NAME): network namespace bh-bhtls."""
+
+
+@pytest.fixture(scope="session")
+def tls_node(
+    engine: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TlsNode]:
+    """A second host: a dockerd in its own network namespace, reached over tcp:// with
+    TLS (certificates made here), holding the session images; purged at the end
+    (namespace, veth, dockerd and its processes, data). Skipped only where this machine
+    cannot make network namespaces."""
+    try:
+        node = start_tls_node(TLS_NODE, tmp_path_factory.mktemp("tls-node-certs"))
+    except NetnsUnavailable as why:
+        pytest.skip(f"no TLS node: {why}")
+    try:
+        yield node
+    finally:
+        left = stop_tls_node(node)
+        assert not left, f"the TLS node left {left} behind"
+
+
 def demo_teams() -> list[dict[str, Any]]:
     return [
         {"name": "nlp", "share": {"gpu": 0.5, "cpu": 0.5}},
@@ -86,7 +110,7 @@ def make_hub(engine: docker.DockerClient, tmp_path: Path) -> Iterator[Callable[.
     """Start a Hub; ``make_hub(nodes=[...], teams=[...], groups={...})``."""
     hubs: list[Hub] = []
     hub_name = f"test-{secrets.token_hex(4)}"
-    engines: set[str | None] = set()
+    engines: dict[str | None, dict[str, str] | None] = {}
 
     def make(
         *,
@@ -96,7 +120,7 @@ def make_hub(engine: docker.DockerClient, tmp_path: Path) -> Iterator[Callable[.
         **kwargs: Any,
     ) -> Hub:
         for node in nodes:
-            engines.add(node.get("engine"))
+            engines[node.get("engine")] = node.get("tls")
         port = free_port()
         directory = tmp_path / f"hub{len(hubs)}"
         directory.mkdir(exist_ok=True)
@@ -120,8 +144,8 @@ def make_hub(engine: docker.DockerClient, tmp_path: Path) -> Iterator[Callable[.
     yield make
     for hub in hubs:
         hub.stop()
-    for url in engines:
-        remove_containers(hub_name, url)
+    for url, tls in engines.items():
+        remove_containers(hub_name, url, tls)
 
 
 def local_gpu_node(gpus: int = 2, **extra: Any) -> dict[str, Any]:

@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import docker
 import requests
+
+from spawner.nodes import docker_client
 
 VENV_BIN = Path(sys.executable).parent
 ADMIN_TOKEN = secrets.token_hex(16)
@@ -225,8 +226,11 @@ class Hub:
         return browser
 
 
-def containers(hub_name: str, engine: str | None = None) -> list[Any]:
-    client = docker.DockerClient(base_url=engine) if engine else docker.from_env()
+def containers(
+    hub_name: str, engine: str | None = None, tls: dict[str, str] | None = None
+) -> list[Any]:
+    """The Hub's containers on an engine (``tls``: a node's ca/cert/key files)."""
+    client = docker_client(engine, tls)
     try:
         return list(
             client.containers.list(all=True, filters={"label": f"org.budgethub.hub={hub_name}"})
@@ -235,6 +239,8 @@ def containers(hub_name: str, engine: str | None = None) -> list[Any]:
         client.close()
 
 
-def remove_containers(hub_name: str, engine: str | None = None) -> None:
-    for container in containers(hub_name, engine):
+def remove_containers(
+    hub_name: str, engine: str | None = None, tls: dict[str, str] | None = None
+) -> None:
+    for container in containers(hub_name, engine, tls):
         container.remove(force=True)
