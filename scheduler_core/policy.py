@@ -211,6 +211,15 @@ class _Cycle:
         self.known_failures = KnownFailures(index, capacity.free, capacity.grown)
         for held_nodes in snapshot.reservations.values():
             self.known_failures.grown.extend(n for n in held_nodes if n not in capacity.reserved)
+        release_after = self.settings.idle_release
+        if release_after > 0:
+            # Victims that idleness made releasable are new since any remembered failure.
+            self.known_failures.grown.extend(
+                node
+                for allocation, since in snapshot.idle
+                if since + release_after <= now
+                for node in allocation.node_names
+            )
         self.held: dict[str, set[str]] = defaultdict(set)
         """Per pool, the requests holding nodes there."""
         for node, request_id in capacity.reserved.items():
@@ -226,8 +235,14 @@ class _Cycle:
         found = self._victims
         if found is None:
             index, now = self.index, self.now
+            idle = [
+                (allocation, since)
+                for allocation, since in self.snapshot.idle
+                if allocation.protected_until <= now
+            ]
             if index is not None:
                 found = Victims.of(index.exposed, now, index.reach)
+                found.note_idle(idle, self.settings.idle_release)
                 for allocation_id in self.stopped:
                     allocation = self._by_id[allocation_id]
                     if allocation.protected_until <= now:
@@ -241,6 +256,10 @@ class _Cycle:
                         if a.id not in stopped and a.protected_until <= now
                     ),
                     now,
+                )
+                found.note_idle(
+                    [(a, since) for a, since in idle if a.id not in stopped],
+                    self.settings.idle_release,
                 )
             self._victims = found
         return found

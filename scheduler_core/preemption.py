@@ -34,7 +34,9 @@ class Target:
     node: str
     victims: tuple[Allocation, ...]
     slices: tuple[Slice, ...]
-    cost: tuple[float, float, float]
+    cost: tuple[float, float, float, float]
+    """Funded (and not releasable) victims at all, busy victims (when any is idle), work
+    lost, victims."""
 
 
 def lost_work(allocation: Allocation, now: float) -> float:
@@ -47,9 +49,21 @@ def lost_work(allocation: Allocation, now: float) -> float:
     return max(0.0, now - allocation.start) * allocation.charge_rate
 
 
-def victim_order(allocation: Allocation, now: float) -> tuple[int, float, float, str]:
-    """Cheapest victim first: unallocated before funded, then least work lost."""
-    return (int(allocation.funded), lost_work(allocation, now), -allocation.start, allocation.id)
+def victim_order(
+    allocation: Allocation,
+    now: float,
+    idle: Mapping[str, float] | None = None,
+    releasable: frozenset[str] | set[str] = frozenset(),
+) -> tuple[int, int, float, float, str]:
+    """Cheapest victim first: unallocated (or idle past ``idle_release``) before funded,
+    then idle before busy, then least work lost."""
+    return (
+        int(allocation.funded and allocation.id not in releasable),
+        int(idle is None or allocation.id not in idle),
+        lost_work(allocation, now),
+        -allocation.start,
+        allocation.id,
+    )
 
 
 def _could_fit(node_free: NodeFree, request: Request, candidates: Sequence[Allocation]) -> bool:
@@ -85,6 +99,7 @@ def _node_target(
     request: Request,
     candidates: Sequence[Allocation],
     now: float,
+    victims: Victims,
 ) -> Target | None:
     """The cheapest victims on one node; ``candidates`` come cheapest first."""
     if not _could_fit(node_free, request, candidates):
@@ -109,7 +124,8 @@ def _node_target(
     slices = _freed(node_free, chosen).slices_for(request)
     assert slices is not None
     cost = (
-        float(max(int(v.funded) for v in chosen)),
+        float(max(victims.tier(v) for v in chosen)),
+        float(sum(1 for v in chosen if victims.is_busy(v))),
         sum(lost_work(v, now) for v in chosen),
         float(len(chosen)),
     )
@@ -187,6 +203,58 @@ class Victims:
         """Nodes whose victims changed, in order (read by `roomy`)."""
         self._roomy: dict[tuple[str, int], _Roomy] = {}
         self._reach: Mapping[str, int] | None = None
+        self._idle: dict[str, float] = {}
+        self._releasable: set[str] = set()
+        self._rel_pool: dict[str, dict[str, int]] = {}
+        """Per pool, GPUs held by releasable idle sessions, per team."""
+        self._rel_node: dict[str, dict[str, int]] = {}
+
+    def note_idle(self, idle: Iterable[tuple[Allocation, float]], release_after: float) -> None:
+        """Which of the victims are idle (and since when): they go first, and those idle
+        for ``release_after`` (> 0) are permitted to every funded request, whatever the
+        team. Call before the first search; ``idle`` must name only victims."""
+        now = self._now
+        self._idle = {allocation.id: since for allocation, since in idle}
+        if not self._idle:
+            return
+        self._sorted.clear()
+        self._permitted.clear()
+        if release_after <= 0:
+            return
+        for allocation, since in idle:
+            if allocation.funded and since + release_after <= now:
+                self._releasable.add(allocation.id)
+                self._count_releasable(allocation, 1)
+
+    def _count_releasable(self, allocation: Allocation, sign: int) -> None:
+        team = allocation.team
+        for node, held in held_gpus(allocation):
+            pool = self._rel_pool.setdefault(allocation.pool, {})
+            pool[team] = pool.get(team, 0) + sign * held
+            on_node = self._rel_node.setdefault(node, {})
+            on_node[team] = on_node.get(team, 0) + sign * held
+
+    def tier(self, allocation: Allocation) -> int:
+        """0 for victims any funded request may stop, 1 for funded ones (rank rule)."""
+        return int(allocation.funded and allocation.id not in self._releasable)
+
+    def is_busy(self, allocation: Allocation) -> bool:
+        """Busy while others are idle: only then does it weigh in a victim set's cost, so
+        that with nobody idle the cheapest set is the one that loses the least work."""
+        return bool(self._idle) and allocation.id not in self._idle
+
+    def permits(self, allocation: Allocation, allowed: frozenset[str]) -> bool:
+        """May a funded request that may stop the teams in ``allowed`` stop it?"""
+        return (
+            not allocation.funded
+            or allocation.request.team in allowed
+            or allocation.id in self._releasable
+        )
+
+    def _released_beyond(self, held: Mapping[str, int] | None, allowed: frozenset[str]) -> int:
+        if not held:
+            return 0
+        return sum(count for team, count in held.items() if team not in allowed)
 
     def on(self, node: str) -> Sequence[Allocation]:
         """The node's victims, cheapest first."""
@@ -195,8 +263,10 @@ class Victims:
             base = self._base.get(node)
             if not base:
                 return ()
-            now = self._now
-            found = self._sorted[node] = sorted(base, key=lambda a: victim_order(a, now))
+            now, idle, releasable = self._now, self._idle, self._releasable
+            found = self._sorted[node] = sorted(
+                base, key=lambda a: victim_order(a, now, idle, releasable)
+            )
         return found
 
     def has(self, node: str) -> bool:
@@ -205,6 +275,9 @@ class Victims:
         return bool(found if found is not None else self._base.get(node))
 
     def remove(self, allocation: Allocation) -> None:
+        if allocation.id in self._releasable:
+            self._releasable.discard(allocation.id)
+            self._count_releasable(allocation, -1)
         for node in allocation.node_names:
             self._sorted[node] = [a for a in self.on(node) if a is not allocation]
         key = allocation.team if allocation.funded else None
@@ -228,10 +301,19 @@ class Victims:
     def gpu_bound(self, pool: str, allowed: frozenset[str]) -> int:
         """GPUs that stopping every permitted victim in the pool could free, at most."""
         found = self._gpus.get(pool)
-        return _permitted(found if found is not None else self._base_gpus.get(pool, {}), allowed)
+        held = found if found is not None else self._base_gpus.get(pool, {})
+        return _permitted(held, allowed) + self._released_beyond(self._rel_pool.get(pool), allowed)
 
     def node_totals(self, node: str) -> tuple[int, int]:
-        """GPUs held on the node by every victim, and by unallocated ones only."""
+        """GPUs held on the node by every victim, and by those any request may stop
+        (unallocated, or idle past ``idle_release``)."""
+        totals = self._node_totals(node)
+        released = self._rel_node.get(node)
+        if released:
+            return totals[0], totals[1] + sum(released.values())
+        return totals
+
+    def _node_totals(self, node: str) -> tuple[int, int]:
         found = self._totals.get(node)
         if found is None:
             base = self._base_totals
@@ -288,7 +370,9 @@ class Victims:
         found = self.bounds(allowed)
         bound = found.get(node)
         if bound is None:
-            bound = found[node] = _permitted(self._node_tally(node), allowed)
+            bound = found[node] = _permitted(
+                self._node_tally(node), allowed
+            ) + self._released_beyond(self._rel_node.get(node), allowed)
         return bound
 
     def bounds(self, allowed: frozenset[str]) -> dict[str, int]:
@@ -329,9 +413,7 @@ def offers(
         return False
     if request.nodes > 1 and node_free.tightness(request) is not None:
         return True
-    candidates = [
-        a for a in victims.on(node_free.node.name) if not a.funded or a.request.team in allowed
-    ]
+    candidates = [a for a in victims.on(node_free.node.name) if victims.permits(a, allowed)]
     return bool(candidates) and _freed(node_free, candidates).slices_for(request) is not None
 
 
@@ -390,7 +472,7 @@ def search_targets(
         nodes = capacity.pool_nodes(request.pool)
     options: list[Target] = []
     free_options = 0
-    searched: list[tuple[tuple[float, float, float], str, NodeFree]] = []
+    searched: list[tuple[tuple[float, float, float, float], str, NodeFree]] = []
     single = request.nodes == 1
     for node_free in nodes:
         name = node_free.node.name
@@ -401,12 +483,17 @@ def search_targets(
         if not single:
             free_slices = node_free.slices_for(request)
             if free_slices is not None:
-                options.append(Target(name, (), free_slices, (0.0, 0.0, 0.0)))
+                options.append(Target(name, (), free_slices, (0.0, 0.0, 0.0, 0.0)))
                 free_options += 1
                 continue
         for first in victims.on(name):
-            if not first.funded or first.request.team in allowed:
-                bound = (float(first.funded), lost_work(first, now), 1.0)
+            if victims.permits(first, allowed):
+                bound = (
+                    float(victims.tier(first)),
+                    float(victims.is_busy(first)),
+                    lost_work(first, now),
+                    1.0,
+                )
                 searched.append((bound, name, node_free))
                 break
     if free_options >= request.nodes:
@@ -419,8 +506,8 @@ def search_targets(
             options.sort(key=lambda t: (t.cost, t.node))
             if options[request.nodes - 1].cost <= bound:
                 break
-        candidates = [a for a in victims.on(name) if not a.funded or a.request.team in allowed]
-        target = _node_target(node_free, request, candidates, now)
+        candidates = [a for a in victims.on(name) if victims.permits(a, allowed)]
+        target = _node_target(node_free, request, candidates, now, victims)
         if target is not None:
             options.append(target)
     if len(options) < request.nodes:

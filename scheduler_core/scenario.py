@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler_core.capacity import could_hold
@@ -70,6 +70,9 @@ class Scenario:
     durations: Mapping[str, float]
     """Work each request needs, in seconds (known to the simulator, never to the policy)."""
     events: tuple[NodeEvent, ...]
+    idle_after: Mapping[str, float] = field(default_factory=dict)
+    """Seconds into each run after which the session sits idle until it ends (requests
+    that name ``idle_after``); the simulator reports it as the agent would live."""
 
 
 # -- small typed readers ---------------------------------------------------
@@ -142,7 +145,7 @@ _NODE_KEYS = frozenset(
 _REQUEST_KEYS = frozenset(
     {"id", "user", "team", "submit", "pool", "gpus", "nodes", "gpu_fraction", "mig", "cpus"}
     | {"memory_gib", "labels", "min_runtime", "duration", "resumable", "priority", "class"}
-    | {"profile"}
+    | {"profile", "idle_after"}
 )
 
 
@@ -464,6 +467,7 @@ def parse_scenario(data: Any) -> Scenario:
 
     requests: list[Request] = []
     durations: dict[str, float] = {}
+    idle_after: dict[str, float] = {}
     placeable: dict[tuple[object, ...], str | None] = {}
     for i, item in enumerate(_list(top.get("requests", []), "requests")):
         where = f"requests[{i}]"
@@ -487,6 +491,8 @@ def parse_scenario(data: Any) -> Scenario:
             raise InputError(where, reason)
         requests.append(request)
         durations[request.id] = duration
+        if "idle_after" in item:
+            idle_after[request.id] = _num(item["idle_after"], f"{where}.idle_after")
 
     node_names = {n.name for n in nodes}
     events: list[NodeEvent] = []
@@ -513,6 +519,7 @@ def parse_scenario(data: Any) -> Scenario:
         requests=tuple(sorted(requests, key=lambda r: (r.submit, r.id))),
         durations=durations,
         events=tuple(sorted(events, key=lambda e: e.at)),
+        idle_after=idle_after,
     )
 
 

@@ -302,7 +302,8 @@ class Scheduler:
 
     def next_wake(self) -> float | None:
         """When step() next has something time-driven to look at (a protected
-        window ending, a request reaching the starvation bound), if ever."""
+        window ending, a request reaching the starvation bound, an idle session
+        becoming free to release), if ever."""
         heaps = (self._expiries, self._starving, self._idle_due)
         times = [heap[0][0] for heap in heaps if heap]
         return min(times) if times else None

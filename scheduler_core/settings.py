@@ -74,6 +74,11 @@ class Settings:
     0: no cap. Work beyond it runs unallocated, on idle capacity."""
     placement: PlacementStrategy = PlacementStrategy.BEST_FIT
     """Which free slices a request gets."""
+    idle_release: float = 0.0
+    """A funded session idle this long, past its protected window, may be stopped for a
+    funded request of any team, not only of a team further under its share (its work
+    is snapshotted, so little is lost); 0: never. Idle sessions are always the first
+    victims among those a request may stop."""
     fairshare_half_life: float = 7 * DAY
     """``fairshare`` baseline: usage loses half its weight after this long (Slurm's
     PriorityDecayHalfLife)."""

@@ -23,7 +23,7 @@ from scheduler_core.scenario import Scenario
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.snapshot import Decisions
 
-_SUBMIT, _FINISH, _NODE, _WAKE, _TICK = range(5)
+_SUBMIT, _FINISH, _NODE, _WAKE, _TICK, _IDLE = range(6)
 """Event kinds; at equal times, submissions are seen before sessions end."""
 
 
@@ -100,6 +100,9 @@ class SimActuator:
         sim.run_start[allocation.id] = now
         token = (allocation.id, sim.generation[allocation.id])
         sim.push(now + sim.remaining[allocation.id], _FINISH, token)
+        idle_after = sim.scenario.idle_after.get(allocation.id)
+        if idle_after is not None and idle_after < sim.remaining[allocation.id]:
+            sim.push(now + idle_after, _IDLE, token)
 
     def preempt(self, allocation: Allocation, reason: str) -> bool:
         sim = self.sim
@@ -208,6 +211,10 @@ class Simulation:
                     scheduler.set_health(payload.node, payload.health)
                 elif kind == _TICK:
                     tick_pending = False
+                elif kind == _IDLE:
+                    request_id, generation = payload
+                    if generation == self.generation[request_id]:
+                        scheduler.mark_activity(request_id, now)
                 else:
                     wakes.discard(now)
             scheduler.settle(observe)

@@ -57,6 +57,9 @@ class Snapshot:
     funded_rates: Mapping[tuple[str, str], float] | None = None
     """Per (team, pool), the charge rate of the team's funded ``allocations`` there, if
     the caller keeps it up to date; None makes the policy add them up."""
+    idle: tuple[tuple[Allocation, float], ...] = ()
+    """Running allocations whose sessions are idle, each with the time it went idle
+    (the actuator reads it from the session's agent; the simulator from the scenario)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,12 @@ class SchedulerConfig(SingletonConfigurable):
         of the pool at once; beyond, they run unallocated (0: no cap).""",
     ).tag(config=True)
     placement = Unicode("best-fit", help="best-fit, worst-fit or first-fit.").tag(config=True)
+    idle_release = Float(
+        0.0,
+        help="""Seconds a funded session must be idle (no kernel busy, no activity), past its
+        protected window, before a funded request of any team may snapshot and release it
+        (0: never). Idle sessions are always the first victims.""",
+    ).tag(config=True)
     policy_settings: Dict[str, Any] = Dict(
         help="""Settings of the policy that have no trait of their own (e.g. a baseline's),
         by their scenario names: {'fairshare_half_life': '7d'}."""

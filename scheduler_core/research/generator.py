@@ -133,6 +133,8 @@ offered             1.01          all offered h100 GPU-seconds / (capacity x hor
 backlog             2.5           GPUs of batch backlog submitted in the first hour / capacity
 interactive_per_day 170           notebooks per weekday per 1024 GPUs
 interactive_share   None          notebooks' share of the work after the backlog (over the rate)
+idle_share          None          share of each notebook's run, at its end, spent idle
+restorable          False         notebooks are restorable (resumable): preempted, they resume
 debug_per_day       260           debug sessions per weekday per 1024 GPUs
 debug_rate          None          debug sessions per user per weekday (overrides debug_per_day)
 dataprep_per_day    60            data-prep sessions per weekday per 1024 GPUs
@@ -271,6 +273,10 @@ class SeedLikeOptions:
     interactive_share: float | None = _knob(
         None, "notebooks' share of the h100 work after the backlog (overrides the per-day rate)"
     )
+    idle_share: float | None = _knob(
+        None, "share of each notebook's run, at its end, spent idle (field idle_after)"
+    )
+    restorable: bool = _knob(False, "notebooks are restorable: preempted, they resume later")
     debug_per_day: float = _knob(260.0, "debug sessions per weekday per 1024 GPUs")
     debug_rate: float | None = _knob(
         None, "debug sessions per user per weekday (overrides --debug-per-day)"
@@ -284,6 +290,14 @@ class SeedLikeOptions:
     max_min_runtime: float | None = _knob(
         None, "policy max_min_runtime, seconds or e.g. 8h (omitted when not given)"
     )
+
+
+def _idle_after(duration: float, idle_share: float | None) -> dict[str, float]:
+    """A notebook is busy first and then left open idle until it ends (no draw, so the
+    rest of the scenario is the same with or without idleness)."""
+    if idle_share is None:
+        return {}
+    return {"idle_after": round(duration * (1 - idle_share))}
 
 
 def knob_flag(name: str) -> str:
@@ -343,6 +357,8 @@ def validate(options: SeedLikeOptions) -> None:
         raise bad("load", f"{options.load} is not positive")
     if not options.offered > 0:
         raise bad("offered", f"{options.offered} is not positive")
+    if options.idle_share is not None and not 0 <= options.idle_share < 1:
+        raise bad("idle_share", f"{options.idle_share} is not a share in [0, 1)")
     if options.interactive_share is not None and not 0 <= options.interactive_share < 1:
         raise bad("interactive_share", f"{options.interactive_share} is not a share in [0, 1)")
     if options.debug_rate is not None and not options.debug_rate >= 0:
@@ -790,8 +806,9 @@ def seed_like(options: SeedLikeOptions) -> dict[str, Any]:
                     "memory_gib": MEMORY_GIB_PER_GPU * gpus,
                     "min_runtime": min_runtime,
                     "duration": duration,
-                    "resumable": False,
-                },
+                    "resumable": options.restorable,
+                }
+                | _idle_after(duration, options.idle_share),
                 gpus * duration,
             )
         )

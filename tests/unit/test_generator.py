@@ -673,3 +673,23 @@ def test_cli_has_a_flag_with_help_for_every_knob() -> None:
     for knob in dataclasses.fields(SeedLikeOptions):
         assert hasattr(help_text, knob.name)
         assert knob.metadata["help"]
+
+
+def test_idle_share_and_restorable_change_only_the_notebooks() -> None:
+    small: dict[str, Any] = {"gpus": 88, "days": 7, "scale_users": True}
+    plain = seed_like(SeedLikeOptions(**small))
+    idle = seed_like(SeedLikeOptions(**small, idle_share=0.5, restorable=True))
+    assert len(plain["requests"]) == len(idle["requests"])
+    notebooks = 0
+    for before, after in zip(plain["requests"], idle["requests"], strict=True):
+        if before["class"] == "interactive":
+            notebooks += 1
+            assert after["idle_after"] == round(before["duration"] * 0.5)
+            assert after["resumable"] is True
+            after = {k: v for k, v in after.items() if k not in {"idle_after", "resumable"}}
+            before = {k: v for k, v in before.items() if k != "resumable"}
+        assert before == after
+    assert notebooks > 0
+    with pytest.raises(InputError) as error:
+        seed_like(SeedLikeOptions(**small, idle_share=1.0))
+    assert error.value.where == "--idle-share"
