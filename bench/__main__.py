@@ -7,6 +7,9 @@
 * bench.family — budget and legacy over 88-1,024 GPUs x loads x notebook shares, two seeds
 * the placement benchmark on the Alibaba trace (`budgethub bench placement`)
 * bench.spawn — BudgetSpawner against DockerSpawner on the local engine (`make images` first)
+* bench.snapshot_cells — checkpoint overhead per cell (50 cells, 200 MB of state) in the image
+* bench.snapshot — preemption decision -> slices free, restore start -> variables available
+  (1 GiB of kernel variables, 1 GiB of home files)
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bench import compare, cycle, family, idle, month, spawn
+from bench import compare, cycle, family, idle, month, snapshot, snapshot_cells, spawn
 from scheduler_core.research.cli import main as cli
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-openb"
@@ -42,6 +45,8 @@ def main() -> int:
     else:
         print(f"placement: skipped, no trace at {TRACE}")
     spawn.main([])
+    snapshot_cells.main([])
+    snapshot.main([])
     return 0
 
 

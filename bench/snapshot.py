@@ -1,0 +1,366 @@
+"""Preemption and restore with 1 GiB of kernel variables and 1 GiB of home files.
+
+A real Hub (127.0.0.1, one local node of one virtual GPU, homes and snapshots on
+this machine's disk) runs an unallocated session of ``gus``. Through the Hub's
+proxy (Jupyter Server's REST and websocket API) a notebook's kernel makes eight
+numpy arrays of 128 MiB and writes eight 128 MiB files in the home. Then a funded
+request of ``ann`` needs the GPU: the scheduler preempts gus's session.
+
+* **Preemption decision -> slices free**: what the actuator logs (``slices free
+  X s after the decision``: checkpoint through the agent, container stopped and
+  removed, slices released), and from outside, ann's POST until gus's container
+  is gone. ``settled``: the incremental checkpoint had finished before the
+  decision (an idle session); ``hot``: the decision comes right after the cell
+  that made the 1 GiB, so the agent flushes the whole delta in its grace.
+* **Restore start -> variables available**: gus starts again (restore is the
+  default); from the POST until a cell in the notebook's new kernel sees all eight
+  arrays with their values; split into the spawn (POST -> ready) and kernel start
+  plus restore. Compared with 2 x (state size / disk read bandwidth), the
+  bandwidth measured with dd (O_DIRECT) on the snapshot store's file system.
+
+Run: ``python -m bench.snapshot [--only settled|hot]`` (needs the engine, the
+images of ``make images`` with the session package, and the Hub's snapshots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import docker
+import websocket
+
+from bench.snapshot_cells import extension_present
+from tests.integration.hub import ADMIN_TOKEN, Hub, containers, free_port, hub_config
+
+IMAGE = "budgethub/gpu:latest"
+NOTEBOOK = "bench.ipynb"
+HUB_NAME = f"bench-snap-{uuid.uuid4().hex[:6]}"
+ARRAYS = 8
+ARRAY_MIB = 128
+OPTIONS = {"profile": "bench", "gpus": 1}
+PROFILES = [
+    {
+        "slug": "bench",
+        "display_name": "bench",
+        "class": "interactive",
+        "pool": "gpu",
+        "image": IMAGE,
+        "gpus": [1],
+        "cpus": 2,
+        "memory_gib": 8,
+        "min_runtime": "1h",
+        "max_min_runtime": "8h",
+    }
+]
+MAKE_STATE = f"""
+import os, numpy as np
+for i in range({ARRAYS}):
+    globals()[f"v{{i}}"] = np.random.default_rng(i).standard_normal({ARRAY_MIB} * 2**20 // 8)
+"""
+WRITE_HOME = f"""
+os.makedirs(os.path.expanduser("~/data"), exist_ok=True)
+for i in range({ARRAYS}):
+    globals()[f"v{{i}}"].tofile(os.path.expanduser(f"~/data/f{{i}}.bin"))
+"""
+CHECKSUMS = f"""
+import json
+print(json.dumps({{f"v{{i}}": float(globals()[f"v{{i}}"][::4096].sum())
+                  for i in range({ARRAYS}) if f"v{{i}}" in globals()}}))
+"""
+
+
+class Kernel:
+    """A notebook's kernel in a session, through the Hub's proxy (REST + websocket)."""
+
+    def __init__(self, hub: Hub, user: str, path: str = NOTEBOOK) -> None:
+        self.hub = hub
+        self.base = f"{hub.url}/user/{user}/api"
+        self.user = user
+        http = hub.http
+        empty = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+        http.put(
+            f"{self.base}/contents/{path}",
+            json={"type": "notebook", "format": "json", "content": empty},
+            timeout=30,
+        ).raise_for_status()
+        response = http.post(
+            f"{self.base}/sessions",
+            json={"path": path, "name": path, "type": "notebook", "kernel": {"name": "python3"}},
+            timeout=60,
+        )
+        response.raise_for_status()
+        self.kernel_id = response.json()["kernel"]["id"]
+        self.session = uuid.uuid4().hex
+        url = self.base.replace("http://", "ws://", 1)
+        self.ws = websocket.create_connection(
+            f"{url}/kernels/{self.kernel_id}/channels?session_id={self.session}",
+            header=[f"Authorization: token {ADMIN_TOKEN}"],
+            timeout=600,
+        )
+
+    def run(self, code: str, timeout: float = 600) -> str:
+        """Execute a cell; its stdout. RuntimeError if the cell raised."""
+        msg_id = uuid.uuid4().hex
+        self.ws.send(
+            json.dumps(
+                {
+                    "header": {
+                        "msg_id": msg_id,
+                        "msg_type": "execute_request",
+                        "username": self.user,
+                        "session": self.session,
+                        "version": "5.3",
+                        "date": "",
+                    },
+                    "parent_header": {},
+                    "metadata": {},
+                    "content": {
+                        "code": code,
+                        "silent": False,
+                        "store_history": True,
+                        "user_expressions": {},
+                        "allow_stdin": False,
+                        "stop_on_error": True,
+                    },
+                    "channel": "shell",
+                    "buffers": [],
+                }
+            )
+        )
+        out: list[str] = []
+        replied = idle = False
+        error = None
+        deadline = time.monotonic() + timeout
+        while not (replied and idle):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cell did not finish in {timeout} s")
+            message = json.loads(self.ws.recv())
+            if message.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind = message["header"]["msg_type"]
+            if kind == "stream":
+                out.append(message["content"]["text"])
+            elif kind == "error":
+                error = f"{message['content']['ename']}: {message['content']['evalue']}"
+            elif kind == "execute_reply":
+                replied = True
+            elif kind == "status" and message["content"]["execution_state"] == "idle":
+                idle = True
+        if error:
+            raise RuntimeError(error)
+        return "".join(out)
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def disk_bandwidth(directory: Path, mib: int = 1024) -> tuple[float, float]:
+    """(write, read) MB/s of ``mib`` MiB with O_DIRECT (no page cache) in ``directory``."""
+    target = directory / "dd-probe.bin"
+
+    def timed_dd(*args: str) -> float:
+        t0 = time.perf_counter()
+        subprocess.run(
+            ["dd", *args, "bs=16M", f"count={mib // 16}", "status=none"],
+            capture_output=True,
+            timeout=600,
+            check=True,
+        )
+        return mib * 2**20 / 1e6 / (time.perf_counter() - t0)
+
+    try:
+        write = timed_dd("if=/dev/zero", f"of={target}", "oflag=direct", "conv=fsync")
+        read = timed_dd(f"if={target}", "of=/dev/null", "iflag=direct")
+    finally:
+        target.unlink(missing_ok=True)
+    return write, read
+
+
+def start_hub(directory: Path, homes: Path, snapshots: Path) -> Hub:
+    port = free_port()
+    config = hub_config(
+        directory=directory,
+        port=port,
+        hub_port=free_port(),
+        proxy_api_port=free_port(),
+        hub_name=HUB_NAME,
+        nodes=[{"name": "gpu-1", "pool": "gpu", "gpus": 1, "cpus": 8, "memory_gib": 16}],
+        teams=[
+            {"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}},
+            {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
+        ],
+        groups={"nlp": ["ann"], "guests": ["gus"]},
+        profiles=PROFILES,
+        extra="\n".join(
+            [
+                "c.BudgetScheduler.unallocated_grace = 1.0",
+                f"c.BudgetScheduler.home_root = {str(homes)!r}",
+                f"c.BudgetScheduler.snapshot_root = {str(snapshots)!r}",
+                "c.BudgetScheduler.snapshot_grace = 120.0",
+                "c.BudgetScheduler.launch_timeout = 120",
+                "c.JupyterHub.log_level = 'INFO'",
+            ]
+        ),
+    )
+    hub = Hub(directory, config, port)
+    hub.start()
+    return hub
+
+
+def wait(predicate: Any, timeout: float, what: str, step: float = 0.05) -> float:
+    """Seconds until ``predicate()`` holds; TimeoutError naming ``what``."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if predicate():
+            return time.perf_counter() - t0
+        time.sleep(step)
+    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+
+
+def manifest_names(home: Path) -> set[str]:
+    names: set[str] = set()
+    for path in home.glob(".budgethub/**/manifest.json"):
+        try:
+            names |= set(json.loads(path.read_text()).get("variables", {}))
+        except (OSError, ValueError):
+            pass
+    return names
+
+
+def cycle(hub: Hub, homes: Path, hot: bool) -> dict[str, Any]:
+    """One preemption and restore of gus's session; the figures."""
+    hub.spawn("gus", OPTIONS)
+    hub.wait_ready("gus", timeout=120)
+    kernel = Kernel(hub, "gus")
+    kernel.run(MAKE_STATE)
+    kernel.run(WRITE_HOME)
+    before = json.loads(kernel.run(CHECKSUMS))
+    assert len(before) == ARRAYS, before
+    [home] = list(homes.glob("*/gus")) or [homes]
+    wanted = {f"v{i}" for i in range(ARRAYS)}
+    settle = None
+    if not hot:
+        settle = wait(lambda: wanted <= manifest_names(home), 300, "the checkpoint", 0.2)
+    kernel.close()
+    time.sleep(1.2)  # past the unallocated grace
+    [victim] = containers(HUB_NAME)
+    log_mark = len(hub.log_path.read_text(errors="replace"))
+    t0 = time.perf_counter()
+    hub.spawn("ann", OPTIONS)
+    engine = docker.from_env()
+    try:
+
+        def gone() -> bool:
+            try:
+                engine.containers.get(victim.id)
+            except docker.errors.NotFound:
+                return True
+            return False
+
+        outside = wait(gone, 300, "the victim's container to go")
+    finally:
+        engine.close()
+    hub.wait_ready("ann", timeout=300)
+    ann_ready = time.perf_counter() - t0
+    hub.wait_stopped("gus", timeout=300)
+    wait(lambda: "slices free" in hub.log_path.read_text(errors="replace")[log_mark:], 60, "log")
+    logged = re.findall(
+        r"gus\S* preempted \([^)]*\): slices free ([\d.]+) s after the decision",
+        hub.log_path.read_text(errors="replace")[log_mark:],
+    )
+    hub.stop_server("ann")
+
+    t0 = time.perf_counter()
+    hub.spawn("gus", OPTIONS)
+    hub.wait_ready("gus", timeout=300)
+    spawned = time.perf_counter() - t0
+    kernel = Kernel(hub, "gus")
+    got: dict[str, float] = {}
+
+    def restored() -> bool:
+        got.clear()
+        got.update(json.loads(kernel.run(CHECKSUMS)))
+        return len(got) == ARRAYS
+
+    wait(restored, 300, "the restored variables", 0.2)
+    available = time.perf_counter() - t0
+    kernel.close()
+    assert got == before, (got, before)
+    snapshot_bytes = sum(
+        f.stat().st_size for f in (homes.parent / "snapshots").rglob("*") if f.is_file()
+    )
+    files = sum(f.stat().st_size for f in (home / "data").glob("f*.bin"))
+    hub.stop_server("gus")
+    return {
+        "hot": hot,
+        "settled_before_s": settle,
+        "slices_free_logged_s": float(logged[-1]) if logged else None,
+        "victim_gone_s": outside,
+        "preemptor_ready_s": ann_ready,
+        "restore_spawn_s": spawned,
+        "restore_available_s": available,
+        "snapshot_bytes": snapshot_bytes,
+        "home_file_bytes": files,
+    }
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
+    parser = argparse.ArgumentParser(prog="python -m bench.snapshot")
+    parser.add_argument("--only", choices=["settled", "hot"], help="one of the two cases")
+    args = parser.parse_args(argv)
+    if not extension_present(IMAGE):
+        print(f"preempt/restore: skipped, {IMAGE} has no numpy or no budgethub_session")
+        return None
+    root = Path(tempfile.mkdtemp(prefix="bench-snapshot-", dir="/var/tmp"))
+    homes, snapshots = root / "homes", root / "snapshots"
+    homes.mkdir()
+    snapshots.mkdir()
+    write, read = disk_bandwidth(snapshots)
+    hub = start_hub(root, homes, snapshots)
+    results = []
+    try:
+        for hot in (False, True):
+            if args.only and args.only != ("hot" if hot else "settled"):
+                continue
+            results.append(cycle(hub, homes, hot))
+    finally:
+        hub.stop()
+        for container in containers(HUB_NAME):
+            container.remove(force=True)
+        shutil.rmtree(root, ignore_errors=True)
+    state_mb = ARRAYS * ARRAY_MIB * 2**20 / 1e6
+    aim = 2 * state_mb / read
+    for r in results:
+        case = "hot (1 GiB delta unflushed)" if r["hot"] else "settled (checkpoint done)"
+        logged = r["slices_free_logged_s"]
+        print(
+            f"preemption, {case}: decision -> slices free "
+            f"{logged if logged is not None else float('nan'):.2f} s (actuator log), "
+            f"victim container gone {r['victim_gone_s']:.2f} s and preemptor ready "
+            f"{r['preemptor_ready_s']:.2f} s after its POST (bar 30 s, aim 10 s); "
+            f"snapshot {r['snapshot_bytes'] / 2**20:.0f} MiB, home files "
+            f"{r['home_file_bytes'] / 2**20:.0f} MiB stay in the shared home"
+        )
+        print(
+            f"restore, {case}: start -> variables available {r['restore_available_s']:.2f} s "
+            f"(spawn {r['restore_spawn_s']:.2f} s, kernel + restore "
+            f"{r['restore_available_s'] - r['restore_spawn_s']:.2f} s); "
+            f"aim 2 x {state_mb:.0f} MB / {read:.0f} MB/s = {aim:.2f} s, bar 30 s"
+        )
+    print(
+        f"disk (snapshot store, O_DIRECT dd of 1 GiB): write {write:.0f} MB/s, read {read:.0f} MB/s"
+    )
+    return results
+
+
+if __name__ == "__main__":
+    main()
