@@ -5,22 +5,27 @@ and without it; the figure is the median over the cells of the added time per ce
 Cells are sent back to back (each as soon as the previous one is idle), so the
 background checkpoint of one cell competes with the next: the worst case for the
 extension. ``--pause S`` leaves S seconds between cells, as a person would. The
-kernel runs in the image (``docker run``, no network) because that is where the
-extension, its serializers and the kernel's packages are the ones sessions get.
+kernel runs in the session image (``docker run``, no network), where the extension,
+its serializers and the kernel's packages are the ones sessions get; where the image
+lacks numpy or the extension, in this venv with the package from images/session
+(the line says which). "Off" is the same kernel with ``BUDGETHUB_CHECKPOINT=0``.
 
-Run: ``python -m bench.snapshot_cells [--reps N] [--pause S] [--image IMAGE]``.
+Run: ``python -m bench.snapshot_cells [--reps N] [--pause S] [--where IMAGE|venv]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 IMAGE = "budgethub/gpu:latest"
+SESSION_PACKAGE = Path(__file__).resolve().parents[1] / "images" / "session"
 EXTENSION = "budgethub_session.checkpoint"
 CELLS = 50
 
@@ -53,10 +58,10 @@ def cells():
     return out
 
 state = tempfile.mkdtemp(prefix="bh-state-")
-env = dict(os.environ, BUDGETHUB_STATE_DIR=state, JPY_SESSION_NAME="bench/cells.ipynb")
+env = dict(os.environ, BUDGETHUB_STATE_DIR=state, JPY_SESSION_NAME="bench/cells.ipynb",
+           BUDGETHUB_CHECKPOINT="1" if MODE == "on" else "0")
 km = KernelManager(kernel_name="python3")
-extra = [] if MODE == "on" else ["--IPKernelApp.extensions=[]", "--IPKernelApp.extra_extensions=[]"]
-km.start_kernel(env=env, extra_arguments=extra)
+km.start_kernel(env=env)
 kc = km.client()
 kc.start_channels()
 kc.wait_for_ready(timeout=60)
@@ -71,18 +76,19 @@ def run(code, timeout=300):
         raise SystemExit(f"cell failed: {c.get('ename')}: {c.get('evalue')}")
     return took
 
-def loaded():
-    got = {}
+def ask(code):
+    got = []
     def hook(msg):
         if msg["msg_type"] == "stream":
-            got.setdefault("text", "")
-            got["text"] += msg["content"]["text"]
-    kc.execute_interactive(f"print({EXT!r} in get_ipython().extension_manager.loaded)",
-                           store_history=False, output_hook=hook, timeout=60)
-    return got.get("text", "").strip() == "True"
+            got.append(msg["content"]["text"])
+    kc.execute_interactive(code, store_history=False, output_hook=hook, timeout=60)
+    return "".join(got).strip()
+
+def loaded():
+    return ask(f"import {EXT} as _bh\nprint(_bh._ACTIVE is not None)") == "True"
 
 error = None
-if MODE == "on" and not loaded():
+if MODE == "on" and not loaded():  # not configured for every kernel (a venv, not the image)
     kc.execute_interactive(f"%load_ext {EXT}", store_history=False, timeout=60,
                            output_hook=lambda msg: None)
 ext_loaded = loaded()
@@ -95,6 +101,9 @@ try:
 except SystemExit as stop:
     error = str(stop)
 last = time.time()
+on_thread = None
+if MODE == "on" and error is None:
+    on_thread = float(ask("print(_bh._ACTIVE.cell_seconds)"))
 settled = None
 if MODE == "on" and error is None:
     deadline = time.monotonic() + 120
@@ -115,19 +124,30 @@ for root, _dirs, files in os.walk(state):
 kc.stop_channels()
 km.shutdown_kernel(now=True)
 print(json.dumps({"mode": MODE, "loaded": ext_loaded, "times": times, "error": error,
-                  "settled": settled, "state_bytes": size}))
+                  "settled": settled, "state_bytes": size, "on_thread": on_thread,
+                  "python": sys.version.split()[0]}))
 """
 
 
-def run_notebook(image: str, mode: str, pause: float, cells: int = CELLS) -> dict[str, Any]:
+def run_notebook(where: str, mode: str, pause: float, cells: int = CELLS) -> dict[str, Any]:
+    """One run of the notebook; ``where`` is an image name or ``venv`` (this Python, with
+    the session package from images/session)."""
+    args = ["-", EXTENSION, mode, str(pause), str(cells)]
+    if where == "venv":
+        env = dict(os.environ, PYTHONPATH=str(SESSION_PACKAGE))
+        command = [sys.executable, *args]
+    else:
+        env = None
+        command = ["docker", "run", "--rm", "-i", "--network", "none", "--memory", "4g"]
+        command += [where, "python", *args]
     done = subprocess.run(
-        ["docker", "run", "--rm", "-i", "--network", "none", "--memory", "4g", image]
-        + ["python", "-", EXTENSION, mode, str(pause), str(cells)],
+        command,
         input=DRIVER,
         capture_output=True,
         text=True,
         timeout=1800,
         check=False,
+        env=env,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -137,6 +157,7 @@ def run_notebook(image: str, mode: str, pause: float, cells: int = CELLS) -> dic
 
 
 def extension_present(image: str) -> bool:
+    """Does the session image hold the extension and numpy?"""
     probe = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", image, "python", "-c"]
         + [f"import numpy, {EXTENSION}"],
@@ -147,25 +168,45 @@ def extension_present(image: str) -> bool:
     return probe.returncode == 0
 
 
+def venv_has_extension() -> bool:
+    probe = subprocess.run(
+        [sys.executable, "-c", f"import numpy, ipykernel, jupyter_client, {EXTENSION}"],
+        capture_output=True,
+        timeout=120,
+        check=False,
+        env=dict(os.environ, PYTHONPATH=str(SESSION_PACKAGE)),
+    )
+    return probe.returncode == 0
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(prog="python -m bench.snapshot_cells")
     parser.add_argument("--reps", type=int, default=3, help="paired runs (on, off) of the notebook")
     parser.add_argument("--pause", type=float, default=0.0, help="seconds between cells")
-    parser.add_argument("--image", default=IMAGE)
+    parser.add_argument(
+        "--where",
+        default=None,
+        help=f"an image (default {IMAGE} when it holds the extension and numpy) or 'venv'",
+    )
     args = parser.parse_args(argv)
-    if not extension_present(args.image):
+    where = args.where
+    if where is None:
+        where = IMAGE if extension_present(IMAGE) else "venv" if venv_has_extension() else None
+    if where is None:
         print(
-            f"checkpoint overhead: skipped, {args.image} has no numpy or no {EXTENSION} "
-            "(images/build builds it into the session images)"
+            f"checkpoint overhead: skipped, neither {IMAGE} nor this venv (with images/session) "
+            f"has numpy and {EXTENSION}"
         )
         return None
     on: list[list[float]] = []
     off: list[list[float]] = []
     settled: list[float] = []
+    on_thread: list[float] = []
+    python = ""
     state_bytes = 0
     for _ in range(args.reps):
         for mode, into in (("off", off), ("on", on)):
-            result = run_notebook(args.image, mode, args.pause)
+            result = run_notebook(where, mode, args.pause)
             if result["error"]:
                 raise RuntimeError(f"{mode}: {result['error']}")
             if result["loaded"] != (mode == "on"):
@@ -174,6 +215,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             if mode == "on":
                 if result["settled"] is not None:
                     settled.append(result["settled"])
+                on_thread.append(result["on_thread"] / CELLS)
+                python = result["python"]
                 state_bytes = result["state_bytes"]
     # Per cell: the median over the runs, then on - off; the figure is the median of that.
     cell_on = [statistics.median(run[i] for run in on) for i in range(CELLS)]
@@ -193,15 +236,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "total_off_s": sum(cell_off),
         "settled_s": statistics.median(settled) if settled else None,
         "state_mb": state_bytes / 1e6,
+        "on_kernel_thread_s": statistics.median(on_thread),
+        "where": where,
     }
     settled_s = figures["settled_s"] if settled else float("nan")
     print(
-        f"checkpoint overhead ({CELLS} cells, {figures['state_mb']:.0f} MB checkpointed, "
+        f"checkpoint overhead ({where}, Python {python}; {CELLS} cells, "
+        f"{figures['state_mb']:.0f} MB checkpointed, "
         f"{args.reps} paired runs, pause {args.pause:g} s): "
         f"median cell {median_cell * 1000:.0f} ms, "
         f"median added {median_added * 1000:.1f} ms per cell = "
         f"{figures['median_added_pct']:.2f} % (aim <= 2.5 %), "
-        f"p90 added {figures['p90_added_s'] * 1000:.1f} ms; whole notebook "
+        f"p90 added {figures['p90_added_s'] * 1000:.1f} ms; on the kernel's thread "
+        f"{figures['on_kernel_thread_s'] * 1000:.2f} ms per cell; whole notebook "
         f"{figures['total_on_s']:.1f} s on vs {figures['total_off_s']:.1f} s off; "
         f"last delta on disk {settled_s:.2f} s after the last cell"
     )
