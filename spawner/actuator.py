@@ -9,17 +9,25 @@ steps, as in DockerSpawner: `create_container` (build the spec), `start_containe
 (create and start it on the engine), `stop_container` (remove it, bounded).
 Calls to an engine from a request path are bounded by ``engine_timeout``; an
 unreachable node is not called at all.
+
+A preempted session is snapshotted (README "Snapshots"): its agent checkpoints the
+kernels within ``snapshot_grace``, the container goes, the slices are freed, then the
+kernel state is copied into the snapshot store and recorded. The preemptor's slices
+are booked only once the victim's container is gone (`launch` waits for it), so two
+sessions never share a GPU, as a Kubernetes preemptor waits for its victims to end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import socket
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
@@ -30,6 +38,21 @@ from scheduler_core.store import RequestState, SliceConflict, Store, StoreError
 from spawner.containers import LABEL_PREFIX, ContainerSpec, SessionIdentity, build_container
 from spawner.hubapi import HubClient, split_request_id
 from spawner.nodes import Answer, ContainerState, EngineConfig, NodeBackend, OwnedElsewhere
+from spawner.snapshots import (
+    HOME_TARGET,
+    Layout,
+    SnapshotError,
+    capture,
+    ensure_home,
+    new_key,
+    remove,
+    restored_dir_in_home,
+    state_dir_in_home,
+    tree_bytes,
+    write_report,
+)
+
+AGENT_HEADER = "X-Budgethub-Agent"
 
 
 def describe_exit(state: ContainerState | None) -> str:
@@ -43,6 +66,93 @@ def describe_exit(state: ContainerState | None) -> str:
     if state.exit_code == 137:
         return "was killed (exit code 137)"
     return f"exited with code {state.exit_code}"
+
+
+def _epoch(value: Any, default: float) -> float:
+    """Seconds since the epoch from an ISO 8601 time (``default`` if it is none)."""
+    if not isinstance(value, str):
+        return default
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return default
+
+
+def _kernel_entries(
+    checkpoint: Mapping[str, Any] | None, manifests: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per notebook: the variables the snapshot holds (its manifest), what could not be
+    saved and why, and how its kernel answered the final checkpoint."""
+    by_notebook: dict[str, dict[str, Any]] = {}
+    for manifest in manifests:
+        notebook = str(manifest.get("notebook") or manifest.get("key"))
+        variables = manifest.get("variables") or {}
+        unsaved = manifest.get("unsaved") or {}
+        by_notebook[notebook] = {
+            "notebook": notebook,
+            "key": manifest.get("key"),
+            "variables": sorted(str(v) for v in variables),
+            "unsaved": {str(k): str(v) for k, v in dict(unsaved).items()},
+            "state": "not running" if checkpoint is not None else "not asked",
+            "error": None,
+            "bytes": sum(
+                int(v.get("bytes", 0)) for v in dict(variables).values() if isinstance(v, dict)
+            ),
+        }
+    for kernel in (checkpoint or {}).get("kernels") or []:
+        if not isinstance(kernel, dict):
+            continue
+        notebook = str(kernel.get("notebook") or kernel.get("kernel_id"))
+        entry = by_notebook.setdefault(
+            notebook,
+            {
+                "notebook": notebook,
+                "key": None,
+                "variables": sorted(str(v) for v in kernel.get("saved") or []),
+                "unsaved": {},
+                "bytes": int(kernel.get("bytes") or 0),
+            },
+        )
+        entry["state"] = str(kernel.get("state") or "failed")
+        entry["error"] = kernel.get("error")
+        entry["kernel_id"] = kernel.get("kernel_id")
+        for name, why in dict(kernel.get("unsaved") or {}).items():
+            entry["unsaved"].setdefault(str(name), str(why))
+    return [by_notebook[n] for n in sorted(by_notebook)]
+
+
+def snapshot_sentence(report: Mapping[str, Any], most: int = 8) -> str:
+    """What a snapshot keeps and what it does not, in words for the user (plain text)."""
+    kernels = list(report.get("kernels") or [])
+    variables = sum(len(k.get("variables") or []) for k in kernels)
+    notebooks = sum(1 for k in kernels if k.get("variables"))
+    where = (
+        "your files and installed packages stay in your home"
+        if report.get("files") == "kept in the home"
+        else f"your files and installed packages stay in your home ({report.get('files')})"
+    )
+    state = report.get("kernel_state")
+    parts = [f"A snapshot was taken ({report.get('key')}): {where}"]
+    if variables:
+        parts[0] += (
+            f", and {variables} variable{'s' if variables != 1 else ''} of {notebooks} "
+            f"notebook{'s' if notebooks != 1 else ''} come back when you start it again "
+            '(tick "Start fresh" to ignore the snapshot)'
+        )
+    parts[0] += "."
+    if state == "not saved":
+        parts.append(f"The kernel state was not saved at the preemption: {report.get('why')}.")
+    elif state == "partial":
+        parts.append(
+            f"Some kernels were busy ({report.get('why')}); they keep the state of their "
+            "last finished cell."
+        )
+    unsaved = {k: v for k, v in dict(report.get("unsaved") or {}).items() if k != "kernel state"}
+    if unsaved:
+        shown = [f"{name} ({why})" for name, why in list(unsaved.items())[:most]]
+        more = f", and {len(unsaved) - most} more" if len(unsaved) > most else ""
+        parts.append("Not kept: " + ", ".join(shown) + more + ".")
+    return " ".join(parts)
 
 
 class LaunchFailed(RuntimeError):
@@ -67,6 +177,10 @@ class SessionLaunch:
     storage: str | None
     """The storage name a data-prep profile mounts, if any."""
     pids_limit: int
+    agent_secret: str = ""
+    """The session's agent secret (``BUDGETHUB_AGENT_SECRET``), kept in the spawner state."""
+    restore: str | None = None
+    """The key of the snapshot this start restores (checked by the facade), or None."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +188,51 @@ class RunningSession:
     container_id: str
     address: str
     port: int
+
+
+@dataclass
+class Agent:
+    """How the spawner reaches one session's agent (its server's port, directly)."""
+
+    user: str
+    server: str
+    secret: str
+    base_url: str
+    address: str = ""
+    port: int = 0
+    container_id: str = ""
+    image: str = ""
+
+    def url(self, route: str) -> str:
+        return f"http://{self.address}:{self.port}{self.base_url}budgethub-agent/{route}"
+
+
+@dataclass(frozen=True)
+class SnapshotPolicy:
+    enabled: bool = True
+    keep: int = 3
+    grace: float = 20.0
+
+
+@dataclass
+class Teardown:
+    """A preempted session on its way out: ``freed`` once its container is gone and its
+    slices free, ``done`` once it is recorded and its server stopped."""
+
+    node: str
+    freed: asyncio.Future[None]
+    done: asyncio.Future[None]
+    snapshot: str | None = None
+
+
+@dataclass
+class Activity:
+    """What a session's agent last said: busy, or idle since when."""
+
+    asked: float
+    busy: bool
+    idle_since: float | None
+    kernels: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -102,6 +261,9 @@ class SessionActuator:
         respawn: Callable[[str], None],
         notices: dict[tuple[str, str], str],
         log: logging.Logger | logging.LoggerAdapter[Any],
+        layout: Layout | None = None,
+        snapshots: SnapshotPolicy | None = None,
+        agents: dict[str, Agent] | None = None,
     ) -> None:
         self.log = log
         self.engines = dict(engines)
@@ -132,6 +294,13 @@ class SessionActuator:
         """Per node, containers to remove once the node answers again."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self.layout = layout
+        """Where homes and snapshots live (None: named volumes, no snapshot store)."""
+        self.snapshots = snapshots or SnapshotPolicy(enabled=layout is not None)
+        self.agents: dict[str, Agent] = agents if agents is not None else {}
+        """Per request, its session's agent (from the start, or the spawner's state)."""
+        self.teardowns: dict[str, Teardown] = {}
+        self.activity: dict[str, Activity] = {}
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -189,7 +358,27 @@ class SessionActuator:
     # -- booking and release (the core's Actuator protocol, and the ends of sessions) ----
 
     def launch(self, allocation: Allocation) -> None:
-        """Book the admission's slices in the store, then hand the grant on."""
+        """Book the admission's slices in the store, then hand the grant on; after the
+        containers of victims on its nodes are gone (and, for preempted work that waits
+        again, after its own snapshot)."""
+        waits = [
+            t.done if request_id == allocation.id else t.freed
+            for request_id, t in self.teardowns.items()
+            if request_id == allocation.id or t.node in allocation.node_names
+        ]
+        if waits:
+            self.background(self._launch_after(allocation, waits))
+            return
+        self._book(allocation)
+
+    async def _launch_after(
+        self, allocation: Allocation, waits: list[asyncio.Future[None]]
+    ) -> None:
+        await asyncio.gather(*(asyncio.shield(w) for w in waits), return_exceptions=True)
+        if self._core.running.get(allocation.id) is allocation:
+            self._book(allocation)
+
+    def _book(self, allocation: Allocation) -> None:
         try:
             self.store.book(allocation)
         except (SliceConflict, StoreError) as error:
@@ -238,8 +427,12 @@ class SessionActuator:
             self._core.launch_failed(request_id)
 
     def preempt(self, allocation: Allocation, reason: str) -> bool:
-        """Stop a victim through the Hub and tell its user; resumable work waits again
-        at its old place (True), and is spawned again through the Hub."""
+        """Stop a victim and tell its user; resumable work waits again at its old place
+        (True), and is spawned again through the Hub.
+
+        In the background (`_take_down`): a checkpoint through its agent, its container
+        removed, its slices freed, its kernel state copied and recorded as a snapshot,
+        its server stopped through the Hub."""
         now = time.time()
         how = (
             "its protected time was over"
@@ -250,6 +443,7 @@ class SessionActuator:
             "funded": f"a session funded by a team's budget needed its GPUs ({how})",
             "drain": "its node is being drained",
             "node-down": "its node stopped answering",
+            "idle": "it was idle and a session funded by a team's budget needed its GPUs",
         }.get(reason, reason)
         requeue = allocation.request.resumable
         then = (
@@ -262,16 +456,330 @@ class SessionActuator:
             f"{why}{then}."
         )
         state = RequestState.REQUEUED if requeue else RequestState.FINISHED
-        self.store.release(allocation.id, now, state=state, reason=message)
         self.store.append_event(
             now, "preempt", {"request": allocation.id, "reason": reason, "message": message}
         )
         self.notices[split_request_id(allocation.id)] = message
         self.live.discard(allocation.id)
-        self._free_ports(allocation.id)
+        self._stopping.add(allocation.id)
+        self.activity.pop(allocation.id, None)
         self._preempted(allocation.id)
-        self.background(self._stop_through_hub(allocation, requeue))
+        loop = asyncio.get_running_loop()
+        teardown = Teardown(allocation.grants[0].node, loop.create_future(), loop.create_future())
+        self.teardowns[allocation.id] = teardown
+        self.background(self._take_down(allocation, reason, message, state, requeue, now, teardown))
         return requeue
+
+    async def _take_down(
+        self,
+        allocation: Allocation,
+        reason: str,
+        message: str,
+        state: RequestState,
+        requeue: bool,
+        now: float,
+        teardown: Teardown,
+    ) -> None:
+        request_id = allocation.id
+        node = allocation.grants[0].node
+        agent = self.agents.get(request_id)
+        checkpoint: dict[str, Any] | None = None
+        why_not: str | None = None
+        archive: bytes | None = None
+        snapshot = self.snapshots.enabled and self.layout is not None
+        try:
+            if snapshot and agent is None:
+                why_not = "the Hub does not know this session's agent"
+            elif snapshot and agent is not None and not self.node_answers(node):
+                why_not = f"its node {node} does not answer"
+            elif snapshot and agent is not None:
+                checkpoint, why_not = await self._checkpoint(agent)
+            container_id = agent.container_id if agent is not None else ""
+            if not container_id:
+                container_id = await self._find_container(node, request_id)
+            layout = self.layout
+            if snapshot and layout is not None and layout.home_root is None and container_id:
+                archive = await self._fetch_state(node, container_id, agent)
+            await self.stop_container(node, container_id, request_id)
+        except Exception as error:  # never keep the slices because a snapshot step broke
+            self.log.exception("budgethub: %s: taking the session down: %s", request_id, error)
+            why_not = why_not or f"the snapshot failed ({type(error).__name__}: {error})"
+        try:
+            self.store.release(request_id, now, state=state, reason=message)
+        except StoreError as error:
+            self.log.warning("budgethub: releasing %s: %s", request_id, error)
+        self._free_ports(request_id)
+        self._stopping.discard(request_id)
+        teardown.freed.set_result(None)
+        self.log.info(
+            "budgethub: %s preempted (%s): slices free %.2f s after the decision",
+            request_id,
+            reason,
+            time.time() - now,
+        )
+        self._changed()
+        try:
+            if snapshot and agent is not None:
+                # The spawn form shows what it keeps (`BudgetScheduler.snapshot_notice`).
+                teardown.snapshot = await self._record_snapshot(
+                    allocation, agent, node, now, reason, checkpoint, why_not, archive
+                )
+        except Exception as error:
+            self.log.exception("budgethub: %s: recording its snapshot: %s", request_id, error)
+        self.agents.pop(request_id, None)
+        try:
+            await self._stop_through_hub(allocation, requeue)
+        finally:
+            teardown.done.set_result(None)
+            self.teardowns.pop(request_id, None)
+
+    async def _find_container(self, node: str, request_id: str) -> str:
+        if not self.node_answers(node):
+            return ""
+        try:
+            found = await asyncio.wait_for(
+                self.backends[node].sessions(self.hub_name), self.timeouts.engine
+            )
+        except Exception as error:
+            self.log.warning("budgethub: node %s: listing sessions: %s", node, error)
+            return ""
+        for container in found:
+            if container.labels.get(f"{LABEL_PREFIX}.request") == request_id:
+                return container.id
+        return ""
+
+    async def _checkpoint(self, agent: Agent) -> tuple[dict[str, Any] | None, str | None]:
+        """Ask the agent to checkpoint every kernel within the grace: its answer, or why
+        there is none."""
+        grace = self.snapshots.grace
+        request = HTTPRequest(
+            agent.url("checkpoint"),
+            method="POST",
+            headers={AGENT_HEADER: agent.secret, "Content-Type": "application/json"},
+            body=json.dumps({"within": grace}),
+            connect_timeout=min(5.0, grace),
+            request_timeout=grace + 5.0,
+        )
+        try:
+            response = await asyncio.wait_for(AsyncHTTPClient().fetch(request), grace + 6.0)
+            answer = json.loads(response.body)
+        except HTTPClientError as error:
+            if error.code == 599:
+                return None, f"its agent did not answer within {grace:g} s"
+            return None, f"its agent answered {error.code} {error.message}"
+        except TimeoutError:
+            return None, f"its agent did not answer within {grace:g} s"
+        except (OSError, ValueError) as error:
+            return None, f"its agent could not be asked ({error})"
+        if not isinstance(answer, dict):
+            return None, "its agent's answer was not understood"
+        return answer, None
+
+    async def _fetch_state(self, node: str, container_id: str, agent: Agent | None) -> bytes | None:
+        """The kernel state out of a container whose home is a volume on its node."""
+        server = agent.server if agent is not None else ""
+        path = f"{HOME_TARGET}/{state_dir_in_home(server)}"
+        try:
+            return await asyncio.wait_for(
+                self.backends[node].archive(container_id, path), self.timeouts.engine
+            )
+        except Exception as error:
+            self.log.warning("budgethub: %s: fetching the kernel state: %s", container_id, error)
+            return None
+
+    async def _record_snapshot(
+        self,
+        allocation: Allocation,
+        agent: Agent,
+        node: str,
+        now: float,
+        reason: str,
+        checkpoint: dict[str, Any] | None,
+        why_not: str | None,
+        archive: bytes | None,
+    ) -> str:
+        """Copy the kernel state into the snapshot store, record it, keep the newest
+        ``snapshot_keep``; its key."""
+        layout = self.layout
+        assert layout is not None
+        user, server = agent.user, agent.server
+        key = new_key(now)
+        home = layout.home(user)
+        store_error: str | None = None
+        try:
+            captured = await asyncio.to_thread(
+                capture,
+                layout,
+                user,
+                server,
+                key,
+                home=home,
+                state_relative=state_dir_in_home(server),
+                archive=archive,
+            )
+        except SnapshotError as error:
+            captured = None
+            store_error = str(error)
+        kernels = _kernel_entries(checkpoint, captured.manifests if captured else [])
+        saved = [f"{k['notebook']}:{name}" for k in kernels for name in k["variables"]]
+        unsaved: dict[str, str] = {}
+        for k in kernels:
+            for name, why in k["unsaved"].items():
+                unsaved[f"{k['notebook']}:{name}"] = str(why)
+        notebooks = (checkpoint or {}).get("notebooks") or {}
+        for path, why in dict(notebooks.get("not_flushed") or {}).items():
+            unsaved[f"{path} (unsaved changes)"] = str(why)
+        if store_error is not None:
+            kernel_state = "not saved"
+            why = store_error
+        elif why_not is not None:
+            kernel_state = "not saved"
+            why = why_not
+        elif any(k["state"] not in ("saved", "not running") for k in kernels):
+            kernel_state = "partial"
+            why = "; ".join(
+                f"{k['notebook']}: {k['state']}" + (f" ({k['error']})" if k.get("error") else "")
+                for k in kernels
+                if k["state"] not in ("saved", "not running")
+            )
+        else:
+            kernel_state, why = "saved", None
+        if kernel_state == "not saved":
+            unsaved["kernel state"] = str(why)
+        home_bytes = await asyncio.to_thread(tree_bytes, home) if home is not None else None
+        sizes = {
+            "kernels": captured.kernel_bytes if captured else 0,
+            "home": home_bytes,
+        }
+        report: dict[str, Any] = {
+            "key": key,
+            "user": user,
+            "server": server,
+            "node": node,
+            "time": now,
+            "reason": reason,
+            "image": agent.image,
+            "kernel_state": kernel_state,
+            "why": why,
+            "kernels": kernels,
+            "notebooks": {
+                "saved": list(notebooks.get("saved") or []),
+                "not_flushed": dict(notebooks.get("not_flushed") or {}),
+            },
+            "unsaved": unsaved,
+            "files": "kept in the home" if home is not None else f"kept in its volume on {node}",
+            "skipped": captured.skipped if captured else [],
+            "sizes": sizes,
+            "checkpoint_elapsed": (checkpoint or {}).get("elapsed"),
+        }
+        if captured is not None:
+            try:
+                await asyncio.to_thread(write_report, captured.path, report)
+            except OSError as error:
+                self.log.warning("budgethub: %s: writing its report: %s", key, error)
+        self.store.save_snapshot(
+            allocation.id,
+            now,
+            agent.image,
+            saved=saved,
+            unsaved=unsaved,
+            key=key,
+            server=server,
+            node=node,
+            sizes=sizes,
+            kernels=kernels,
+            report=report,
+        )
+        self.store.append_event(
+            time.time(),
+            "snapshot",
+            {"request": allocation.id, "key": key, "kernel_state": kernel_state, "why": why},
+        )
+        self.log.info(
+            "budgethub: %s: snapshot %s (%s, %d variables, %d bytes of kernel state)",
+            allocation.id,
+            key,
+            kernel_state,
+            len(saved),
+            sizes["kernels"],
+        )
+        if captured is not None:
+            await asyncio.to_thread(self.prune, user, server)
+        return key
+
+    def prune(self, user: str, server: str) -> None:
+        """Keep the newest ``snapshot_keep`` snapshots of a server; delete the others."""
+        layout = self.layout
+        if layout is None:
+            return
+        kept = self.store.list_snapshots(user=user, server=server)
+        old = kept[: max(0, len(kept) - self.snapshots.keep)]
+        if not old:
+            return
+        for record in old:
+            try:
+                remove([layout.snapshot_dir(user, server, record.key)])
+            except SnapshotError:
+                pass
+        self.store.delete_snapshots(r.key for r in old)
+
+    def delete_snapshots(self, user: str, server: str | None) -> int:
+        """Delete a server's snapshots (``server`` None: all of the user's), rows and
+        files; how many."""
+        records = self.store.list_snapshots(user=user, server=server)
+        layout = self.layout
+        if layout is not None:
+            if server is None:
+                remove([layout.user_dir(user)])
+            else:
+                remove([layout.server_dir(user, server)])
+        return self.store.delete_snapshots(r.key for r in records)
+
+    # -- idle sessions ---------------------------------------------------------------
+
+    async def poll_activity(self) -> None:
+        """Ask each running session's agent whether it is busy; tell the core which are
+        idle and since when (idle sessions are the first victims)."""
+        core = self._core
+        asks = [
+            (request_id, agent)
+            for request_id, agent in list(self.agents.items())
+            if request_id in self.live and agent.port and request_id not in self.teardowns
+        ]
+        answers = await asyncio.gather(*(self._status(agent) for _, agent in asks))
+        now = time.time()
+        for (request_id, _agent), status in zip(asks, answers, strict=True):
+            if status is None or request_id not in core.running:
+                continue
+            busy = bool(status.get("busy"))
+            idle_since = None if busy else _epoch(status.get("last_activity"), now)
+            before = self.activity.get(request_id)
+            kernels = list(status.get("kernels") or [])
+            self.activity[request_id] = Activity(now, busy, idle_since, kernels)
+            if before is None or before.busy != busy:
+                self.store.append_event(
+                    now,
+                    "activity",
+                    {"request": request_id, "busy": busy, "idle_since": idle_since},
+                )
+            mark = getattr(core, "mark_activity", None)
+            if mark is not None:
+                mark(request_id, idle_since)
+
+    async def _status(self, agent: Agent) -> dict[str, Any] | None:
+        request = HTTPRequest(
+            agent.url("status"),
+            headers={AGENT_HEADER: agent.secret},
+            connect_timeout=2.0,
+            request_timeout=5.0,
+        )
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+            answer = json.loads(response.body)
+        except (HTTPClientError, OSError, ValueError) as error:
+            self.log.debug("budgethub: agent at %s: %s", agent.url("status"), error)
+            return None
+        return answer if isinstance(answer, dict) else None
 
     async def _stop_through_hub(self, allocation: Allocation, respawn: bool) -> None:
         try:
@@ -304,6 +812,7 @@ class SessionActuator:
         """The container spec of a granted session (override to change what runs)."""
         grant = allocation.grants[0]
         engine = self.engines[grant.node]
+        server = ask.identity.server
         storage = None
         if ask.storage is not None:
             path = engine.storage.get(ask.storage)
@@ -326,9 +835,31 @@ class SessionActuator:
             extra_env={
                 "BUDGETHUB_FUNDED": "1" if allocation.funded else "0",
                 "BUDGETHUB_PROTECTED_UNTIL": str(allocation.protected_until),
+                "BUDGETHUB_AGENT_SECRET": ask.agent_secret,
+                "BUDGETHUB_STATE_DIR": f"{HOME_TARGET}/{state_dir_in_home(server)}",
+                "BUDGETHUB_RESTORED_DIR": f"{HOME_TARGET}/{restored_dir_in_home(server)}",
             },
             pids_limit=ask.pids_limit,
+            home=self._home(ask.identity.user, grant.node),
+            restore_dir=self._restore_dir(ask),
         )
+
+    def _home(self, user: str, node: str) -> str | None:
+        """The user's home on shared storage, made if new (None: the named volume)."""
+        home = self.layout.home(user) if self.layout is not None else None
+        if home is None:
+            return None
+        try:
+            ensure_home(home)
+        except (OSError, SnapshotError) as error:
+            raise LaunchFailed(node, f"its home {home} cannot be made ({error})") from None
+        return str(home)
+
+    def _restore_dir(self, ask: SessionLaunch) -> str | None:
+        if ask.restore is None or self.layout is None:
+            return None
+        path = self.layout.kernels_dir(ask.identity.user, ask.identity.server, ask.restore)
+        return str(path) if path is not None else None
 
     async def start_container(self, node: str, spec: ContainerSpec) -> str:
         """Create and start the container on the node's engine; its id."""
@@ -371,6 +902,17 @@ class SessionActuator:
         self._stopping.discard(request_id)
         if request_id in self._core.running:
             self.live.add(request_id)
+        if ask.agent_secret:
+            self.agents[request_id] = Agent(
+                user=ask.identity.user,
+                server=ask.identity.server,
+                secret=ask.agent_secret,
+                base_url=ask.base_url,
+                address=engine.address,
+                port=port,
+                container_id=container_id,
+                image=ask.image,
+            )
         return RunningSession(container_id, engine.address, port)
 
     async def _wait_until_answers(

@@ -234,6 +234,40 @@ class SchedulerConfig(SingletonConfigurable):
         running sessions, refuses new spawns with the reason, and tries again this often.""",
     ).tag(config=True)
 
+    # -- homes and snapshots (README "Snapshots") ---------------------------------
+
+    home_root = Unicode(
+        "",
+        help="""Host path under which each user's whole home lives, bind-mounted at
+        /home/jovyan: ``{home_root}/{hub_name}/{user}`` (made 1000:100, 0700). Put it on
+        storage every node reaches, so a session (and its restore) starts on any node.
+        Empty: the user's named volume on each node, at /home/jovyan.""",
+    ).tag(config=True)
+    snapshot_root = Unicode(
+        "",
+        help="""Host path of the snapshot store (on storage every node reaches):
+        ``{snapshot_root}/{hub_name}/{user}/{server}/{key}/``. Empty: ``snapshots`` beside
+        ``home_root`` (or in the Hub's directory when that is empty too).""",
+    ).tag(config=True)
+    snapshots = Bool(
+        True,
+        help="""Snapshot a preempted session (its kernels' state, through the agent in the
+        image) and restore it on its next start.""",
+    ).tag(config=True)
+    snapshot_keep = Integer(
+        3, min=1, help="Snapshots kept per server; older ones are deleted."
+    ).tag(config=True)
+    snapshot_grace = Float(
+        20.0,
+        help="""Seconds a preempted session's agent gets to checkpoint its kernels; a kernel
+        still busy then keeps the state of its last finished cell.""",
+    ).tag(config=True)
+    idle_poll = Float(
+        60.0,
+        help="""Seconds between asks of each session's agent whether its kernels are busy;
+        idle sessions are the first victims (0: never ask).""",
+    ).tag(config=True)
+
     @default("teams")
     def _default_teams(self) -> list[dict[str, Any]]:
         return []

@@ -16,7 +16,10 @@ from typing import Any
 from scheduler_core.model import MILLI, NodeGrant, SliceKind
 
 LABEL_PREFIX = "org.budgethub"
-WORKSPACE_PATH = "/home/jovyan/work"
+WORKSPACE_PATH = "/home/jovyan"
+"""The whole home: a session's files, ``~/.local`` packages and conda envs live there."""
+RESTORE_PATH = "/var/lib/budgethub/restore"
+"""Where a restoring session sees its snapshot's kernel state, read-only."""
 STORAGE_ROOT = "/mnt"
 SESSION_USER = "1000:100"
 """uid:gid the session runs as (the images' ``jovyan``); never root."""
@@ -145,8 +148,14 @@ def build_container(
     storage: tuple[str, str] | None = None,
     extra_env: Mapping[str, str] | None = None,
     pids_limit: int = DEFAULT_PIDS_LIMIT,
+    home: str | None = None,
+    restore_dir: str | None = None,
 ) -> ContainerSpec:
     """The container for one session on one node.
+
+    ``home`` is the host path of the user's home on shared storage (bind-mounted at
+    /home/jovyan); None mounts the user's named volume there. ``restore_dir`` is the
+    host path of a snapshot's kernel state, mounted read-only at ``RESTORE_PATH``.
 
     ``hub_env`` is the Hub's environment for the server (``Spawner.get_env``);
     ``nvidia`` says whether the node's GPUs are real (the NVIDIA runtime gets the
@@ -172,7 +181,13 @@ def build_container(
     env["BUDGETHUB_REQUEST"] = identity.request_id
     env["BUDGETHUB_TEAM"] = identity.team
     env["HOME"] = "/home/jovyan"
-    mounts = [Mount(workspace_volume(identity.user, identity.hub), WORKSPACE_PATH)]
+    if home is not None:
+        mounts = [Mount(home, WORKSPACE_PATH, kind="bind")]
+    else:
+        mounts = [Mount(workspace_volume(identity.user, identity.hub), WORKSPACE_PATH)]
+    if restore_dir is not None:
+        mounts.append(Mount(restore_dir, RESTORE_PATH, kind="bind", read_only=True))
+        env["BUDGETHUB_RESTORE_DIR"] = RESTORE_PATH
     if storage is not None:
         name, path = storage
         mounts.append(Mount(path, f"{STORAGE_ROOT}/{safe_name(name)}", kind="bind"))

@@ -18,6 +18,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from tornado.httpclient import HTTPClientError
@@ -27,14 +28,24 @@ from scheduler_core.model import Allocation, Health, Node, Pool, Request, Team
 from scheduler_core.scenario import why_unplaceable
 from scheduler_core.scheduler import Scheduler, WallClock
 from scheduler_core.settings import Settings
-from scheduler_core.store import RequestState, Store
+from scheduler_core.store import RequestState, SnapshotRecord, Store
 from scheduler_core.store.admin import AdminStore, SchedulerStatus
 from spawner import admin
-from spawner.actuator import LaunchFailed, RunningSession, SessionActuator, SessionLaunch, Timeouts
+from spawner.actuator import (
+    Agent,
+    LaunchFailed,
+    RunningSession,
+    SessionActuator,
+    SessionLaunch,
+    SnapshotPolicy,
+    Timeouts,
+    snapshot_sentence,
+)
 from spawner.config import SchedulerConfig
 from spawner.hubapi import HubClient, split_request_id
 from spawner.readmodel import QueueStatus, QueueView
 from spawner.recovery import recover
+from spawner.snapshots import KEY_PATTERN, Layout
 
 ADMIN_CHECK = 0.5
 """Seconds between looks for admin changes (one small query) before a cycle."""
@@ -80,6 +91,8 @@ class BudgetScheduler(SchedulerConfig):
         self.core_pools: dict[str, Pool] = {}
         self.core_teams: list[Team] = []
         self.notices: dict[tuple[str, str], str] = {}
+        self.agents: dict[str, Agent] = {}
+        """Per request, how to reach its session's agent (see `remember_agent`)."""
         self._waiters: dict[str, Waiter] = {}
         self._unclaimed: dict[str, tuple[Allocation, float]] = {}
         self._by_session: dict[tuple[str, str], str] = {}
@@ -180,7 +193,23 @@ class BudgetScheduler(SchedulerConfig):
             respawn=self._respawn,
             notices=self.notices,
             log=self.log,
+            layout=self.layout(),
+            snapshots=SnapshotPolicy(
+                enabled=self.snapshots, keep=self.snapshot_keep, grace=self.snapshot_grace
+            ),
+            agents=self.agents,
         )
+
+    def layout(self) -> Layout:
+        """Where homes and snapshots live (README "Snapshots")."""
+        home = Path(self.home_root).resolve() if self.home_root else None
+        if self.snapshot_root:
+            snapshots = Path(self.snapshot_root).resolve()
+        elif home is not None:
+            snapshots = home.parent / "snapshots"
+        else:
+            snapshots = Path("snapshots").resolve()
+        return Layout(self.hub_name, home, snapshots)
 
     async def _start(self) -> None:
         self.build()
@@ -215,6 +244,8 @@ class BudgetScheduler(SchedulerConfig):
             self.actuator.watch()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._tick_loop()), loop.create_task(self._health_loop())]
+        if self.idle_poll > 0:
+            self._tasks.append(loop.create_task(self._idle_loop()))
         self.log.info(
             "budgethub: %d nodes, %d teams, %d running and %d queued sessions recovered",
             len(self.node_list),
@@ -352,7 +383,11 @@ class BudgetScheduler(SchedulerConfig):
         return not unanswered
 
     def _respawn(self, request_id: str) -> None:
-        """Preempted resumable work waits again: a spawner must wait for it."""
+        """Preempted resumable work waits again: a spawner must wait for it.
+
+        The Hub stopped its server already; when the container was gone by then, the
+        Hub never called the spawner's ``stop`` (which detaches its old wait)."""
+        self._waiters.pop(request_id, None)
         self._background_task(self._respawn_through_hub(request_id))
 
     async def _respawn_through_hub(self, request_id: str) -> None:
@@ -383,6 +418,14 @@ class BudgetScheduler(SchedulerConfig):
         while True:
             await asyncio.sleep(self.health_interval)
             await self.actuator.check_health()
+
+    async def _idle_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.idle_poll)
+            try:
+                await self.actuator.poll_activity()
+            except Exception:
+                self.log.exception("budgethub: asking the sessions' agents")
 
     def kick(self) -> None:
         """Run a cycle soon (coalescing bursts of events into one cycle)."""
@@ -549,6 +592,49 @@ class BudgetScheduler(SchedulerConfig):
             await actuator.stop_container(node, container_id, request_id)
         if self.started and request_id:
             self.finish(request_id)
+
+    # -- what spawners call: snapshots ----------------------------------------------------
+
+    def remember_agent(self, request_id: str, agent: Agent) -> None:
+        """A running session's agent, from its spawner's state (after a Hub restart)."""
+        self.agents.setdefault(request_id, agent)
+
+    def snapshots_of(self, user: str, server: str) -> list[SnapshotRecord]:
+        """The server's snapshots, newest first (only ever this user's)."""
+        if not self.started:
+            return []
+        found = self.store.list_snapshots(user=user, server=server)
+        return [s for s in reversed(found) if s.user == user and s.server == server]
+
+    def restorable(self, user: str, server: str, key: str | None) -> SnapshotRecord | None:
+        """The snapshot a start of ``user``'s ``server`` restores: ``key`` if given
+        (ValueError when it is not one of this server's), else the newest."""
+        if key is None:
+            found = self.snapshots_of(user, server)
+            return found[0] if found else None
+        if not KEY_PATTERN.match(key):
+            raise ValueError(f"{key!r} is not a snapshot key")
+        record = self.store.get_snapshot(key) if self.started else None
+        if record is None or record.user != user or record.server != server:
+            # Another user's snapshot is answered like one that does not exist.
+            raise ValueError(f"there is no snapshot {key} of this server")
+        return record
+
+    def snapshot_notice(self, user: str, server: str = "") -> str | None:
+        """A line for the Hub's home page: the server has a snapshot, what it keeps and
+        what it does not (plain text; None when it has none)."""
+        found = self.snapshots_of(user, server)
+        if not found:
+            return None
+        newest = found[0]
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(newest.created))
+        return f"Stopped at {when} on {newest.node}. {snapshot_sentence(newest.report)}"
+
+    def delete_snapshots(self, user: str, server: str | None) -> int:
+        """Delete a server's snapshots (None: every one of the user's)."""
+        if not self.started:
+            return 0
+        return self.actuator.delete_snapshots(user, server)
 
     def hold_port(self, port: int, request_id: str) -> None:
         if self.started:

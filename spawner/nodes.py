@@ -260,6 +260,19 @@ class NodeBackend:
 
         return await call(run)
 
+    async def archive(self, container_id: str, path: str) -> bytes | None:
+        """A tar of ``path`` in the container (Docker's archive API), or None when the
+        path (or the container) is not there."""
+
+        def run() -> bytes | None:
+            try:
+                stream, _stat = self._docker().containers.get(container_id).get_archive(path)
+            except NotFound:
+                return None
+            return b"".join(stream)
+
+        return await call(run)
+
     async def logs(self, container_id: str, tail: int = 20) -> str:
         def run() -> str:
             try:

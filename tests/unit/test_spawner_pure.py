@@ -115,8 +115,32 @@ def test_container_gets_exactly_the_granted_gpus_and_no_privilege():
     assert kwargs["user"] == "1000:100"
     assert kwargs["nano_cpus"] == 2 * 10**9 and kwargs["mem_limit"] == 4 * 2**30
     assert all("docker.sock" not in m["Source"] for m in kwargs["mounts"])
-    assert kwargs["mounts"][0]["Target"] == "/home/jovyan/work"
+    assert kwargs["mounts"][0]["Target"] == "/home/jovyan"  # the whole home
+    assert kwargs["mounts"][0]["Type"] == "volume"
     assert "--port=5000" in kwargs["command"]
+
+
+def test_a_shared_home_is_bound_and_a_restore_is_read_only():
+    spec = build_container(
+        IDENTITY,
+        "img",
+        grant(),
+        hub_env={},
+        port=1,
+        ip="127.0.0.1",
+        nvidia=False,
+        home="/srv/homes/hub/ann",
+        restore_dir="/srv/snapshots/hub/ann/default/k/kernels",
+    )
+    home, restore = spec.create_kwargs()["mounts"]
+    assert (home["Type"], home["Source"], home["Target"]) == (
+        "bind",
+        "/srv/homes/hub/ann",
+        "/home/jovyan",
+    )
+    assert not home["ReadOnly"]
+    assert restore["ReadOnly"] and restore["Target"] == "/var/lib/budgethub/restore"
+    assert spec.environment["BUDGETHUB_RESTORE_DIR"] == "/var/lib/budgethub/restore"
 
 
 def test_virtual_gpus_reach_the_environment_but_not_the_runtime():
