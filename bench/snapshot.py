@@ -46,26 +46,36 @@ NOTEBOOK = "bench.ipynb"
 HUB_NAME = f"bench-snap-{uuid.uuid4().hex[:6]}"
 ARRAYS = 8
 ARRAY_MIB = 128
+"""8 x 128 MiB: 1 GiB of kernel variables, and the same again as files in the home."""
 OPTIONS = {"profile": "bench", "gpus": 1}
-PROFILES = [
-    {
-        "slug": "bench",
-        "display_name": "bench",
-        "class": "interactive",
-        "pool": "gpu",
-        "image": IMAGE,
-        "gpus": [1],
-        "cpus": 2,
-        "memory_gib": 8,
-        "min_runtime": "1h",
-        "max_min_runtime": "8h",
-    }
-]
-MAKE_STATE = f"""
+
+
+def profiles(image: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "slug": "bench",
+            "display_name": "bench",
+            "class": "interactive",
+            "pool": "gpu",
+            "image": image,
+            "gpus": [1],
+            "cpus": 2,
+            "memory_gib": 8,
+            "min_runtime": "1h",
+            "max_min_runtime": "8h",
+        }
+    ]
+
+
+def make_state(mib: int) -> str:
+    """A cell that makes ARRAYS numpy arrays of ``mib`` MiB each."""
+    return f"""
 import os, numpy as np
 for i in range({ARRAYS}):
-    globals()[f"v{{i}}"] = np.random.default_rng(i).standard_normal({ARRAY_MIB} * 2**20 // 8)
+    globals()[f"v{{i}}"] = np.random.default_rng(i).standard_normal({mib} * 2**20 // 8)
 """
+
+
 WRITE_HOME = f"""
 os.makedirs(os.path.expanduser("~/data"), exist_ok=True)
 for i in range({ARRAYS}):
@@ -185,7 +195,7 @@ def disk_bandwidth(directory: Path, mib: int = 1024) -> tuple[float, float]:
     return write, read
 
 
-def start_hub(directory: Path, homes: Path, snapshots: Path) -> Hub:
+def start_hub(directory: Path, homes: Path, snapshots: Path, image: str) -> Hub:
     port = free_port()
     config = hub_config(
         directory=directory,
@@ -199,7 +209,7 @@ def start_hub(directory: Path, homes: Path, snapshots: Path) -> Hub:
             {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
         ],
         groups={"nlp": ["ann"], "guests": ["gus"]},
-        profiles=PROFILES,
+        profiles=profiles(image),
         extra="\n".join(
             [
                 "c.BudgetScheduler.unallocated_grace = 1.0",
@@ -236,12 +246,12 @@ def manifest_names(home: Path) -> set[str]:
     return names
 
 
-def cycle(hub: Hub, homes: Path, hot: bool) -> dict[str, Any]:
+def cycle(hub: Hub, homes: Path, hot: bool, mib: int) -> dict[str, Any]:
     """One preemption and restore of gus's session; the figures."""
     hub.spawn("gus", OPTIONS)
     hub.wait_ready("gus", timeout=120)
     kernel = Kernel(hub, "gus")
-    kernel.run(MAKE_STATE)
+    kernel.run(make_state(mib))
     kernel.run(WRITE_HOME)
     before = json.loads(kernel.run(CHECKSUMS))
     assert len(before) == ARRAYS, before
@@ -316,28 +326,33 @@ def cycle(hub: Hub, homes: Path, hot: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     parser = argparse.ArgumentParser(prog="python -m bench.snapshot")
     parser.add_argument("--only", choices=["settled", "hot"], help="one of the two cases")
+    parser.add_argument("--image", default=IMAGE)
+    parser.add_argument(
+        "--array-mib", type=int, default=ARRAY_MIB, help=f"size of each of the {ARRAYS} arrays"
+    )
     args = parser.parse_args(argv)
-    if not extension_present(IMAGE):
-        print(f"preempt/restore: skipped, {IMAGE} has no numpy or no budgethub_session")
+    if not extension_present(args.image):
+        print(f"preempt/restore: skipped, {args.image} has no numpy or no budgethub_session")
         return None
     root = Path(tempfile.mkdtemp(prefix="bench-snapshot-", dir="/var/tmp"))
     homes, snapshots = root / "homes", root / "snapshots"
     homes.mkdir()
     snapshots.mkdir()
     write, read = disk_bandwidth(snapshots)
-    hub = start_hub(root, homes, snapshots)
+    print(f"preempt/restore: {ARRAYS} arrays of {args.array_mib} MiB in {args.image}", flush=True)
+    hub = start_hub(root, homes, snapshots, args.image)
     results = []
     try:
         for hot in (False, True):
             if args.only and args.only != ("hot" if hot else "settled"):
                 continue
-            results.append(cycle(hub, homes, hot))
+            results.append(cycle(hub, homes, hot, args.array_mib))
     finally:
         hub.stop()
         for container in containers(HUB_NAME):
             container.remove(force=True)
         shutil.rmtree(root, ignore_errors=True)
-    state_mb = ARRAYS * ARRAY_MIB * 2**20 / 1e6
+    state_mb = ARRAYS * args.array_mib * 2**20 / 1e6
     aim = 2 * state_mb / read
     for r in results:
         case = "hot (1 GiB delta unflushed)" if r["hot"] else "settled (checkpoint done)"
