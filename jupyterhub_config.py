@@ -48,6 +48,7 @@ c.JupyterHub.load_groups = {
     "nlp": {"users": ["ann", "bo", "eve"]},
     "vision": {"users": ["cy", "eve"]},
     "robotics": {"users": ["di"]},
+    "budget-admins": {"users": ["admin"]},  # custom:budget:admin in the budget service
 }
 c.BudgetScheduler.teams = [
     {"name": "nlp", "share": {"gpu": 0.5, "cpu": 0.4}},

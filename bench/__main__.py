@@ -10,6 +10,7 @@
 * bench.snapshot_cells — checkpoint overhead per cell (50 cells, 200 MB of state) in the image
 * bench.snapshot — preemption decision -> slices free, restore start -> variables available
   (1 GiB of kernel variables, 1 GiB of home files)
+* bench.service — the budget service's API and pages: 150 users, 15 teams, 2,000 requests
 """
 
 from __future__ import annotations
@@ -17,7 +18,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bench import compare, cycle, family, idle, month, snapshot, snapshot_cells, spawn
+from bench import (
+    compare,
+    cycle,
+    family,
+    idle,
+    month,
+    service,
+    snapshot,
+    snapshot_cells,
+    spawn,
+)
 from scheduler_core.research.cli import main as cli
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-openb"
@@ -47,6 +58,7 @@ def main() -> int:
     spawn.main([])
     snapshot_cells.main([])
     snapshot.main([])
+    service.main([])
     return 0
 
 

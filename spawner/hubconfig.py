@@ -85,6 +85,9 @@ def configure_hub(c: Any, token: str | None = None) -> None:
     roles.append({"name": "budgethub-scheduler", "scopes": SCOPES, "services": [SERVICE]})
     c.JupyterHub.load_roles = roles
     c.BudgetScheduler.hub_api_token = token
+    from spawner.service.wiring import configure_budget_service
+
+    configure_budget_service(c)  # the budget service: pages, API, /metrics, admin
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:

@@ -1,0 +1,60 @@
+"""``python -m spawner.service``: the budget service as the Hub starts it.
+
+Reads JupyterHub's service environment (``JUPYTERHUB_SERVICE_URL``,
+``JUPYTERHUB_SERVICE_PREFIX``, ``JUPYTERHUB_API_URL``, ``JUPYTERHUB_API_TOKEN``) and
+``BUDGETHUB_STORE_URL``, the scheduler's store. The Hub's scheduler owns the
+store's migrations; until they ran, routes answer 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+from urllib.parse import urlparse
+
+from tornado.httpserver import HTTPServer
+
+from scheduler_core.store import Store
+from spawner.hubconfig import redact_log_handlers
+from spawner.service.app import make_app
+from spawner.storeview import StoreModel
+
+
+async def serve() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="[budget %(levelname)1.1s %(asctime)s %(name)s] %(message)s"
+    )
+    redact_log_handlers([logging.getLogger()])
+    url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101/"))
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/budget/")
+    base = os.environ.get("JUPYTERHUB_BASE_URL", "/")
+    store = Store.create(os.environ["BUDGETHUB_STORE_URL"], migrate_schema=False)
+    app = make_app(
+        StoreModel(store),
+        prefix=prefix,
+        hub_prefix=base.rstrip("/") + "/hub/",
+        hub_api_url=os.environ.get("JUPYTERHUB_API_URL", ""),
+        api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""),
+        cookie_secret=secrets.token_bytes(32),
+    )
+    server = HTTPServer(app, xheaders=True)
+    server.listen(url.port or 80, url.hostname or "127.0.0.1")
+    logging.getLogger("budgethub.service").info("budget service at %s", url.geturl())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.stop()
+    store.close()
+
+
+def main() -> None:
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,609 @@
+"""The budget service's tornado application: pages, the JSON API, /metrics, admin changes.
+
+Every route but /metrics and the OpenAPI document needs a Hub login (OAuth through
+``HubOAuthenticated``) carrying ``custom:budget:read``; admin routes need
+``custom:budget:admin``. Pages without a login redirect to the Hub's login; the API
+answers 401. A bad change is a 400 naming the field (the form comes back with it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+from urllib.parse import quote
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy.exc import OperationalError, ProgrammingError
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.web import Application, HTTPError, RedirectHandler, RequestHandler
+
+from spawner import admin as checks
+from spawner.service import charts, openapi, views
+from spawner.service.metrics import registry
+from spawner.service.views import Viewer
+from spawner.storeview import DAY, State, StoreModel
+
+log = logging.getLogger("budgethub.service")
+TEMPLATES = Path(__file__).parent / "templates"
+IDLE_AFTER = 600.0
+"""A server with no activity for this long is shown idle."""
+NOT_READY = (OperationalError, ProgrammingError)
+"""The store's tables are not there yet (the Hub migrates them when it starts)."""
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    seconds = float(seconds)
+    if seconds >= DAY and seconds % 3600 == 0 and seconds >= 2 * DAY:
+        return f"{seconds / DAY:g} d"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.3g} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+def clock(epoch: float | None) -> str:
+    if epoch is None:
+        return "—"
+    return time.strftime("%H:%M", time.localtime(epoch))
+
+
+def stamp(epoch: float | None) -> str:
+    if epoch is None:
+        return "—"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+def days_of(daily: list[dict[str, float]]) -> list[tuple[float, float, float]]:
+    return [(d["day"], d["owed_units"], d["delivered_units"]) for d in daily]
+
+
+def ratio_rows(data: dict[str, Any], pool: str) -> list[tuple[str, float, float]]:
+    rows = []
+    for team in data["teams"]:
+        for p in team["pools"]:
+            if p["pool"] == pool and p["share"] > 0:
+                ratio = p["ratio"] if p["ratio"] is not None else float("inf")
+                rows.append((team["name"], ratio, p["share"]))
+    return rows
+
+
+def usage_series(data: dict[str, Any], pool: str) -> list[tuple[str, list[tuple[float, float]]]]:
+    return [
+        (team["name"], [(d["day"], d["delivered_units"]) for d in p["daily"]])
+        for team in data["teams"]
+        for p in team["pools"]
+        if p["pool"] == pool and p["share"] > 0
+    ]
+
+
+def slice_rows(node: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [(s["device"], s["kind"], s["by"] or "") for s in node["slices"]]
+
+
+class Base(HubOAuthenticated, RequestHandler):  # type: ignore[misc]
+    """Login and scopes for every route; errors as JSON (API) or a page."""
+
+    api = False
+    needs_admin = False
+
+    @property
+    def model(self) -> StoreModel:
+        return cast(StoreModel, self.settings["model"])
+
+    @property
+    def prefix(self) -> str:
+        return str(self.settings["prefix"])
+
+    def viewer(self) -> Viewer:
+        user = self.current_user
+        assert user is not None
+        return Viewer(
+            name=str(user["name"]),
+            groups=frozenset(user.get("groups") or ()),
+            scopes=frozenset(user.get("scopes") or ()),
+        )
+
+    def check_xsrf_cookie(self) -> None:
+        """Token requests need no XSRF token (JupyterHub's rule); the login is looked
+        up first, so that the Hub's check knows which kind this is."""
+        _ = self.current_user
+        super().check_xsrf_cookie()
+
+    def prepare(self) -> None:
+        if self.current_user is None:
+            if self.api or self.request.method not in ("GET", "HEAD"):
+                raise HTTPError(401, "log in to the Hub, or send an API token")
+            self.redirect(self.get_login_url())
+            return
+        viewer = self.viewer()
+        if not viewer.can_read:
+            raise HTTPError(403, f"{views.READ} is needed (ask an admin for the role)")
+        if self.needs_admin and not viewer.admin:
+            raise HTTPError(403, f"{views.ADMIN} is needed for the admin routes")
+
+    def state(self, *, fresh: bool = False) -> State:
+        try:
+            return self.model.state(fresh=fresh)
+        except NOT_READY as error:
+            log.warning("the store is not ready: %s", error)
+            raise HTTPError(503, "the scheduler's store is not ready yet; try again") from None
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = getattr(exc, "log_message", None) or self._reason
+        field = getattr(exc, "field", None)
+        if self.api or self.request.path.rstrip("/").endswith("metrics"):
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"error": message, "field": field, "status": status_code}))
+            return
+        self.render_page(
+            "error.html", status=status_code, message=message, field=field, title="Error"
+        )
+
+    # -- pages ----------------------------------------------------------------------------
+
+    def render_page(self, template: str, **context: Any) -> None:
+        self.finish(self.render_html(template, **context))
+
+    def render_html(self, template: str, **context: Any) -> str:
+        env: Environment = self.settings["jinja"]
+        user = self.current_user
+        viewer = self.viewer() if user else None
+        html = env.get_template(template).render(
+            prefix=self.prefix,
+            hub_prefix=self.settings["hub_prefix"],
+            viewer=viewer,
+            active=template.removesuffix(".html"),
+            xsrf_form_html=self.xsrf_form_html,
+            charts=charts,
+            days_of=days_of,
+            ratio_rows=ratio_rows,
+            usage_series=usage_series,
+            slice_rows=slice_rows,
+            duration=duration,
+            clock=clock,
+            stamp=stamp,
+            **context,
+        )
+        return str(html)
+
+    def memo(self, state: State, key: tuple[Any, ...], make: Callable[[], str]) -> str:
+        """An answer worked out once per state and viewer (the store unchanged)."""
+        viewer = self.viewer()
+        full = (*key, viewer.name, viewer.groups, viewer.scopes)
+        found = state.memo.get(full)
+        if found is None:
+            if len(state.memo) > 2048:
+                state.memo.clear()
+            found = state.memo[full] = make()
+        return str(found)
+
+    def page(self, state: State, template: str, data: Any, title: str, *key: Any) -> None:
+        html = self.memo(
+            state,
+            ("page", template, *key),
+            lambda: self.render_html(template, data=data(), state=state, title=title),
+        )
+        self.finish(html)
+
+    def json_memo(self, state: State, key: tuple[Any, ...], make: Callable[[], Any]) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(self.memo(state, ("json", *key), lambda: json.dumps(make())))
+
+    def json(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+
+class ApiError(HTTPError):
+    def __init__(self, status: int, field: str | None, reason: str) -> None:
+        super().__init__(status, f"{field}: {reason}" if field else reason)
+        self.field = field
+
+
+async def activity(handler: Base, user: str) -> dict[str, str]:
+    """Idle or busy per server of ``user``, from the Hub's last-activity (unknown if the
+    Hub does not answer in time)."""
+    url = handler.settings.get("hub_api_url")
+    token = handler.settings.get("api_token")
+    if not url or not token:
+        return {}
+    try:
+        response = await AsyncHTTPClient().fetch(
+            HTTPRequest(
+                f"{url.rstrip('/')}/users/{quote(user)}",
+                headers={"Authorization": f"token {token}"},
+                request_timeout=2.0,
+            )
+        )
+        servers = json.loads(response.body).get("servers", {})
+    except Exception as error:
+        log.info("no activity of %s from the Hub: %s", user, error)
+        return {}
+    now = time.time()
+    out = {}
+    for name, server in servers.items():
+        seen = server.get("last_activity")
+        if not seen:
+            out[name] = "unknown"
+            continue
+        from datetime import datetime
+
+        when = datetime.fromisoformat(seen.replace("Z", "+00:00")).timestamp()
+        out[name] = "busy" if now - when < IDLE_AFTER else "idle"
+    return out
+
+
+# -- pages ------------------------------------------------------------------------------
+
+
+class MyPage(Base):
+    async def get(self) -> None:
+        state = self.state()
+        viewer = self.viewer()
+        seen = await activity(self, viewer.name)
+        key = tuple(sorted(seen.items()))
+        self.page(state, "my.html", lambda: views.me(state, viewer, seen), "My budget", key)
+
+
+class TeamsPage(Base):
+    def get(self) -> None:
+        state = self.state()
+        self.page(state, "teams.html", lambda: views.teams(state, self.viewer()), "Teams")
+
+
+def page_args(handler: Base) -> tuple[int, int]:
+    """``limit`` and ``offset`` of a list (the queue): whole numbers, limit 1 to 5000."""
+    out = []
+    for name, default, low, high in (("limit", 200, 1, 5000), ("offset", 0, 0, 10**9)):
+        raw = handler.get_query_argument(name, str(default))
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ApiError(400, name, f"must be a whole number, not {raw!r}") from None
+        if not low <= value <= high:
+            raise ApiError(400, name, f"must be between {low} and {high}, not {value}")
+        out.append(value)
+    return out[0], out[1]
+
+
+class QueuePage(Base):
+    def get(self) -> None:
+        state = self.state()
+        limit, offset = page_args(self)
+        self.page(
+            state,
+            "queue.html",
+            lambda: views.queue(state, self.viewer(), limit=limit, offset=offset),
+            "Queue",
+            limit,
+            offset,
+        )
+
+
+class NodesPage(Base):
+    def get(self) -> None:
+        state = self.state()
+        self.page(state, "nodes.html", lambda: views.nodes(state, self.viewer()), "Nodes")
+
+
+class AdminPage(Base):
+    needs_admin = True
+
+    def get(self) -> None:
+        self.show()
+
+    def show(
+        self, error: checks.AdminError | None = None, form: dict[str, str] | None = None
+    ) -> None:
+        state = self.state()
+        if error is not None:
+            self.set_status(400)
+        self.render_page(
+            "admin.html",
+            data=views.admin(state),
+            state=state,
+            error=error,
+            form=form or {},
+            done=self.get_argument("done", ""),
+            title="Admin",
+        )
+
+    def post(self) -> None:
+        form = {k: self.get_body_argument(k, "") for k in self.request.body_arguments}
+        action = form.get("action", "")
+        try:
+            if action == "share":
+                pool = form.get("pool", "")
+                raw = form.get("share", "").strip()
+                try:
+                    value: Any = float(raw)
+                except ValueError:
+                    raise checks.AdminError(
+                        f"share.{pool}", f"must be a number, not {raw!r}"
+                    ) from None
+                change_team(self, form.get("team"), {"share": {pool: value}})
+            elif action == "parent":
+                parent = form.get("parent") or None
+                change_team(self, form.get("team"), {"parent": parent})
+            elif action == "settings":
+                body = {k: _number_or_text(form[k]) for k in checks.LIMITS if form.get(k, "")}
+                if not body:
+                    raise checks.AdminError("lookback", "give a value to change")
+                change_settings(self, body)
+            elif action == "node":
+                change_node(self, form.get("node"), {"state": form.get("state")})
+            else:
+                raise checks.AdminError("action", f"unknown action {action!r}")
+        except checks.AdminError as error:
+            self.show(error, form)
+            return
+        self.redirect(f"{self.prefix}admin?done={quote(action)}", status=303)
+
+
+def _number_or_text(raw: str) -> float | str:
+    try:
+        return float(raw)
+    except ValueError:
+        return raw.strip()
+
+
+# -- changes (the form and the API) -------------------------------------------------------
+
+
+def _write(
+    handler: Base, values: dict[str, Any], audit: list[tuple[str, Any, Any]]
+) -> dict[str, Any]:
+    actor = handler.viewer().name
+    now = time.time()
+    audit_id = handler.model.admin.change(actor, now, values, audit)
+    log.info("admin %s changed %s", actor, ", ".join(t for t, _, _ in audit))
+    return {
+        "audit_id": audit_id,
+        "changed": [
+            {"id": audit_id, "time": now, "actor": actor, "target": t, "old": o, "new": n}
+            for t, o, n in audit
+        ],
+    }
+
+
+def change_team(handler: Base, name: Any, body: Any) -> dict[str, Any]:
+    state = handler.state(fresh=True)
+    if not isinstance(body, dict):
+        raise checks.AdminError("body", "must be a JSON object")
+    extra = set(body) - {"share", "parent"}
+    if extra:
+        raise checks.AdminError(sorted(extra)[0], "unknown field (fields: share, parent)")
+    current = list(state.core.teams.teams.values())
+    new = checks.change_team(current, state.core.pools, name, **body)
+    old_specs = {s["name"]: s for s in checks.team_specs(current)}
+    new_specs = {s["name"]: s for s in checks.team_specs(new)}
+    audit: list[tuple[str, Any, Any]] = []
+    for team, spec in new_specs.items():
+        before = old_specs[team]
+        if before["parent"] != spec["parent"]:
+            audit.append((f"teams.{team}.parent", before["parent"], spec["parent"]))
+        for pool in sorted(set(before["share"]) | set(spec["share"])):
+            a, b = before["share"].get(pool, 0.0), spec["share"].get(pool, 0.0)
+            if a != b:
+                audit.append((f"teams.{team}.share.{pool}", a, b))
+    if not audit:
+        audit.append((f"teams.{name}", "unchanged", "unchanged"))
+    return _write(handler, {"teams": list(new_specs.values())}, audit)
+
+
+def change_settings(handler: Base, body: Any) -> dict[str, Any]:
+    state = handler.state(fresh=True)
+    if not isinstance(body, dict) or not body:
+        raise checks.AdminError("body", "must be a JSON object with lookback or max_min_runtime")
+    values, audit = {}, []
+    for key, raw in body.items():
+        seconds = checks.check_setting(key, raw)
+        values[key] = seconds
+        audit.append((key, getattr(state.settings, key), seconds))
+    return _write(handler, values, audit)
+
+
+def change_node(handler: Base, name: Any, body: Any) -> dict[str, Any]:
+    state = handler.state(fresh=True)
+    if not isinstance(body, dict):
+        raise checks.AdminError("body", "must be a JSON object")
+    extra = set(body) - {"state"}
+    if extra:
+        raise checks.AdminError(sorted(extra)[0], "unknown field (fields: state)")
+    if "state" not in body:
+        raise checks.AdminError("state", "is required (ready or draining)")
+    wanted = checks.check_node_state(state.core.nodes, name, body["state"])
+    drained = set(state.overrides.get("drained") or [])
+    was = "draining" if name in drained else "ready"
+    if wanted == "draining":
+        drained.add(name)
+    else:
+        drained.discard(name)
+    return _write(handler, {"drained": sorted(drained)}, [(f"nodes.{name}.state", was, wanted)])
+
+
+# -- the API ------------------------------------------------------------------------------
+
+
+class Api(Base):
+    api = True
+
+    def body(self) -> Any:
+        try:
+            return json.loads(self.request.body or b"")
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ApiError(400, "body", f"is not JSON: {error}") from None
+
+    def changed(self, work: Callable[[], dict[str, Any]]) -> None:
+        try:
+            result = work()
+        except checks.AdminError as error:
+            raise ApiError(400, error.field, error.reason) from None
+        self.json(result)
+
+
+class MeApi(Api):
+    async def get(self) -> None:
+        viewer, state = self.viewer(), self.state()
+        seen = await activity(self, viewer.name)
+        key = ("me", *sorted(seen.items()))
+        self.json_memo(state, key, lambda: views.me(state, viewer, seen))
+
+
+class TeamsApi(Api):
+    def get(self) -> None:
+        state = self.state()
+        self.json_memo(state, ("teams",), lambda: views.teams(state, self.viewer()))
+
+
+class QueueApi(Api):
+    def get(self) -> None:
+        limit, offset = page_args(self)
+        state = self.state()
+        self.json_memo(
+            state,
+            ("queue", limit, offset),
+            lambda: views.queue(state, self.viewer(), limit=limit, offset=offset),
+        )
+
+
+class NodesApi(Api):
+    def get(self) -> None:
+        state = self.state()
+        self.json_memo(state, ("nodes",), lambda: views.nodes(state, self.viewer()))
+
+
+class AdminApi(Api):
+    needs_admin = True
+
+    def get(self) -> None:
+        self.json(views.admin(self.state()))
+
+
+class TeamApi(Api):
+    needs_admin = True
+
+    def patch(self, team: str) -> None:
+        body = self.body()
+        self.changed(lambda: change_team(self, team, body))
+
+
+class SettingsApi(Api):
+    needs_admin = True
+
+    def patch(self) -> None:
+        body = self.body()
+        self.changed(lambda: change_settings(self, body))
+
+
+class NodeApi(Api):
+    needs_admin = True
+
+    def patch(self, node: str) -> None:
+        body = self.body()
+        self.changed(lambda: change_node(self, node, body))
+
+
+class OpenApi(RequestHandler):
+    def get(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(openapi.document(self.settings["prefix"])))
+
+
+class Metrics(RequestHandler):
+    """Prometheus text format; open like the Hub's /metrics with
+    ``authenticate_prometheus = False`` (team totals only, no user names)."""
+
+    def get(self) -> None:
+        try:
+            output = generate_latest(self.settings["registry"])
+        except NOT_READY:
+            raise HTTPError(503, "the scheduler's store is not ready yet") from None
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(output)
+
+
+class Callback(HubOAuthCallbackHandler):  # type: ignore[misc]
+    """The OAuth callback: a missing or forged state (or code) is a 403, never a 500."""
+
+    async def get(self) -> None:
+        if not self.get_argument("state", "") or not self.get_argument("code", ""):
+            raise HTTPError(403, "OAuth state or code is missing; log in again")
+        try:
+            await super().get()
+        except HTTPError as error:
+            if error.status_code >= 500 or error.status_code == 400:
+                raise HTTPError(403, "OAuth login failed; log in again") from None
+            raise
+        except Exception as error:
+            log.warning("OAuth callback failed: %s", error)
+            raise HTTPError(403, "OAuth login failed; log in again") from None
+
+
+class NotFound(Base):
+    def prepare(self) -> None:
+        self.api = "/api/" in self.request.path
+        super().prepare()
+        raise HTTPError(404, f"no such page: {self.request.path}")
+
+
+def make_app(
+    model: StoreModel,
+    *,
+    prefix: str = "/services/budget/",
+    hub_prefix: str = "/hub/",
+    hub_api_url: str = "",
+    api_token: str = "",
+    cookie_secret: bytes | None = None,
+) -> Application:
+    if not prefix.endswith("/"):
+        prefix += "/"
+    env = Environment(
+        loader=FileSystemLoader(str(TEMPLATES)),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    routes: list[Any] = [
+        (prefix, RedirectHandler, {"url": prefix + "my"}),
+        (prefix + "my", MyPage),
+        (prefix + "teams", TeamsPage),
+        (prefix + "queue", QueuePage),
+        (prefix + "nodes", NodesPage),
+        (prefix + "admin", AdminPage),
+        (prefix + "oauth_callback", Callback),
+        (prefix + "metrics", Metrics),
+        (prefix + "api/v1/openapi.json", OpenApi),
+        (prefix + "api/v1/me", MeApi),
+        (prefix + "api/v1/teams", TeamsApi),
+        (prefix + "api/v1/queue", QueueApi),
+        (prefix + "api/v1/nodes", NodesApi),
+        (prefix + "api/v1/admin", AdminApi),
+        (prefix + "api/v1/admin/settings", SettingsApi),
+        (prefix + r"api/v1/admin/teams/([^/]+)", TeamApi),
+        (prefix + r"api/v1/admin/nodes/([^/]+)", NodeApi),
+    ]
+    return Application(
+        routes,
+        default_handler_class=NotFound,
+        model=model,
+        registry=registry(model),
+        jinja=env,
+        prefix=prefix,
+        hub_prefix=hub_prefix,
+        hub_api_url=hub_api_url,
+        api_token=api_token,
+        cookie_secret=cookie_secret,
+        xsrf_cookies=True,
+    )

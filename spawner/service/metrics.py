@@ -1,0 +1,145 @@
+"""Prometheus metrics of the budget scheduler, computed from the store at each scrape.
+
+A custom collector (prometheus-client's ``Collector``) rather than gauges set in
+the background: every scrape then shows the store as it is, as the pages do. Names
+and units follow Kueue's (pending workloads, admission wait time) and the Slurm
+exporter's (per-account usage and shares).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from spawner.storeview import StoreModel
+
+WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0)
+"""Admission wait buckets (seconds), Kueue's range from seconds to hours."""
+
+
+class BudgetCollector(Collector):
+    def __init__(self, model: StoreModel) -> None:
+        self.model = model
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.model.state()
+        pending = GaugeMetricFamily(
+            "budgethub_pending_sessions",
+            "Session requests waiting in the queue",
+            labels=["pool", "team", "class"],
+        )
+        counts: dict[tuple[str, str, str], int] = {}
+        for w in state.queue:
+            key = (w.request.pool, w.request.team, w.request.klass.value)
+            counts[key] = counts.get(key, 0) + 1
+        for key, count in sorted(counts.items()):
+            pending.add_metric(list(key), count)
+        yield pending
+
+        usage = GaugeMetricFamily(
+            "budgethub_team_usage_gpu_seconds",
+            "Charged usage over the lookback window, GPU-seconds (core-seconds in CPU pools)",
+            labels=["team", "pool"],
+        )
+        share = GaugeMetricFamily(
+            "budgethub_team_share",
+            "The team's share of the pool (fraction of its capacity, hierarchy applied)",
+            labels=["team", "pool"],
+        )
+        ratio = GaugeMetricFamily(
+            "budgethub_team_occupancy_ratio",
+            "Occupancy ratio: usage plus protected work over the share's budget (1 = at share)",
+            labels=["team", "pool"],
+        )
+        holds = GaugeMetricFamily(
+            "budgethub_team_funded_units",
+            "GPU-equivalents (or cores) the team's funded sessions hold now",
+            labels=["team", "pool"],
+        )
+        for (team, pool), tp in sorted(state.teams.items()):
+            usage.add_metric([team, pool], tp.used_units)
+            share.add_metric([team, pool], tp.share)
+            ratio.add_metric([team, pool], tp.ratio)
+            holds.add_metric([team, pool], tp.holds_funded)
+        yield usage
+        yield share
+        yield ratio
+        yield holds
+
+        by_class: dict[str, list[float]] = {}
+        for klass, waited in state.waits:
+            by_class.setdefault(klass, []).append(waited)
+        wait = HistogramMetricFamily(
+            "budgethub_admission_wait_time_seconds",
+            "Time from submit to admission of sessions admitted in the last 30 days",
+            labels=["class"],
+        )
+        for klass, waits in sorted(by_class.items()):
+            cumulative = [0] * (len(WAIT_BUCKETS) + 1)
+            for waited in waits:
+                cumulative[bisect_left(WAIT_BUCKETS, waited)] += 1
+            buckets, total = [], 0
+            for bound, count in zip((*WAIT_BUCKETS, float("inf")), cumulative, strict=True):
+                total += count
+                buckets.append((_le(bound), float(total)))
+            wait.add_metric([klass], buckets, sum(waits))
+        yield wait
+
+        preemptions = CounterMetricFamily(
+            "budgethub_preemptions",
+            "Sessions preempted, by reason (from the scheduler's event log)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(state.preemptions.items()):
+            preemptions.add_metric([reason], count)
+        yield preemptions
+
+        slices = GaugeMetricFamily(
+            "budgethub_slices",
+            "GPU slices (whole GPUs, MIG instances) per node by state",
+            labels=["node", "state"],
+        )
+        health = GaugeMetricFamily(
+            "budgethub_node_ready", "1 if the node takes new work", labels=["node", "health"]
+        )
+        for view in state.nodes:
+            held = sum(1 for _, _, by in view.slices if by)
+            slices.add_metric([view.node.name, "used"], held)
+            slices.add_metric([view.node.name, "free"], len(view.slices) - held)
+            health.add_metric(
+                [view.node.name, view.node.health.value],
+                1.0 if view.node.health.value == "ready" else 0.0,
+            )
+        yield slices
+        yield health
+
+        cycles = HistogramMetricFamily(
+            "budgethub_cycle_duration_seconds",
+            "Wall time of the embedded scheduler's cycles (as it reports them to the store)",
+            labels=["hub"],
+        )
+        if state.status is not None:
+            status = state.status
+            buckets = [(_le(b), float(n)) for b, n in status.cycle_buckets]
+            buckets.append(("+Inf", float(status.cycles)))
+            cycles.add_metric([status.hub], buckets, status.cycle_seconds_sum)
+        yield cycles
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+def registry(model: StoreModel) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(BudgetCollector(model))
+    return reg

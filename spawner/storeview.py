@@ -1,0 +1,579 @@
+"""The queue/budget read model computed from the store, for the budget service.
+
+The service runs in its own process, so it cannot read the Hub's core. It builds a
+read-only `Scheduler` from what the store holds (pools, nodes, teams, running
+allocations, the queue, the charged usage) and asks the same `QueueView` the spawn
+page asks, so positions, funding, estimates and ratios agree with the queue
+messages. Funding is what the policy would decide now (`decide`, pure, never
+applied). Building takes milliseconds; a `StoreModel` keeps the result until the
+store changes (one small query tells) or ``ttl`` passes (ratios drift with time).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select
+
+from scheduler_core.ledger import UsageLedger
+from scheduler_core.model import (
+    Allocation,
+    Health,
+    Node,
+    PoolKind,
+    Request,
+    SliceKind,
+    mig_weight,
+)
+from scheduler_core.outlook import admission_order
+from scheduler_core.ranking import PoolRanking
+from scheduler_core.registry import decide
+from scheduler_core.rules import funds
+from scheduler_core.scheduler import Scheduler, WallClock
+from scheduler_core.settings import SETTING_NAMES, Settings, settings_from_mapping
+from scheduler_core.snapshot import Decisions
+from scheduler_core.store import SnapshotRecord, Store
+from scheduler_core.store.admin import AdminStore, AuditEntry, SchedulerStatus
+from scheduler_core.store.models import (
+    AllocationRow,
+    AuditRow,
+    EventRow,
+    RequestRow,
+    UsageRow,
+)
+from scheduler_core.store.records import WAITING_STATES
+from spawner import admin
+from spawner.readmodel import QueueStatus, QueueView
+
+DAY = 86400.0
+CHECK_EVERY = 0.5
+"""Seconds a state is served without asking the store whether it changed."""
+HISTORY_DAYS = 30
+"""Owed and delivered are shown per day over this many days."""
+
+
+class _ReadOnly:
+    """The actuator of a core that never runs a cycle."""
+
+    def launch(self, allocation: Allocation) -> None:
+        raise RuntimeError("the store's read model never admits")
+
+    def preempt(self, allocation: Allocation, reason: str) -> bool:
+        raise RuntimeError("the store's read model never preempts")
+
+
+@dataclass(frozen=True, slots=True)
+class TeamPool:
+    """One team in one pool: its share, what it used and holds, where it ranks."""
+
+    team: str
+    pool: str
+    unit: str
+    share: float
+    """Fraction of the pool (the hierarchy applied)."""
+    share_units: float
+    """The same in GPU-equivalents (or cores)."""
+    used_units: float
+    """Charged over the lookback window, unit-seconds (running sessions included)."""
+    budget_units: float
+    """share_units × window: what the team may use over the window."""
+    holds_funded: float
+    """What its funded sessions hold now, in units."""
+    holds_unallocated: float
+    ratio: float
+    """Occupancy ratio (the one that decides funding: the team's own level)."""
+    rank: int
+    """1: the team that goes first in the pool (lowest ratio)."""
+    pending: int
+    would_fund: bool
+    """Would a session of one unit, started now, be funded?"""
+    protected_s: float
+    why: str
+    """Why it would run unallocated ("" when funded)."""
+    daily: tuple[tuple[float, float, float], ...] = ()
+    """(day start, owed, delivered) in unit-seconds, oldest first."""
+
+    @property
+    def used_fraction(self) -> float | None:
+        return self.used_units / self.budget_units if self.budget_units > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A waiting request's place, worked out for the whole queue at once (the same order
+    and counts as `QueueView.queue_status`, which a unit test holds them to)."""
+
+    request_id: str
+    position: int
+    waiting: int
+    team_position: int
+    team_waiting: int
+    funded: bool | None
+    protected_s: float
+    unit: str
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A request in the queue, in policy order."""
+
+    request: Request
+    status: Position
+    why: str
+    held_nodes: tuple[str, ...] = ()
+
+
+def bulk_positions(core: Scheduler, order: Iterable[str]) -> list[Position]:
+    """Every waiting request's position, pool by pool, in one pass over the order."""
+    by_pool: dict[str, list[str]] = {}
+    seen = set()
+    for request_id in order:
+        if request_id in core.pending and request_id not in seen:
+            seen.add(request_id)
+            by_pool.setdefault(core.pending[request_id].pool, []).append(request_id)
+    for request_id, request in core.pending.items():
+        if request_id not in seen:  # not in the projected order: it comes last
+            by_pool.setdefault(request.pool, []).append(request_id)
+    out = []
+    for pool, ids in sorted(by_pool.items()):
+        unit = "CPU" if core.pools[pool].kind is PoolKind.CPU else "GPU"
+        team_total: dict[str, int] = {}
+        for request_id in ids:
+            team = core.pending[request_id].team
+            team_total[team] = team_total.get(team, 0) + 1
+        team_seen: dict[str, int] = {}
+        for i, request_id in enumerate(ids):
+            request = core.pending[request_id]
+            team_seen[request.team] = team_seen.get(request.team, 0) + 1
+            funded = core.funded.get(request_id)
+            out.append(
+                Position(
+                    request_id=request_id,
+                    position=i + 1,
+                    waiting=len(ids),
+                    team_position=team_seen[request.team],
+                    team_waiting=team_total[request.team],
+                    funded=funded,
+                    protected_s=request.min_runtime if funded else 0.0,
+                    unit=unit,
+                )
+            )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    node: Node
+    unit: str
+    capacity: float
+    used: float
+    slices: tuple[tuple[str, str, str], ...]
+    """(device, kind, held by request id or "") per slice of each GPU."""
+    held_for: str | None
+    """The request the node is held for (starvation reservation), if any."""
+    virtual: bool
+    sessions: tuple[str, ...]
+
+
+@dataclass
+class State:
+    """Everything the pages, the API and /metrics show, as of ``now``."""
+
+    now: float
+    settings: Settings
+    core: Scheduler
+    teams: dict[tuple[str, str], TeamPool]
+    queue: list[Waiting]
+    nodes: list[NodeView]
+    running: list[Allocation]
+    status: SchedulerStatus | None
+    audit: list[AuditEntry]
+    overrides: dict[str, Any]
+    waits: list[tuple[str, float]]
+    """(class, seconds waited) of admissions within the history, for the histogram."""
+    preemptions: dict[str, int]
+    """Preemptions by reason (kind of victim), from the event log."""
+    snapshots: list[SnapshotRecord] = field(default_factory=list)
+    view: QueueView | None = None
+    _exact: dict[str, QueueStatus | None] = field(default_factory=dict)
+    memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    """Answers worked out from this state (rendered pages and JSON), by route and viewer."""
+
+    def exact(self, request_id: str) -> QueueStatus | None:
+        """The request's status exactly as the spawn page's queue message has it, with
+        its estimate (asked per request: it looks at the whole pool)."""
+        if request_id not in self._exact:
+            self._exact[request_id] = (
+                self.view.queue_status(request_id) if self.view is not None else None
+            )
+        return self._exact[request_id]
+
+    def unit(self, pool: str) -> str:
+        return "CPU" if self.core.pools[pool].kind is PoolKind.CPU else "GPU"
+
+    @property
+    def pools(self) -> list[str]:
+        return sorted(self.core.pools)
+
+    @property
+    def team_names(self) -> list[str]:
+        return sorted(self.core.teams.teams)
+
+
+def units_of(allocation: Allocation, kind: PoolKind) -> float:
+    return allocation.charge_rate if allocation.funded else allocation.request.charge_rate(kind)
+
+
+def slices_text(allocation: Allocation) -> str:
+    """ "2 × GPU", "MIG 1g.10gb", "0.25 GPU" or "4 CPU"."""
+    parts = []
+    for grant in allocation.grants:
+        whole = sum(1 for s in grant.slices if s.kind is SliceKind.WHOLE)
+        if whole:
+            parts.append(f"{whole} GPU" if whole == 1 else f"{whole} × GPU")
+        for s in grant.slices:
+            if s.kind is SliceKind.MIG:
+                parts.append(f"MIG {s.mig_profile}")
+            elif s.kind is SliceKind.FRACTION:
+                parts.append(f"{s.milli / 1000:g} GPU")
+    if not parts:
+        parts.append(f"{allocation.request.cpus:g} CPU")
+    return ", ".join(parts)
+
+
+def preemption_reason(payload: Mapping[str, Any]) -> str:
+    """The kind of a preemption for the ``reason`` label (few values, as Kueue's)."""
+    text = str(payload.get("reason", "")).lower()
+    if "down" in text or "unreachable" in text or "health" in text:
+        return "node-down"
+    if "drain" in text:
+        return "drain"
+    if "unallocated" in text:
+        return "unallocated-victim"
+    if "funded" in text or "protect" in text:
+        return "funded-victim"
+    return "other"
+
+
+class StoreModel:
+    """The read model over a store, cached until the store changes.
+
+    When the store changed, the model is built again in a worker thread while requests
+    are answered from the previous one (at most one build runs at a time); a request
+    waits only for the very first build, or when ``fresh`` asks for the store as it is.
+    """
+
+    def __init__(self, store: Store, *, ttl: float = 5.0) -> None:
+        self.store = store
+        self.admin = AdminStore(store)
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._state: State | None = None
+        self._version: tuple[Any, ...] | None = None
+        self._built = 0.0
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="budget-model")
+        self._building: Future[State] | None = None
+        self._checked = 0.0
+
+    def version(self) -> tuple[Any, ...]:
+        """Changes whenever anything the model shows changes in the store."""
+        with self.store.engine.connect() as connection:
+            row = connection.execute(
+                select(
+                    select(func.max(EventRow.id)).scalar_subquery(),
+                    select(func.max(AllocationRow.id)).scalar_subquery(),
+                    select(func.count(AllocationRow.id))
+                    .where(AllocationRow.end_time.is_(None))
+                    .scalar_subquery(),
+                    select(func.count(RequestRow.id))
+                    .where(RequestRow.state.in_(WAITING_STATES))
+                    .scalar_subquery(),
+                    select(func.max(UsageRow.id)).scalar_subquery(),
+                    select(func.max(AuditRow.id)).scalar_subquery(),
+                )
+            ).one()
+        return tuple(row)
+
+    def _build(self, version: tuple[Any, ...]) -> State:
+        try:
+            state = build_state(self.store, self.admin, time.time())
+        except BaseException:
+            with self._lock:
+                self._building = None
+            raise
+        with self._lock:
+            self._state, self._version, self._built = state, version, time.time()
+            self._building = None
+        return state
+
+    def state(self, *, fresh: bool = False) -> State:
+        now = time.time()
+        with self._lock:
+            current = self._state
+            if current is not None and not fresh and now - self._checked < CHECK_EVERY:
+                return current
+        version = self.version()
+        with self._lock:
+            self._checked = now
+            current = self._state
+            stale = (
+                current is None or version != self._version or time.time() - self._built >= self.ttl
+            )
+            if not stale and current is not None:
+                return current
+            if self._building is None:
+                self._building = self._pool.submit(self._build, version)
+            building = self._building
+        if current is None or fresh:
+            return building.result()
+        return current
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def effective_settings(status: SchedulerStatus | None, overrides: Mapping[str, Any]) -> Settings:
+    values = {}
+    if status is not None:
+        values = {k: v for k, v in status.settings.items() if k in SETTING_NAMES or k == "name"}
+    try:
+        settings = settings_from_mapping(values)
+    except ValueError:
+        settings = Settings()
+    changes = {}
+    for key in admin.LIMITS:
+        if key in overrides:
+            try:
+                changes[key] = admin.check_setting(key, overrides[key])
+            except admin.AdminError:
+                pass
+    return settings.replace(**changes)
+
+
+def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
+    """Read the store and work out every figure (see the module docstring)."""
+    overrides = admin_store.overrides()
+    statuses = admin_store.statuses()
+    status = max(statuses, key=lambda s: s.updated) if statuses else None
+    settings = effective_settings(status, overrides)
+    pools = store.load_pools()
+    nodes = store.load_nodes()
+    teams = store.load_teams()
+    # What an admin changed shows at once (the scheduler takes it in at its next cycle).
+    merged = admin.effective(
+        teams, settings, {p.name: p for p in pools}, [n.name for n in nodes], overrides
+    )
+    teams = list(merged.teams)
+    history = max(settings.lookback, HISTORY_DAYS * DAY)
+    ledger = UsageLedger()
+    for team, pool_name, begin, end, units in store.usage_records(now - history):
+        if end > begin:
+            rate = units / (end - begin)
+            ledger.start_charging(team, pool_name, begin, rate)
+            ledger.stop_charging(team, pool_name, end, rate)
+        else:
+            ledger.add(team, pool_name, end, units)
+    core = Scheduler(settings, pools, nodes, teams, WallClock(), _ReadOnly(), ledger)
+    running = store.active_allocations()
+    known_teams = set(core.teams.teams)
+    for allocation in running:
+        if allocation.pool in core.pools and allocation.team in known_teams:
+            core.adopt(allocation)
+    pending = [
+        r for r in store.pending_requests() if r.pool in core.pools and r.team in known_teams
+    ]
+    for request in pending:
+        if request.id not in core.running:
+            core.submit(request)
+    snapshot = core.snapshot(now)
+    decisions = decide(snapshot, now)
+    # What the live core keeps of a cycle, without its admissions or preemptions:
+    # the funding of each waiting request and the holds (public `apply`, nothing run).
+    core.apply(Decisions(reservations=decisions.reservations, funded=decisions.funded), now)
+    holds = dict(core.reservations)
+    held_by = {n: r for r, ns in holds.items() for n in ns}
+    pool_nodes: dict[str, list[Node]] = {}
+    for node in core.nodes.values():
+        pool_nodes.setdefault(node.pool, []).append(node)
+    queue = []
+    for status_ in bulk_positions(core, admission_order(snapshot, now)):
+        request = core.pending[status_.request_id]
+        queue.append(
+            Waiting(
+                request,
+                status_,
+                why_waiting(request, status_, pool_nodes.get(request.pool, []), holds, held_by),
+                tuple(holds.get(request.id, ())),
+            )
+        )
+
+    team_pools: dict[tuple[str, str], TeamPool] = {}
+    start = now - settings.lookback
+    day0 = (now // DAY) * DAY - (HISTORY_DAYS - 1) * DAY
+    for pool_name, pool in core.pools.items():
+        kind = pool.kind
+        unit = "CPU" if kind is PoolKind.CPU else "GPU"
+        capacity = core.capacity[pool_name]
+        ranking = PoolRanking(snapshot, pool_name, now)
+        ratios = {t: ranking.ratio(t) for t in core.teams.teams}
+        order = sorted(ratios, key=lambda t: (ratios[t], t))
+        unallocated: dict[str, float] = {}
+        for allocation in core.running.values():
+            if allocation.pool == pool_name and not allocation.funded:
+                unallocated[allocation.team] = unallocated.get(
+                    allocation.team, 0.0
+                ) + allocation.request.charge_rate(kind)
+        probe_runtime = settings.capped_min_runtime(None, "interactive")
+        for team in core.teams.teams:
+            share = core.teams.share(team, pool_name)
+            share_units = share * capacity
+            used = ledger.charged(team, pool_name, start, now)
+            holding = core.funded_rate(team, pool_name)
+            within = ranking.can_fund(team, probe_runtime)
+            would = funds(within, holding, 1.0, share_units, settings)
+            why = ""
+            if not would:
+                budget_used = used / (share_units * settings.lookback) if share_units else None
+                used_text = f"{budget_used:.0%}" if budget_used is not None else "none"
+                why = (
+                    f"over what the team's allocation funds now (its funded sessions hold "
+                    f"{holding:g} {unit}, its share is {share_units:g} {unit}; {used_text} of "
+                    f"its {settings.lookback / DAY:g}-day budget used)"
+                )
+            daily = []
+            for d in range(HISTORY_DAYS):
+                lo = day0 + d * DAY
+                hi = min(lo + DAY, now)
+                delivered = ledger.charged(team, pool_name, lo, hi) if hi > lo else 0.0
+                daily.append((lo, share_units * max(0.0, hi - lo), delivered))
+            team_pools[(team, pool_name)] = TeamPool(
+                team=team,
+                pool=pool_name,
+                unit=unit,
+                share=share,
+                share_units=share_units,
+                used_units=used,
+                budget_units=share_units * settings.lookback,
+                holds_funded=holding,
+                holds_unallocated=unallocated.get(team, 0.0),
+                ratio=ratios[team],
+                rank=order.index(team) + 1,
+                pending=sum(
+                    1 for r in core.pending.values() if r.team == team and r.pool == pool_name
+                ),
+                would_fund=would,
+                protected_s=probe_runtime if would else 0.0,
+                why=why,
+                daily=tuple(daily),
+            )
+
+    node_views = [node_view(core, node, held_by) for node in core.nodes.values()]
+    waits = []
+    with store.engine.connect() as connection:
+        rows = connection.execute(
+            select(RequestRow.klass, AllocationRow.start_time - RequestRow.submit)
+            .join(RequestRow, AllocationRow.request_id == RequestRow.id)
+            .where(AllocationRow.start_time >= now - HISTORY_DAYS * DAY)
+        ).all()
+        waits = [(str(getattr(k, "value", k)), max(0.0, float(w))) for k, w in rows]
+    preemptions: dict[str, int] = {}
+    for event in store.list_events(kind="preempt"):
+        reason = preemption_reason(event.payload)
+        preemptions[reason] = preemptions.get(reason, 0) + 1
+    return State(
+        now=now,
+        settings=settings,
+        core=core,
+        teams=team_pools,
+        queue=queue,
+        nodes=node_views,
+        running=sorted(core.running.values(), key=lambda a: (a.start, a.id)),
+        status=status,
+        audit=admin_store.audit(),
+        overrides=overrides,
+        waits=waits,
+        preemptions=preemptions,
+        snapshots=store.list_snapshots(),
+        view=QueueView(core),
+    )
+
+
+def why_waiting(
+    request: Request,
+    status: Position,
+    nodes: list[Node],
+    holds: Mapping[str, tuple[str, ...]],
+    held_by: Mapping[str, str],
+) -> str:
+    """Why a request waits, in a few words (the reasons Kueue's visibility API names)."""
+    ready = [n for n in nodes if n.health is Health.READY]
+    if not ready:
+        states = sorted({n.health.value for n in nodes}) or ["none configured"]
+        return f"node down: no node of pool {request.pool} takes new work ({', '.join(states)})"
+    if request.id in holds:
+        return f"holding {', '.join(holds[request.id])} until it fits (waited past the bound)"
+    if status.funded is False:
+        return "over allocation: it would run unallocated, on idle capacity only"
+    if any(n.name in held_by for n in ready):
+        return "held node: nodes are held for a request that waited longer"
+    if status.position > 1:
+        return f"behind {status.position - 1} request(s) in the pool"
+    return "no capacity: not enough free slices yet"
+
+
+def node_view(core: Scheduler, node: Node, held_by: Mapping[str, str]) -> NodeView:
+    """Slices used and free on one node, who holds each, and any hold on it."""
+    kind = core.pools[node.pool].kind
+    holders: dict[str, list[str]] = {}
+    used = 0.0
+    sessions = []
+    for allocation in core.running.values():
+        for grant in allocation.grants:
+            if grant.node != node.name:
+                continue
+            sessions.append(allocation.id)
+            if kind is PoolKind.CPU:
+                used += grant.cpus
+            for s in grant.slices:
+                device = s.mig_uuid if s.kind is SliceKind.MIG and s.mig_uuid else s.gpu_uuid
+                holders.setdefault(device, []).append(allocation.id)
+                if kind is PoolKind.GPU:
+                    if s.kind is SliceKind.MIG:
+                        used += mig_weight(s.mig_profile) if s.mig_profile else 0.0
+                    elif s.kind is SliceKind.FRACTION:
+                        used += s.milli / 1000
+                    else:
+                        used += 1.0
+    rows: list[tuple[str, str, str]] = []
+    for gpu in node.gpus:
+        if gpu.mig:
+            for mig in gpu.mig:
+                on_mig = ", ".join(holders.get(mig.uuid, []))
+                rows.append((f"GPU {gpu.index} · {mig.profile}", "MIG", on_mig))
+        else:
+            held = holders.get(gpu.uuid, [])
+            shared = any(
+                s.kind is SliceKind.FRACTION
+                for a in core.running.values()
+                if a.id in held
+                for g in a.grants
+                for s in g.slices
+                if s.gpu_uuid == gpu.uuid
+            )
+            rows.append((f"GPU {gpu.index}", "fraction" if shared else "whole", ", ".join(held)))
+    capacity = node.gpu_capacity if kind is PoolKind.GPU else node.cpus
+    return NodeView(
+        node=node,
+        unit="CPU" if kind is PoolKind.CPU else "GPU",
+        capacity=capacity,
+        used=min(used, capacity),
+        slices=tuple(rows),
+        held_for=held_by.get(node.name),
+        virtual=any(g.virtual for g in node.gpus),
+        sessions=tuple(sessions),
+    )
