@@ -8,7 +8,7 @@ says whether anything changed) and reports its cycles for /metrics.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -69,20 +69,29 @@ class AdminStore:
         with self._read() as session:
             return {row.key: row.value for row in session.scalars(select(AdminSettingRow))}
 
-    def change(self, actor: str, when: float, changes: Mapping[str, tuple[Any, Any]]) -> int:
-        """Set ``key → (old, new)`` values and log each in the audit log, in one
-        transaction; returns the newest audit id."""
-        unknown = set(changes) - set(ADMIN_KEYS)
+    def change(
+        self,
+        actor: str,
+        when: float,
+        values: Mapping[str, Any],
+        audit: Sequence[tuple[str, Any, Any]],
+    ) -> int:
+        """Set admin values by key and log each change ``(target, old, new)`` in the
+        audit log, in one transaction; returns the newest audit id."""
+        unknown = set(values) - set(ADMIN_KEYS)
         if unknown:
             raise ValueError(f"not admin settings: {', '.join(sorted(unknown))}")
         with self._write() as session:
-            for key, (old, new) in changes.items():
+            for key, value in values.items():
                 row = session.get(AdminSettingRow, key)
                 if row is None:
-                    session.add(AdminSettingRow(key=key, value=new, changed=when, changed_by=actor))
+                    session.add(
+                        AdminSettingRow(key=key, value=value, changed=when, changed_by=actor)
+                    )
                 else:
-                    row.value, row.changed, row.changed_by = new, when, actor
-                session.add(AuditRow(time=when, actor=actor, target=key, old=old, new=new))
+                    row.value, row.changed, row.changed_by = value, when, actor
+            for target, old, new in audit:
+                session.add(AuditRow(time=when, actor=actor, target=target, old=old, new=new))
             session.flush()
             return int(session.scalar(select(func.max(AuditRow.id))) or 0)
 
