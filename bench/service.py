@@ -115,7 +115,7 @@ def seed(
         )
         if free:
             node, gpu = free.pop()
-            start = request.submit + rng.uniform(1, 120)
+            start = min(request.submit + rng.uniform(1, 120), now - 1.0)
             funded = rng.random() < 0.8
             store.book(
                 model.Allocation(

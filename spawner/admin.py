@@ -103,8 +103,11 @@ def change_team(
         # Name the field of the request: "teams.nlp.share.gpu" is "share.gpu" of nlp.
         prefix = f"teams.{name}."
         field = error.field[len(prefix) :] if error.field.startswith(prefix) else error.field
-        if field == "share" and share is not _MISSING and len(share) == 1:
-            field = f"share.{next(iter(share))}"
+        pool = re.search(r"pool '([^']+)'", error.reason)
+        if share is not _MISSING and field.endswith("share") and pool:
+            field = f"share.{pool.group(1)}"  # a sum over 1: the share asked for
+        elif parent is not _MISSING and field.endswith("parent"):
+            field = "parent"
         raise AdminError(field, error.reason) from None
 
 

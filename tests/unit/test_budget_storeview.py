@@ -1,0 +1,193 @@
+"""The budget service's read model over a real store: the figures match the store, the
+positions match the spawn page's QueueView, views hide other users, /metrics parses,
+and every answer holds to the OpenAPI document."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.service import seed
+from scheduler_core.store import Store
+from spawner.readmodel import QueueView
+from spawner.service import openapi, views
+from spawner.service.metrics import registry
+from spawner.storeview import DAY, StoreModel, build_state
+
+NOW = time.time()  # QueueView asks the wall clock, as live
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[Store]:
+    with Store.create("sqlite://") as store:
+        seed(store, users=30, team_count=5, requests=200, days=3, now=NOW, rng=random.Random(7))
+        yield store
+
+
+@pytest.fixture(scope="module")
+def state(store: Store) -> Any:
+    return build_state(store, StoreModel(store).admin, NOW)
+
+
+def viewer(name: str, *groups: str, admin: bool = False) -> views.Viewer:
+    scopes = {views.READ} | ({views.ADMIN} if admin else set())
+    return views.Viewer(name, frozenset(groups), frozenset(scopes))
+
+
+def test_usage_over_the_window_is_what_the_store_charged(store: Store, state: Any) -> None:
+    window = state.settings.lookback
+    running = store.active_allocations()
+    assert len(running) == 127 and len(state.queue) == 73
+    for (team, pool), tp in state.teams.items():
+        charged = store.usage_between(team, pool, NOW - window, NOW)
+        live = sum(
+            a.charge_rate * (NOW - max(a.start, NOW - window))
+            for a in running
+            if a.funded and a.team == team and a.pool == pool
+        )
+        assert tp.used_units == pytest.approx(charged + live, rel=1e-9, abs=1e-6)
+        assert tp.holds_funded == pytest.approx(
+            sum(a.charge_rate for a in running if a.funded and (a.team, a.pool) == (team, pool))
+        )
+        capacity = 127.0 + 1.0 if pool == "gpu" else 4 * 64.0  # 16 × 8 GPUs; one is MIG
+        assert tp.share_units == pytest.approx(tp.share * capacity)
+        assert tp.budget_units == pytest.approx(tp.share_units * window)
+
+
+def test_owed_and_delivered_per_day_add_up(store: Store, state: Any) -> None:
+    tp = state.teams[("team-00", "gpu")]
+    assert len(tp.daily) == 30
+    day, owed, delivered = tp.daily[-2]  # yesterday: a whole day
+    assert owed == pytest.approx(tp.share_units * DAY)
+    assert delivered == pytest.approx(
+        store.usage_between("team-00", "gpu", day, day + DAY)
+        + sum(
+            a.charge_rate * max(0.0, min(day + DAY, NOW) - max(a.start, day))
+            for a in store.active_allocations()
+            if a.funded and a.team == "team-00"
+        ),
+        rel=1e-9,
+        abs=1e-6,
+    )
+
+
+def test_positions_are_those_of_the_spawn_pages_queue_view(state: Any) -> None:
+    view = QueueView(state.core)
+    for waiting in state.queue:
+        exact = view.queue_status(waiting.request.id)
+        assert exact is not None
+        got = waiting.status
+        assert (got.position, got.waiting, got.team_position, got.team_waiting) == (
+            exact.position,
+            exact.waiting,
+            exact.team_position,
+            exact.team_waiting,
+        )
+        assert got.funded == exact.funded
+    ratios = sorted(state.teams[(t, "gpu")].ratio for t in state.team_names)
+    ranks = sorted(state.teams[(t, "gpu")].rank for t in state.team_names)
+    assert ranks == list(range(1, len(state.team_names) + 1)) and ratios == sorted(ratios)
+
+
+def all_answers(state: Any, who: views.Viewer) -> dict[str, Any]:
+    return {
+        "me": views.me(state, who),
+        "teams": views.teams(state, who),
+        "queue": views.queue(state, who, limit=5000),
+        "nodes": views.nodes(state, who),
+    }
+
+
+def test_a_user_sees_other_teams_totals_but_no_other_users(state: Any) -> None:
+    me = viewer("user-000", "team-00")
+    answers = all_answers(state, me)
+    text = json.dumps(answers)
+    others = {a.request.user for a in state.running} | {w.request.user for w in state.queue}
+    others.discard("user-000")
+    assert others and not any(f'"{name}' in text or f"{name}/" in text for name in others)
+    assert {t["name"] for t in answers["teams"]["teams"]} == set(state.team_names)
+    assert all(t["sessions"] is None for t in answers["teams"]["teams"])
+    mine = [w for w in state.queue if w.request.user == "user-000"]
+    assert len(answers["me"]["queued"]) == len(mine)
+    shown = [r for p in answers["queue"]["pools"] for r in p["requests"]]
+    assert len(shown) == len(state.queue)
+    assert {r["user"] for r in shown} == {None, "user-000"} or {r["user"] for r in shown} == {None}
+    # An admin sees who waits.
+    boss = all_answers(state, viewer("boss", admin=True))
+    assert {r["user"] for p in boss["queue"]["pools"] for r in p["requests"]} >= {"user-001"}
+
+
+def nullable_to_json_schema(schema: Any) -> Any:
+    """OpenAPI 3.0's ``nullable`` as JSON Schema's type lists, refs resolved."""
+    if isinstance(schema, dict):
+        if "$ref" in schema:
+            name = schema["$ref"].rsplit("/", 1)[-1]
+            return nullable_to_json_schema(openapi.SCHEMAS[name])
+        out = {k: nullable_to_json_schema(v) for k, v in schema.items() if k != "nullable"}
+        if schema.get("nullable"):
+            if "type" in out:
+                out["type"] = [out["type"], "null"]
+        return out
+    if isinstance(schema, list):
+        return [nullable_to_json_schema(s) for s in schema]
+    return schema
+
+
+@pytest.mark.parametrize("name", ["me", "teams", "queue", "nodes"])
+def test_answers_hold_to_the_openapi_document(state: Any, name: str) -> None:
+    schema = nullable_to_json_schema(openapi.SCHEMAS[name.capitalize()])
+    for who in (viewer("user-000", "team-00"), viewer("boss", admin=True)):
+        jsonschema.validate(all_answers(state, who)[name], schema)
+    jsonschema.validate(views.admin(state), nullable_to_json_schema(openapi.SCHEMAS["Admin"]))
+
+
+def test_metrics_parse_and_carry_the_figures(store: Store) -> None:
+    model = StoreModel(store)
+    text = generate_latest(registry(model)).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    state = model.state()
+    pending = {
+        (s.labels["pool"], s.labels["team"], s.labels["class"]): s.value
+        for s in families["budgethub_pending_sessions"].samples
+    }
+    assert sum(pending.values()) == len(state.queue) == 73
+    shares = {
+        s.labels["team"]: s.value
+        for s in families["budgethub_team_share"].samples
+        if s.labels["pool"] == "gpu"
+    }
+    assert shares == {t: state.teams[(t, "gpu")].share for t in state.team_names}
+    usage = families["budgethub_team_usage_gpu_seconds"].samples
+    assert all(s.value >= 0 for s in usage)
+    slices = {
+        (s.labels["node"], s.labels["state"]): s.value for s in families["budgethub_slices"].samples
+    }
+    assert slices[("gpu-00", "free")] + slices[("gpu-00", "used")] == 7 + 7  # 7 MIG + 7 whole
+    assert sum(v for (_, st), v in slices.items() if st == "used") == 127
+    preempted = families["budgethub_preemptions"].samples
+    assert sum(s.value for s in preempted if s.name.endswith("_total")) == 40
+    waits = [
+        s
+        for s in families["budgethub_admission_wait_time_seconds"].samples
+        if s.name.endswith("_count")
+    ]
+    assert sum(s.value for s in waits) == 127
+    assert "budgethub_team_occupancy_ratio" in families
+    assert "budgethub_cycle_duration_seconds" in families
+
+
+def test_the_model_is_kept_until_the_store_changes(store: Store) -> None:
+    model = StoreModel(store, ttl=3600)
+    first = model.state()
+    assert model.state() is first
+    store.append_event(time.time(), "note", {})
+    time.sleep(0.6)  # past the check interval
+    assert model.state(fresh=True) is not first
