@@ -58,6 +58,10 @@ c.BudgetScheduler.teams = [
 
 # -- the cluster --------------------------------------------------------------
 c.BudgetScheduler.store_url = f"sqlite:///{STATE}/budgethub.sqlite"
+# Whole homes on a path every node reaches (here: .demo/homes/budgethub/USER), and the
+# snapshots of preempted sessions beside them; a restore then works on any node.
+c.BudgetScheduler.home_root = str(STATE / "homes")
+c.BudgetScheduler.snapshot_root = str(STATE / "snapshots")
 c.BudgetScheduler.pools = [{"name": "gpu", "kind": "gpu"}, {"name": "cpu", "kind": "cpu"}]
 c.BudgetScheduler.nodes = [
     {

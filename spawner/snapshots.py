@@ -120,7 +120,8 @@ def ensure_home(path: Path) -> None:
     The directories above it belong to the Hub (0711: passable, not listable)."""
     for parent in reversed(path.parents[:2]):
         if not parent.exists():
-            parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+            parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(parent, 0o711)
     if path.is_symlink():
         raise SnapshotError(f"the home {path} is a link")
     created = not path.exists()
@@ -131,9 +132,10 @@ def ensure_home(path: Path) -> None:
 
 def _ensure_store_dirs(layout: Layout, user: str, server: str) -> Path:
     root = layout.snapshot_root
-    root.mkdir(mode=0o711, parents=True, exist_ok=True)
     hub_dir = root / safe_name(layout.hub)
-    hub_dir.mkdir(mode=0o711, exist_ok=True)
+    if not hub_dir.is_dir():
+        hub_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(hub_dir, 0o711)
     _owned_dir(layout.user_dir(user))
     server_dir = layout.server_dir(user, server)
     _owned_dir(server_dir)
