@@ -38,10 +38,9 @@ from typing import Any
 import docker
 import websocket
 
-from bench.snapshot_cells import extension_present
+from bench.snapshot_cells import IMAGES, extension_present, session_image
 from tests.integration.hub import ADMIN_TOKEN, Hub, containers, free_port, hub_config
 
-IMAGE = "budgethub/gpu:latest"
 NOTEBOOK = "bench.ipynb"
 HUB_NAME = f"bench-snap-{uuid.uuid4().hex[:6]}"
 ARRAYS = 8
@@ -326,21 +325,27 @@ def cycle(hub: Hub, homes: Path, hot: bool, mib: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     parser = argparse.ArgumentParser(prog="python -m bench.snapshot")
     parser.add_argument("--only", choices=["settled", "hot"], help="one of the two cases")
-    parser.add_argument("--image", default=IMAGE)
+    parser.add_argument(
+        "--image", help=f"default: the first of {IMAGES} with numpy and the extension"
+    )
     parser.add_argument(
         "--array-mib", type=int, default=ARRAY_MIB, help=f"size of each of the {ARRAYS} arrays"
     )
     args = parser.parse_args(argv)
-    if not extension_present(args.image):
-        print(f"preempt/restore: skipped, {args.image} has no numpy or no budgethub_session")
+    image = args.image or session_image()
+    if image is None or not extension_present(image):
+        print(
+            f"preempt/restore: skipped, {image or ' nor '.join(IMAGES)} has no numpy or no "
+            "budgethub_session"
+        )
         return None
     root = Path(tempfile.mkdtemp(prefix="bench-snapshot-", dir="/var/tmp"))
     homes, snapshots = root / "homes", root / "snapshots"
     homes.mkdir()
     snapshots.mkdir()
     write, read = disk_bandwidth(snapshots)
-    print(f"preempt/restore: {ARRAYS} arrays of {args.array_mib} MiB in {args.image}", flush=True)
-    hub = start_hub(root, homes, snapshots, args.image)
+    print(f"preempt/restore: {ARRAYS} arrays of {args.array_mib} MiB in {image}", flush=True)
+    hub = start_hub(root, homes, snapshots, image)
     results = []
     try:
         for hot in (False, True):

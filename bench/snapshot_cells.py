@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-IMAGE = "budgethub/gpu:latest"
+IMAGES = ("budgethub/gpu:latest", "budgethub/dataprep:latest")
+"""The session images tried in turn: the first with numpy and the extension is used."""
 SESSION_PACKAGE = Path(__file__).resolve().parents[1] / "images" / "session"
 EXTENSION = "budgethub_session.checkpoint"
 CELLS = 50
@@ -168,6 +169,11 @@ def extension_present(image: str) -> bool:
     return probe.returncode == 0
 
 
+def session_image() -> str | None:
+    """The first session image that holds numpy and the extension, if any."""
+    return next((image for image in IMAGES if extension_present(image)), None)
+
+
 def venv_has_extension() -> bool:
     probe = subprocess.run(
         [sys.executable, "-c", f"import numpy, ipykernel, jupyter_client, {EXTENSION}"],
@@ -186,16 +192,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument(
         "--where",
         default=None,
-        help=f"an image (default {IMAGE} when it holds the extension and numpy) or 'venv'",
+        help="an image (default: the first of {IMAGES} with numpy and the extension) or 'venv'",
     )
     args = parser.parse_args(argv)
     where = args.where
     if where is None:
-        where = IMAGE if extension_present(IMAGE) else "venv" if venv_has_extension() else None
+        where = session_image() or ("venv" if venv_has_extension() else None)
     if where is None:
         print(
-            f"checkpoint overhead: skipped, neither {IMAGE} nor this venv (with images/session) "
-            f"has numpy and {EXTENSION}"
+            f"checkpoint overhead: skipped, neither {', '.join(IMAGES)} nor this venv (with "
+            f"images/session) has numpy and {EXTENSION}"
         )
         return None
     on: list[list[float]] = []
