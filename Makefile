@@ -71,8 +71,8 @@ demo: $(STAMP) $(PROXY_STAMP) images
 	@echo
 	@echo "  budgethub demo: http://127.0.0.1:8000"
 	@echo "  log in as ann or bo (team nlp), cy (vision), di (robotics), eve (nlp + vision)"
-	@echo "  or admin; the password is: budgethub.  Ctrl-C stops the Hub (sessions keep running;"
-	@echo "  the next make demo finds them again)."
+	@echo "  with the password budgethub, or as admin with budgethub-admin-demo-password-0001."
+	@echo "  Ctrl-C stops the Hub (sessions keep running; the next make demo finds them again)."
 	@echo
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyterhub -f jupyterhub_config.py
 

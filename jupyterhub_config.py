@@ -3,7 +3,7 @@
 A SQLite store, virtual GPUs declared here (clearly marked virtual inside every
 session), a CPU data-prep node next to a storage directory, demo teams and users,
 and the Node.js proxy from proxy/ (make installs it). Log in at http://127.0.0.1:8000 as any
-demo user with the password ``budgethub``.
+demo user with the password ``budgethub`` (admin: ``budgethub-admin-demo-password-0001``).
 
 Both nodes are served by the one local engine here; in production each node is
 its own engine (``'engine': 'tcp://node:2376'`` with ``'tls'``), GPU nodes read
@@ -37,9 +37,12 @@ c.ConfigurableHTTPProxy.pid_file = str(STATE / "proxy.pid")
 c.JupyterHub.cleanup_servers = False  # sessions outlive a Hub restart and are found again
 c.JupyterHub.allow_named_servers = True
 
-# Demo users: any of them logs in with the password "budgethub".
-c.JupyterHub.authenticator_class = "dummy"
-c.DummyAuthenticator.password = "budgethub"
+# Demo users log in with the password "budgethub"; admin, whose password gives admin
+# rights, with "budgethub-admin-demo-password-0001" (JupyterHub's shared-password
+# authenticator wants 32 characters or more for it, and a different one).
+c.JupyterHub.authenticator_class = "shared-password"
+c.SharedPasswordAuthenticator.user_password = "budgethub"
+c.SharedPasswordAuthenticator.admin_password = "budgethub-admin-demo-password-0001"
 c.Authenticator.allowed_users = {"ann", "bo", "cy", "di", "eve", "admin"}
 c.Authenticator.admin_users = {"admin"}
 
@@ -100,7 +103,7 @@ c.BudgetSpawner.profile_list = [
     {
         "slug": "debug",
         "display_name": "Debug session",
-        "description": "a MIG instance or a quarter GPU; starts fast; protected up to 15 min",
+        "description": "a MIG instance or a quarter GPU; starts fast",
         "class": "debug",
         "pool": "gpu",
         "image": "budgethub/gpu:latest",

@@ -58,6 +58,10 @@ _SCHEME = re.compile(
     re.IGNORECASE,
 )
 
+# JupyterHub logs the id its xsrf tokens are made from ("Setting new xsrf cookie for
+# b'SESSION:HASH' {...}"): with it anyone reading the log could forge a form's token.
+_XSRF_ID = re.compile(r"(xsrf cookie for )b?(['\"])[^'\"]*\2", re.IGNORECASE)
+
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -65,6 +69,7 @@ def redact(text: str) -> str:
     """``text`` with token-like URL parameters and Authorization values replaced."""
     text = _PARAM.sub(rf"\1{REDACTED}", text)
     text = _HEADER.sub(rf"\1{REDACTED}", text)
+    text = _XSRF_ID.sub(rf"\1{REDACTED}", text)
     return _SCHEME.sub(rf"\1{REDACTED}", text)
 
 

@@ -170,7 +170,12 @@ def build_container(
     env["CUDA_VISIBLE_DEVICES"] = ",".join(device_ids)
     env["BUDGETHUB_GPU_SLICES"] = json.dumps(
         [
-            {"uuid": s.device_id, "kind": s.kind.value, "weight": round(s.weight, 4)}
+            {
+                "uuid": s.device_id,
+                "kind": s.kind.value,
+                "weight": round(s.weight, 4),
+                "virtual": not nvidia,  # declared in config, not a real device
+            }
             for s in grant.slices
         ]
     )
@@ -180,6 +185,8 @@ def build_container(
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, fractions[0].milli // 10))
     env["BUDGETHUB_REQUEST"] = identity.request_id
     env["BUDGETHUB_TEAM"] = identity.team
+    env["BUDGETHUB_PROFILE"] = identity.profile
+    env["BUDGETHUB_NODE"] = grant.node
     env["HOME"] = "/home/jovyan"
     if home is not None:
         mounts = [Mount(home, WORKSPACE_PATH, kind="bind")]

@@ -8,6 +8,12 @@ configurable-http-proxy installed in ``proxy/`` (``spawner/chp.py``), keeps
 tokens out of the Hub's and the proxy's logs, makes the Hub's state files
 readable by their owner only, and lifts JupyterHub's limit on pending spawns
 (a session waiting in the queue is a pending spawn).
+
+The Hub's own pages get budgethub's template overrides (``spawner/templates/``,
+first in ``template_paths``; each extends the stock template it replaces) and the
+``budgethub`` template variable (``spawner/pages.py``). A refused spawn form is
+logged as one WARNING line instead of the Hub's ERROR traceback: it is the user's
+input, answered with a message naming the field, not a fault of the Hub.
 """
 
 from __future__ import annotations
@@ -25,16 +31,37 @@ from typing import Any
 from spawner import chp
 
 SERVICE = "budgethub"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 SCOPES = ["servers", "read:users", "read:groups"]
 
 UMASK = 0o077
 """Files the Hub creates (its database, the scheduler's, the cookie secret, pid files,
 logs) are readable and writable by their owner only."""
 REDACT_FILTER = "budgethub_redact"
+REFUSAL_FILTER = "budgethub_refusals"
 
 log = logging.getLogger(__name__)
 _STARTING: set[asyncio.Task[None]] = set()
 """The start-up task, held (the event loop keeps only weak references to tasks)."""
+
+
+class QuietRefusalFilter(logging.Filter):
+    """A handler filter: the Hub's ``Failed to spawn single-user server with form`` with
+    a 4xx HTTPError (a refused form) becomes one WARNING line with the refusal's
+    message; any other error is left as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.exc_info or not str(record.msg).startswith("Failed to spawn"):
+            return True
+        error = record.exc_info[1]
+        status = getattr(error, "status_code", 500)
+        if not isinstance(status, int) or not 400 <= status < 500:
+            return True
+        message = getattr(error, "jupyterhub_message", None) or getattr(error, "log_message", "")
+        record.msg, record.args = "Spawn form refused (%s): %s", (status, message)
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info, record.exc_text = None, None
+        return True
 
 
 class ProxyNotInstalled(RuntimeError):
@@ -73,6 +100,15 @@ def configure_hub(c: Any, token: str | None = None) -> None:
     # answer 429 to the 101st user. 0 = no limit, unless the operator chose one.
     if "concurrent_spawn_limit" not in c.JupyterHub:
         c.JupyterHub.concurrent_spawn_limit = 0
+    if "proxy_class" not in c.JupyterHub:  # skips removing routes a queued spawn never had
+        c.JupyterHub.proxy_class = "spawner.hubproxy.BudgetProxy"
+    paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
+    c.JupyterHub.template_paths = [str(TEMPLATES), *(p for p in paths if p != str(TEMPLATES))]
+    from spawner.pages import page_vars
+
+    template_vars = dict(c.JupyterHub.template_vars) if "template_vars" in c.JupyterHub else {}
+    template_vars.setdefault("budgethub", page_vars)
+    c.JupyterHub.template_vars = template_vars
     c.JupyterHub.logging_config = _with_redaction(
         dict(c.JupyterHub.logging_config) if "logging_config" in c.JupyterHub else {}
     )
@@ -130,13 +166,16 @@ def _with_redaction(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config)
     filters = dict(config.get("filters", {}))
     filters[REDACT_FILTER] = {"()": "spawner.chp.RedactFilter"}
+    filters[REFUSAL_FILTER] = {"()": "spawner.hubconfig.QuietRefusalFilter"}
     config["filters"] = filters
     handlers = {name: dict(h) for name, h in config.get("handlers", {}).items()}
     handlers.setdefault("console", {})
     for handler in handlers.values():
         names = list(handler.get("filters", []))
-        if REDACT_FILTER not in names:
-            handler["filters"] = [*names, REDACT_FILTER]
+        for name in (REFUSAL_FILTER, REDACT_FILTER):
+            if name not in names:
+                names.append(name)
+        handler["filters"] = names
     config["handlers"] = handlers
     return config
 
@@ -145,6 +184,8 @@ def redact_log_handlers(loggers: Iterable[logging.Logger]) -> None:
     """Put the redaction filter on every handler of ``loggers`` that lacks it."""
     for logger in loggers:
         for handler in logger.handlers:
+            if not any(isinstance(f, QuietRefusalFilter) for f in handler.filters):
+                handler.addFilter(QuietRefusalFilter())
             if not any(isinstance(f, chp.RedactFilter) for f in handler.filters):
                 handler.addFilter(chp.RedactFilter())
 

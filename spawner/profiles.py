@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -367,53 +368,159 @@ def _human(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
+def human_duration(seconds: float) -> str:
+    """``90 min``, ``1 h``, ``45 s``: how the form and the queue messages write durations."""
+    return _human(seconds)
+
+
+def _count(n: float, unit: str) -> str:
+    return f"{n:g} {unit}{'' if n == 1 else 's'}"
+
+
+def profile_facts(profile: Profile) -> str:
+    """``1 CPU, 2 GiB; protected 1 h by default, at most 8 h``."""
+    protected = f"protected {_human(profile.min_runtime)} by default"
+    if profile.max_min_runtime > profile.min_runtime:
+        protected += f", at most {_human(profile.max_min_runtime)}"
+    return f"{_count(profile.cpus, 'CPU')}, {profile.memory_gib:g} GiB; {protected}"
+
+
+def _chosen(defaults: Mapping[str, Any], key: str) -> str:
+    value = defaults.get(key)
+    if isinstance(value, list):
+        value = value[0] if len(value) == 1 else None
+    return "" if value is None else str(value)
+
+
 def render_form(
-    profiles: Sequence[Profile], user_teams: Sequence[str], team_hints: Mapping[str, str]
+    profiles: Sequence[Profile],
+    user_teams: Sequence[str],
+    team_hints: Mapping[str, str],
+    *,
+    outlooks: Mapping[tuple[str, str], str] | None = None,
+    free: Mapping[tuple[str, str], int] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> str:
     """The spawn form's HTML: profiles with their slice choices, team, priority, runtime.
 
-    ``team_hints`` maps a team to a line about its budget (shown next to it).
+    ``team_hints`` maps a team to a line about its budget (shown next to it);
+    ``outlooks`` maps (profile slug, team) to what a session started now would get
+    (funded or not, the estimated wait); ``free`` maps (profile slug, slice slug) to how
+    many of that choice the free slices hold now; ``defaults`` are the values to show
+    checked (the user's last choice, or what a refused form held). Bootstrap 5 classes,
+    as the Hub's own pages use.
     """
     esc = html.escape
-    parts = ['<div class="budgethub-form">']
-    for i, p in enumerate(profiles):
-        checked = " checked" if i == 0 else ""
+    outlooks = outlooks or {}
+    free = free or {}
+    defaults = defaults or {}
+    by_slug = {p.slug for p in profiles}
+    chosen_profile = _chosen(defaults, "profile")
+    if chosen_profile not in by_slug:
+        chosen_profile = profiles[0].slug
+    chosen_slice = _chosen(defaults, "slices")
+    chosen_gpus = _chosen(defaults, "gpus")
+    parts = ['<div class="budgethub-form">', '<fieldset class="mb-3">']
+    parts.append('<legend class="fs-5">Profile</legend>')
+    for p in profiles:
+        checked = " checked" if p.slug == chosen_profile else ""
+        pid = f"budgethub-profile-{esc(p.slug)}"
         parts.append(
-            f'<div class="radio"><label><input type="radio" name="profile" '
-            f'value="{esc(p.slug)}"{checked}> <strong>{esc(p.display_name)}</strong> '
-            f"&mdash; {esc(p.description)} ({p.cpus:g} CPUs, {p.memory_gib:g} GiB; "
-            f"protected up to {_human(p.max_min_runtime)})</label>"
+            f'<div class="form-check mb-2 budgethub-profile" data-profile="{esc(p.slug)}">'
+        )
+        parts.append(
+            f'<input class="form-check-input" type="radio" name="profile" id="{pid}" '
+            f'value="{esc(p.slug)}"{checked}>'
+            f'<label class="form-check-label" for="{pid}"><strong>{esc(p.display_name)}</strong>'
+            + (f" &mdash; {esc(p.description)}" if p.description else "")
+            + f' <span class="text-body-secondary">({esc(profile_facts(p))})</span></label>'
         )
         if len(p.slices) > 1:
-            parts.append(f'<select name="slices" data-profile="{esc(p.slug)}">')
-            parts += [
-                f'<option value="{esc(s.slug)}">{esc(s.display_name)}</option>' for s in p.slices
-            ]
+            parts.append(
+                f'<select name="slices" data-profile="{esc(p.slug)}" '
+                f'class="form-select form-select-sm w-auto d-inline-block ms-2" '
+                f'aria-label="GPU slices for {esc(p.display_name)}">'
+            )
+            for s in p.slices:
+                selected = (
+                    " selected"
+                    if p.slug == chosen_profile
+                    and (s.slug == chosen_slice or (chosen_gpus and str(s.gpus) == chosen_gpus))
+                    else ""
+                )
+                parts.append(
+                    f'<option value="{esc(s.slug)}"{selected}>{esc(s.display_name)}'
+                    f"{esc(_free_text(free.get((p.slug, s.slug))))}</option>"
+                )
             parts.append("</select>")
+        elif (p.slug, p.slices[0].slug) in free:
+            parts.append(
+                f'<span class="small text-body-secondary ms-2">{esc(p.slices[0].display_name)}'
+                f"{esc(_free_text(free[(p.slug, p.slices[0].slug)], p.slices[0].gpu_weight > 0))}"
+                "</span>"
+            )
         if len(p.storage) > 1:
-            parts.append(f'<select name="storage" data-profile="{esc(p.slug)}">')
-            parts += [f'<option value="{esc(s)}">{esc(s)}</option>' for s in p.storage]
+            parts.append(
+                f'<select name="storage" data-profile="{esc(p.slug)}" '
+                'class="form-select form-select-sm w-auto d-inline-block ms-2">'
+            )
+            for name in p.storage:
+                selected = " selected" if _chosen(defaults, "storage") == name else ""
+                parts.append(f'<option value="{esc(name)}"{selected}>{esc(name)}</option>')
             parts.append("</select>")
+        rows = [(t, outlooks[(p.slug, t)]) for t in user_teams if (p.slug, t) in outlooks]
+        if rows:
+            parts.append('<ul class="list-unstyled small mb-0 ms-1 budgethub-outlook">')
+            for team, text in rows:
+                parts.append(
+                    f'<li data-team="{esc(team)}"><span class="badge text-bg-secondary">'
+                    f"{esc(team)}</span> {esc(text)}</li>"
+                )
+            parts.append("</ul>")
         parts.append("</div>")
-    parts.append('<label for="budgethub-team">Team that pays</label>')
-    parts.append('<select id="budgethub-team" name="team" class="form-control">')
+    parts.append("</fieldset>")
+    chosen_team = _chosen(defaults, "team")
+    parts.append('<div class="mb-3">')
+    parts.append('<label for="budgethub-team" class="form-label">Team that pays</label>')
+    parts.append('<select id="budgethub-team" name="team" class="form-select">')
+    for team in user_teams:
+        selected = " selected" if team == chosen_team else ""
+        parts.append(f'<option value="{esc(team)}"{selected}>{esc(team)}</option>')
+    parts.append("</select>")
     for team in user_teams:
         hint = team_hints.get(team, "")
-        parts.append(f'<option value="{esc(team)}">{esc(team)} {esc(hint)}</option>')
-    parts.append("</select>")
+        if hint:
+            parts.append(
+                f'<div class="form-text budgethub-team-hint" data-team="{esc(team)}">'
+                f"<strong>{esc(team)}</strong> {esc(hint)}</div>"
+            )
+    parts.append("</div>")
+    priority = _chosen(defaults, "priority") or "0"
     parts.append(
-        f'<label for="budgethub-priority">Priority inside your team (0&ndash;{MAX_PRIORITY})'
-        '</label><input id="budgethub-priority" name="priority" type="number" min="0" '
-        f'max="{MAX_PRIORITY}" value="0" class="form-control">'
+        '<div class="mb-3"><label for="budgethub-priority" class="form-label">Priority inside '
+        f"your team (0&ndash;{MAX_PRIORITY})</label>"
+        '<input id="budgethub-priority" name="priority" type="number" min="0" '
+        f'max="{MAX_PRIORITY}" value="{esc(priority)}" class="form-control"></div>'
     )
     parts.append(
-        '<label for="budgethub-min-runtime">Minimum runtime (protected when funded; '
-        "e.g. 15m, 2h; empty: the profile default)</label>"
-        '<input id="budgethub-min-runtime" name="min_runtime" class="form-control">'
+        '<div class="mb-3"><label for="budgethub-min-runtime" class="form-label">Minimum '
+        "runtime (protected when funded; e.g. 15m, 2h; empty: the profile default)</label>"
+        '<input id="budgethub-min-runtime" name="min_runtime" class="form-control" '
+        f'value="{esc(_chosen(defaults, "min_runtime"))}"></div>'
     )
     parts.append(_FORM_SCRIPT)
     parts.append("</div>")
     return "\n".join(parts)
+
+
+def _free_text(count: int | None, gpu: bool = True) -> str:
+    """`` (2 free now)`` for a GPU choice, `` (room for 2 now)`` for a CPU-only one."""
+    if count is None:
+        return ""
+    many = f"{count}{'+' if count >= 99 else ''}"
+    if not gpu:
+        return f" (room for {many} now)" if count else " (no room now)"
+    return f" ({many} free now)" if count else " (none free now)"
 
 
 _FORM_SCRIPT = """<script>
@@ -431,3 +538,49 @@ _FORM_SCRIPT = """<script>
   sync();
 })();
 </script>"""
+
+
+# -- snapshots: restore (the default) or start fresh ------------------------------------
+
+SNAPSHOT_FIELDS = frozenset({"restore", "fresh"})
+"""Spawn options about a server's snapshot, taken out before ``resolve`` sees the rest."""
+
+_KEY = re.compile(r"^[0-9]{8}T[0-9]{6}-[0-9a-f]{8}$")
+_YES = frozenset({"on", "true", "1", "yes"})
+_NO = frozenset({"", "off", "false", "0", "no"})
+
+
+def snapshot_choice(options: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """(the snapshot key asked for or None, start fresh?) from the spawn options.
+
+    Whose the snapshot is, the spawner checks; here only its form (FormError)."""
+    fresh_value = _one(options, "fresh")
+    if isinstance(fresh_value, bool):
+        fresh = fresh_value
+    elif fresh_value is None or str(fresh_value).lower() in _NO:
+        fresh = False
+    elif str(fresh_value).lower() in _YES:
+        fresh = True
+    else:
+        raise FormError("fresh", f"must be on or off, not {fresh_value!r}")
+    key = _one(options, "restore")
+    if key in (None, ""):
+        return None, fresh
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise FormError("restore", f"{key!r} is not a snapshot key")
+    return key, fresh
+
+
+def render_snapshot_choice(key: str, sentence: str) -> str:
+    """The form's snapshot part: what the snapshot holds, restored unless the user
+    ticks "Start fresh"."""
+    esc = html.escape
+    return (
+        '<div class="budgethub-snapshot alert alert-info" role="status">'
+        f"<p>{esc(sentence)}</p>"
+        f'<input type="hidden" name="restore" value="{esc(key)}">'
+        '<div class="form-check"><input class="form-check-input" type="checkbox" '
+        'name="fresh" value="on" id="budgethub-fresh">'
+        '<label class="form-check-label" for="budgethub-fresh">Start fresh (ignore the '
+        "snapshot: no kernel state comes back; your files stay)</label></div></div>"
+    )

@@ -8,13 +8,18 @@ for notices); it changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scheduler_core.model import PoolKind, Request
+from scheduler_core.kept import Queued
+from scheduler_core.model import Health, NodeGrant, PoolKind, Request
 from scheduler_core.outlook import admission_order
+from scheduler_core.ranking import PoolRanking
+from scheduler_core.rules import funds
 from scheduler_core.scheduler import Scheduler
+from scheduler_core.snapshot import Snapshot
 from scheduler_core.store import EventRecord
 from spawner.hubapi import split_request_id
 
@@ -49,6 +54,84 @@ class QueueStatus:
     """The requests ahead of this one now."""
     other_teams: bool = False
     """Requests of other teams wait in the pool too (so the order can move)."""
+    team_status: TeamStatus | None = None
+    """The team's holdings in the pool now, against its share and burst."""
+
+
+@dataclass(frozen=True, slots=True)
+class TeamStatus:
+    """What a team holds in one pool now, against its share, and its window budget."""
+
+    team: str
+    pool: str
+    unit: str
+    """GPU (GPU-equivalents) or CPU (cores)."""
+    funded: float
+    """What its funded sessions hold now."""
+    unallocated: float
+    """What its unallocated sessions hold now."""
+    share: float
+    """Its share of the pool, in units: what is funded whatever the window says."""
+    burst: float | None
+    """The most its funded sessions may hold while within its window budget (None: no cap)."""
+    budget_used: float | None
+    """Charged usage over the window, as a fraction of its budget (None: no budget)."""
+    window_days: float
+
+    def line(self) -> str:
+        """One line: ``gpu: holds 2 GPU funded (+1 unallocated) of a 2 GPU share (bursts to
+        3 GPU); 1% of its 7-day budget used``."""
+        extra = f" (+{self.unallocated:.3g} unallocated)" if self.unallocated > 0 else ""
+        if self.share <= 0:
+            held = f"holds {self.unallocated:.3g} {self.unit} unallocated" if extra else ""
+            return f"{self.pool}: no share here (its work runs unallocated){held and '; '}{held}"
+        burst = f" (bursts to {self.burst:.3g} {self.unit})" if self.burst else ""
+        used = (
+            f"; {self.budget_used:.0%} of its {self.window_days:g}-day budget used"
+            if self.budget_used is not None
+            else ""
+        )
+        return (
+            f"{self.pool}: holds {self.funded:.3g} {self.unit} funded{extra} of a "
+            f"{self.share:.3g} {self.unit} share{burst}{used}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    """What a session asked for now would get: funding, place in the queue, estimate."""
+
+    funded: bool
+    protected_s: float
+    """Its protected window if funded (0 when unallocated)."""
+    why: str
+    """Why it would run unallocated, in words (empty when funded)."""
+    position: int
+    """Its place among the pool's waiting requests if asked for now (1-based)."""
+    waiting: int
+    """How many would wait in the pool with it."""
+    free_now: int
+    """How many sessions of this shape the pool's free slices hold now (at most 99)."""
+    estimated_start: float | None
+    """Now if it fits and nothing is ahead; else the same estimate queue messages give;
+    None when running sessions ending at their protection would not free enough."""
+    team_status: TeamStatus
+
+
+def unallocated_why(status: TeamStatus) -> str:
+    """Why a request of the team would run unallocated (the queue message's words)."""
+    if status.share <= 0:
+        return f"your team has no share of the {status.pool} pool"
+    return (
+        "over what your team's allocation funds now (its funded sessions hold "
+        f"{status.funded:.3g} {status.unit}, its share is {status.share:.3g} {status.unit}"
+        + (
+            f"; {status.budget_used:.0%} of its {status.window_days:g}-day budget used"
+            if status.budget_used is not None
+            else ""
+        )
+        + ")"
+    )
 
 
 def notices_from(events: Iterable[EventRecord]) -> dict[tuple[str, str], str]:
@@ -121,6 +204,7 @@ class QueueView:
             window_days=core.settings.lookback / 86400,
             ahead=frozenset(same_pool[: position - 1]),
             other_teams=len(team) < len(same_pool),
+            team_status=self.team_status(request.team, pool),
         )
 
     def why_behind(self, request_id: str, passed_by: Iterable[str]) -> str:
@@ -154,6 +238,94 @@ class QueueView:
                 return max(end, time.time())
         return None
 
+    def team_status(self, team: str, pool: str) -> TeamStatus:
+        """What the team holds in the pool now against its share and burst."""
+        core = self.core
+        kind = core.pools[pool].kind
+        share = core.teams.share(team, pool) * core.capacity[pool]
+        unallocated = sum(
+            a.request.charge_rate(kind)
+            for a in core.running.values()
+            if a.pool == pool and a.request.team == team and not a.funded
+        )
+        burst = core.settings.funded_burst
+        return TeamStatus(
+            team=team,
+            pool=pool,
+            unit="CPU" if kind is PoolKind.CPU else "GPU",
+            funded=core.funded_rate(team, pool),
+            unallocated=unallocated,
+            share=share,
+            burst=burst * share if burst and share > 0 else None,
+            budget_used=self.budget_used(team, pool),
+            window_days=core.settings.lookback / 86400,
+        )
+
+    def outlook(self, request: Request) -> Outlook:
+        """What ``request`` (not queued) would get if asked for now: funded or not (the
+        policy's rule, with the team's charges as they stand), its place in the projected
+        admission order, how many of its shape fit on free slices, and the estimate."""
+        core = self.core
+        now = time.time()
+        snapshot = core.snapshot(now)
+        pool = request.pool
+        kind = core.pools[pool].kind
+        entry = Queued.of(request, core.settings, kind)
+        ranking_units, ranking_budget = _leaf(snapshot, pool, request.team, now)
+        status = self.team_status(request.team, pool)
+        window = snapshot.window
+        funded = funds(
+            ranking_budget > 0.0 and (ranking_units + entry.units) / ranking_budget <= 1.0,
+            status.funded,
+            entry.rate,
+            ranking_budget / window if window > 0 else 0.0,
+            core.settings,
+        )
+        asked = dataclasses.replace(snapshot, pending=(*snapshot.pending, request), index=None)
+        order = [
+            r
+            for r in admission_order(asked, now)
+            if r == request.id or (r in core.pending and core.pending[r].pool == pool)
+        ]
+        position = order.index(request.id) + 1 if request.id in order else len(order) + 1
+        ahead = [core.pending[r] for r in order[: position - 1]]
+        free_now = self.free_count(request, snapshot)
+        if free_now and not ahead:
+            estimated: float | None = now
+        else:
+            estimated = self.estimate(request, ahead)
+        return Outlook(
+            funded=funded,
+            protected_s=entry.min_runtime if funded else 0.0,
+            why="" if funded else unallocated_why(status),
+            position=position,
+            waiting=max(len(order), position),
+            free_now=free_now,
+            estimated_start=estimated,
+            team_status=status,
+        )
+
+    def free_count(self, request: Request, snapshot: Snapshot | None = None, most: int = 99) -> int:
+        """How many sessions shaped like ``request`` the pool's free slices hold now, on
+        nodes that take new work (held nodes count too: a hint, not a promise)."""
+        snap = snapshot if snapshot is not None else self.core.snapshot(time.time())
+        free = snap.free or {}
+        count = 0
+        for node in self.core.nodes.values():
+            if node.pool != request.pool or node.health is not Health.READY:
+                continue
+            room = free.get(node.name)
+            if room is None:
+                continue
+            room = room.copy()
+            while count < most:
+                slices = room.slices_for(request)
+                if slices is None:
+                    break
+                room.take(NodeGrant(node.name, slices, request.cpus, request.memory_gib))
+                count += 1
+        return count
+
     def budget_used(self, team: str, pool: str) -> float | None:
         """The team's charged usage over the window as a fraction of its budget in the
         pool (None: it has no budget there)."""
@@ -173,3 +345,9 @@ class QueueView:
             if used is not None:
                 parts.append(f"{pool_name}: {used:.0%} of budget used")
         return f"({'; '.join(parts)})" if parts else ""
+
+
+def _leaf(snapshot: Snapshot, pool: str, team: str, now: float) -> tuple[float, float]:
+    """The team's charged units and budget at its own level in the pool (what funding
+    is decided on), as the policy's ranking counts them."""
+    return PoolRanking(snapshot, pool, now).leaf(team)

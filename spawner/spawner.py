@@ -7,12 +7,18 @@ the granted GPUs and returns only once the server answers (the Hub's own
 readiness polling then succeeds at once). The spawner owns the queue wait:
 ``start_timeout`` is derived from ``max_queue_wait``, so JupyterHub never
 kills a queued spawn.
+
+A user who leaves the queue (the spawn page's "Stop Server") is not shown a server
+that was never there: ``ready`` stays false for a cancelled start, so the Hub's
+progress streams end with "Spawn cancelled" rather than a false "ready" (which sent
+the page round a redirect loop), and the spawn form says they left the queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import html
+import secrets
 import time
 from typing import Any
 
@@ -21,9 +27,24 @@ from traitlets import Integer, List, default
 
 from scheduler_core.model import Allocation, Request
 from scheduler_core.store import RequestState
+from spawner.actuator import Agent
 from spawner.containers import DEFAULT_PIDS_LIMIT, SessionIdentity
 from spawner.embedded import BudgetScheduler, LaunchFailed, QueueStatus, SessionLaunch, Waiter
-from spawner.profiles import FORM_FIELDS, FormError, Profile, parse_profiles, render_form, resolve
+from spawner.profiles import (
+    FORM_FIELDS,
+    SNAPSHOT_FIELDS,
+    FormError,
+    Profile,
+    SessionSpec,
+    SliceOption,
+    human_duration,
+    parse_profiles,
+    render_form,
+    render_snapshot_choice,
+    resolve,
+    snapshot_choice,
+)
+from spawner.readmodel import Outlook
 
 DEFAULT_PROFILES: list[dict[str, Any]] = [
     {
@@ -42,7 +63,7 @@ DEFAULT_PROFILES: list[dict[str, Any]] = [
     {
         "slug": "debug",
         "display_name": "Debug session",
-        "description": "a slice of a GPU, starts fast, protected up to 15 min",
+        "description": "a slice of a GPU; starts fast",
         "class": "debug",
         "pool": "gpu",
         "image": "budgethub/gpu:latest",
@@ -70,6 +91,32 @@ DEFAULT_PROFILES: list[dict[str, Any]] = [
 
 def _clock(epoch: float) -> str:
     return time.strftime("%H:%M", time.localtime(epoch))
+
+
+def estimate_words(funded: bool | None, estimated: float | None, now: float) -> str:
+    """What an estimated start rests on, in words (the queue message and the form say
+    the same): running sessions ending their protected windows, after which a funded
+    request may displace them; an unallocated one can only wait for a session to end."""
+    if funded is False:
+        return "no start time can be promised: it starts when running sessions end"
+    if estimated is None:
+        return "no estimate yet: the sessions running now do not free enough"
+    if estimated <= now + 60:
+        return "starts within a minute"
+    return f"estimated start at the latest {_clock(estimated)}, when a session's protection ends"
+
+
+def outlook_words(outlook: Outlook) -> str:
+    """One line of the form: ``would be funded, protected for 60 min; starts within a
+    minute`` or ``would run unallocated (over what …); no start time can be promised``."""
+    if outlook.funded:
+        funding = f"would be funded, protected for {human_duration(outlook.protected_s)}"
+    else:
+        funding = f"would run unallocated, preemptible ({outlook.why})"
+    wait = estimate_words(outlook.funded, outlook.estimated_start, time.time())
+    if outlook.position > 1:
+        wait = f"{outlook.position - 1} ahead in the queue; {wait}"
+    return f"{funding}; {wait}"
 
 
 class BudgetSpawner(Spawner):  # type: ignore[misc]
@@ -100,6 +147,35 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
     def _default_options_form(self) -> Any:
         return BudgetSpawner._render_options_form
 
+    @default("apply_user_options")
+    def _default_apply_user_options(self) -> Any:
+        return BudgetSpawner._accept_user_options
+
+    @staticmethod
+    def _accept_user_options(spawner: Any, user_options: dict[str, Any]) -> None:
+        """The options are this spawner's own: ``start()`` checks them all (``resolve``)
+        and refuses with a 400 naming the field. Handled here so that the Hub does not
+        warn "unhandled user_options" on every spawn."""
+
+    @property
+    def ready(self) -> bool:
+        """The Hub's "is the server up": never for a start the user cancelled (the Hub
+        would otherwise call it ready in the second between the cancel and the stop)."""
+        if self._left_queue:
+            return False
+        return bool(super().ready)
+
+    @property
+    def launched(self) -> bool:
+        """Did this start reach a container (and so perhaps the proxy's routes)?"""
+        return bool(self.container_id)
+
+    @property
+    def budget_phase(self) -> str:
+        """``queued``, ``launching`` or ``submitting`` while a start is pending, else ``""``
+        (the Hub's templates read it)."""
+        return self._phase if self._spawn_pending else ""
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.request_id: str | None = None
@@ -111,6 +187,14 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         """Why the last start failed, while the request waits again."""
         self._phase = "submitting"
         self._phase_changed = asyncio.Event()
+        self._left_queue = False
+        """The user cancelled this start while it waited (see ``ready``)."""
+        self._typed: dict[str, Any] = {}
+        """What the user last posted on the form (shown again after a refusal)."""
+        self.agent: Agent | None = None
+        """How the scheduler reaches this session's agent (its secret is per start)."""
+        self._restore: tuple[str | None, bool] = (None, False)
+        """The snapshot this start asked for (None: the newest) and whether to start fresh."""
 
     # -- helpers -------------------------------------------------------------------
 
@@ -150,31 +234,102 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         if not scheduler.started:
             return f'<div class="alert alert-danger">{html.escape(self._broken_message())}</div>'
         teams = self._user_teams()
-        hints = {team: scheduler.team_hint(team) for team in teams}
         notice = scheduler.notices.get((self.user.name, self.name))
         parts = []
         if notice:
-            parts.append(f'<div class="alert alert-warning">{notice}</div>')
-        if not teams:
             parts.append(
-                '<div class="alert alert-danger">You are in no team with an allocation; '
-                "ask an administrator to add you to one.</div>"
+                f'<div class="alert alert-warning budgethub-notice">{html.escape(notice)}</div>'
             )
-        parts.append(render_form(self._profiles(), teams, hints))
+        if not teams:
+            parts.append(self._no_team_message())
+            return "\n".join(parts)
+        snapshots = scheduler.snapshots_of(self.user.name, self.name)
+        if snapshots:
+            parts.append(render_snapshot_choice(snapshots[0].key, self._snapshot_words()))
+        profiles = self._profiles()
+        view = scheduler.view
+        pools = list(dict.fromkeys(p.pool for p in profiles))
+        hints = {
+            team: "; ".join(view.team_status(team, pool).line() for pool in pools) for team in teams
+        }
+        outlooks: dict[tuple[str, str], str] = {}
+        free: dict[tuple[str, str], int] = {}
+        for profile in profiles:
+            for option in profile.slices:
+                free[(profile.slug, option.slug)] = view.free_count(
+                    self._what_if(profile, option, teams[0])
+                )
+            for team in teams:
+                outlook = view.outlook(self._what_if(profile, profile.slices[0], team))
+                outlooks[(profile.slug, team)] = outlook_words(outlook)
+        parts.append(
+            render_form(
+                profiles,
+                teams,
+                hints,
+                outlooks=outlooks,
+                free=free,
+                defaults=self._typed or self.last_options,
+            )
+        )
         return "\n".join(parts)
 
+    def _no_team_message(self) -> str:
+        """No team pays for this user: say so, whom to ask, and offer no Start button
+        (the spawn template leaves it out when it sees ``data-budgethub-no-team``)."""
+        admins = sorted(getattr(self.authenticator, "admin_users", None) or ())
+        ask = (
+            f"ask an administrator ({', '.join(admins)}) to add you to one"
+            if admins
+            else "ask an administrator of this Hub to add you to one"
+        )
+        known = ", ".join(t.name for t in self.scheduler.core_teams) or "none yet"
+        return (
+            '<div class="alert alert-warning" data-budgethub-no-team>'
+            "<strong>You are in no team, so no session can start for you.</strong> "
+            f"Sessions are paid for by a team's share of the cluster (teams here: "
+            f"{html.escape(known)}); {html.escape(ask)}.</div>"
+        )
+
+    def _what_if(
+        self, profile: Profile, option: SliceOption, team: str, spec: SessionSpec | None = None
+    ) -> Request:
+        """The request a session of this profile and team would be, asked for now."""
+        return Request(
+            id=f"{self.user.name}/{self.name}/what-if",
+            user=self.user.name,
+            team=team,
+            pool=profile.pool,
+            submit=time.time(),
+            gpus=option.gpus,
+            gpu_milli=option.gpu_milli,
+            mig=option.mig,
+            cpus=profile.cpus,
+            memory_gib=profile.memory_gib,
+            labels=dict(spec.labels if spec is not None else profile.labels),
+            min_runtime=spec.min_runtime if spec is not None else profile.min_runtime,
+            resumable=profile.resumable,
+            klass=profile.klass,
+            profile=profile.slug,
+        )
+
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
-        """Form fields arrive as lists; keep single values (``resolve`` checks them all)."""
+        """Form fields arrive as lists; keep single values, and refuse a bad form here,
+        before any spawn begins (the form comes back with the refusal and what was typed;
+        ``start()`` checks again, for options that come straight from the REST API)."""
         options: dict[str, Any] = {}
         for key, values in formdata.items():
             if key.startswith("_"):
                 continue  # the Hub's own fields (_xsrf)
-            if key not in FORM_FIELDS:
+            if key not in FORM_FIELDS and key not in SNAPSHOT_FIELDS:
                 options[key] = values
                 continue
             kept = [v for v in values if v != ""]
             if kept:
                 options[key] = kept[0] if len(kept) == 1 else kept
+        self._typed = dict(options)
+        if self.scheduler.started:
+            self._spec(options)
         return options
 
     # -- state ---------------------------------------------------------------------
@@ -191,6 +346,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             state["port"] = self.port
         if self.last_options:
             state["last_options"] = self.last_options
+        if self.agent:
+            state["agent"] = dict(self.agent.__dict__)
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -202,19 +359,40 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         self.last_options = dict(state.get("last_options", {}))
         if self.port and self.request_id:
             self.scheduler.hold_port(self.port, self.request_id)
+        agent = state.get("agent")
+        self.agent = Agent(**agent) if isinstance(agent, dict) else None
+        if self.agent is not None and self.request_id:
+            self.scheduler.remember_agent(self.request_id, self.agent)
 
     def clear_state(self) -> None:
-        """Forget the ended session; ``last_options`` (the form's defaults) outlive it."""
+        """Forget the ended session; ``last_options`` (the form's defaults) outlive it.
+
+        A request still queued leaves the queue, and the spawn form says so."""
         super().clear_state()
         if self.request_id and not self.container_id:
             scheduler = self.scheduler
             if scheduler.started:
+                self._note_left_queue()
                 scheduler.cancel(self.request_id, "the spawn was cancelled")
                 self.log.info("%s: %s left the queue", self._prefix, self.request_id)
         self.request_id = None
         self.node = None
         self.container_id = None
         self.port = 0
+        self.agent = None
+
+    def _note_left_queue(self) -> None:
+        """The spawn form's notice for a request that leaves the queue (if it is queued)."""
+        scheduler = self.scheduler
+        if not self.request_id or not scheduler.started:
+            return
+        status = scheduler.queue_status(self.request_id)
+        if status is not None:
+            scheduler.notices[(self.user.name, self.name)] = (
+                f"You left the queue at {_clock(time.time())} (you were at position "
+                f"{status.position} of {status.waiting} in the pool). Nothing was "
+                "started and your team was charged nothing; start again below."
+            )
 
     # -- start ---------------------------------------------------------------------
 
@@ -227,15 +405,30 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
 
     def _refuse(self, message: str, reason: str) -> SpawnException:
         self.log.info("%s: refused: %s", self._prefix, message)
-        return SpawnException(message, reason=reason, status_code=400)
+        refusal = SpawnException(message, reason=reason, status_code=400)
+        # What the Hub's pages show: the message alone, not "400 SpawnException(…)".
+        refusal.jupyterhub_message = message
+        return refusal
 
-    def _request(self, options: dict[str, Any]) -> Request:
-        profiles = self._profiles()
-        teams = self._user_teams()
+    def _spec(self, options: dict[str, Any]) -> SessionSpec:
         try:
-            spec = resolve(options, profiles, teams)
+            asked = {k: v for k, v in options.items() if k not in SNAPSHOT_FIELDS}
+            spec = resolve(asked, self._profiles(), self._user_teams())
         except FormError as error:
             raise self._refuse(f"Cannot start: {error.field}: {error.reason}.", "form") from None
+        why = self.scheduler.check_placeable(
+            self._what_if(spec.profile, spec.slices, spec.team, spec)
+        )
+        if why:
+            raise self._refuse(
+                f"Cannot start {spec.profile.display_name} with {spec.slices.display_name}: "
+                f"{why}. Pick fewer GPUs or another profile.",
+                "capacity",
+            )
+        return spec
+
+    def _request(self, options: dict[str, Any]) -> Request:
+        spec = self._spec(options)
         profile = spec.profile
         request = Request(
             id=self.scheduler.new_request_id(self.user.name, self.name),
@@ -255,13 +448,6 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             klass=profile.klass,
             profile=profile.slug,
         )
-        why = self.scheduler.check_placeable(request)
-        if why:
-            raise self._refuse(
-                f"Cannot start {profile.display_name} with {spec.slices.display_name}: {why}. "
-                "Pick fewer GPUs or another profile.",
-                "capacity",
-            )
         return request
 
     async def start(self) -> tuple[str, int]:
@@ -270,7 +456,19 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         if not scheduler.started:
             raise SpawnException(self._broken_message(), reason="scheduler", status_code=503)
         options = dict(self.user_options or {})
+        self._restore = self._snapshot_choice(options)
+        options = {k: v for k, v in options.items() if k not in SNAPSHOT_FIELDS}
+        self._left_queue = False
+        self._typed = {}
         self._set_phase("submitting")
+        try:
+            return await self._start(scheduler, options)
+        except asyncio.CancelledError:
+            self._left_queue = True  # the user cancelled (or the Hub is shutting down)
+            self._note_left_queue()  # before the stop: open spawn pages go to the form now
+            raise
+
+    async def _start(self, scheduler: BudgetScheduler, options: dict[str, Any]) -> tuple[str, int]:
         existing = scheduler.find_request(self.user.name, self.name)
         if existing is not None:
             # A spawn queued before a Hub restart: take its place in the queue again.
@@ -363,11 +561,14 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             base_url=self.server.base_url if self.server else "/",
             storage=allocation.request.labels.get("storage") if profile.storage else None,
             pids_limit=self.pids_limit,
+            agent_secret=secrets.token_urlsafe(32),
+            restore=self._restore_key(),
         )
         session = await scheduler.start_session(allocation, ask)
         self.container_id = session.container_id
         self.port = session.port
         self.ip = session.address
+        self.agent = scheduler.agents.get(request_id)
         self._failure = ""
         self.log.info(
             "%s: running on %s port %d (%s, %s)",
@@ -378,6 +579,46 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             "funded" if allocation.funded else "unallocated",
         )
         return session.address, session.port
+
+    # -- snapshots -----------------------------------------------------------------
+
+    def _snapshot_words(self) -> str:
+        return self.scheduler.snapshot_notice(self.user.name, self.name) or ""
+
+    def _snapshot_choice(self, options: dict[str, Any]) -> tuple[str | None, bool]:
+        """The snapshot asked for (checked: this user's, this server's) and "fresh"; a
+        400 naming the field otherwise. Another user's key is refused as unknown."""
+        try:
+            key, fresh = snapshot_choice(options)
+            if key is not None and not fresh:
+                self.scheduler.restorable(self.user.name, self.name, key)
+        except FormError as error:
+            raise self._refuse(f"Cannot start: {error.field}: {error.reason}.", "form") from None
+        except ValueError as error:
+            raise self._refuse(f"Cannot start: restore: {error}.", "form") from None
+        return key, fresh
+
+    def _restore_key(self) -> str | None:
+        """The snapshot this launch restores: none when starting fresh, else the one asked
+        for or the server's newest (taken perhaps while this request waited)."""
+        key, fresh = self._restore
+        if fresh:
+            return None
+        try:
+            record = self.scheduler.restorable(self.user.name, self.name, key)
+        except ValueError:
+            return None  # deleted meanwhile
+        if record is not None:
+            self.log.info("%s: restoring snapshot %s", self._prefix, record.key)
+        return record.key if record is not None else None
+
+    async def delete_forever(self) -> None:
+        """The Hub deletes this server (or its user): its snapshots go with it."""
+        scheduler = self.scheduler
+        await scheduler.ensure_started(self.hub.api_url)
+        deleted = scheduler.delete_snapshots(self.user.name, self.name)
+        if deleted:
+            self.log.info("%s: deleted its %d snapshots", self._prefix, deleted)
 
     # -- progress ------------------------------------------------------------------
 
@@ -397,9 +638,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
                 f"{status.team_funded:.3g} {status.unit}, its share is {status.team_share:.3g} "
                 f"{status.unit}{used}): it will run unallocated (preemptible)"
             )
-        eta = (
-            f"; estimated start {_clock(status.estimated_start)}" if status.estimated_start else ""
-        )
+        eta = "; " + estimate_words(status.funded, status.estimated_start, time.time())
         order = (
             ". Teams furthest under their share go first, so positions can move"
             if status.other_teams

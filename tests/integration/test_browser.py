@@ -57,7 +57,7 @@ def test_a_notebook_then_a_queue_that_moves_in_a_real_browser(make_hub, browser,
     ann = log_in(browser, hub, "ann")
     form = ann.content()
     assert "GPU notebook" in form and "Debug session" in form and "Data-prep session" in form
-    assert "of budget used" in form  # the team's budget, next to the team that pays
+    assert "budget used" in form  # the team's budget, next to the team that pays
     ann.click("form input[type=submit], form button[type=submit]")
     ann.wait_for_url("**/user/ann/lab**", timeout=90_000)
 

@@ -50,6 +50,7 @@ def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         ("Rejecting API request from: token 0123456789abcdef0123456789abcdef", "0123456789abcdef"),
         ('{"Authorization": "token HEADERVALUE1"}', "HEADERVALUE1"),
         ("Authorization: Bearer eyJhbGciOi.J9x", "eyJhbGciOi.J9x"),
+        ("Setting new xsrf cookie for b'None:DHBCYjjTlTr8p2e52z=' {'path': '/hub/'}", "DHBCYjj"),
     ],
 )
 def test_redact_removes_tokens_from_urls_and_authorization_values(line: str, secret: str) -> None:
@@ -114,8 +115,9 @@ def test_the_operators_choices_are_kept(tmp_path, monkeypatch, umask):
     assert c.ConfigurableHTTPProxy.command == ["/usr/local/bin/configurable-http-proxy"]
     assert c.JupyterHub.concurrent_spawn_limit == 500
     handlers = c.JupyterHub.logging_config["handlers"]
-    assert handlers["file"]["filters"] == [hubconfig.REDACT_FILTER]
-    assert handlers["console"]["filters"] == [hubconfig.REDACT_FILTER]
+    both = [hubconfig.REFUSAL_FILTER, hubconfig.REDACT_FILTER]
+    assert handlers["file"]["filters"] == both
+    assert handlers["console"]["filters"] == both
     external = Config()
     external.ConfigurableHTTPProxy.should_start = False
     hubconfig.configure_hub(external, token="t")
@@ -197,3 +199,46 @@ def test_the_proxy_goes_when_the_launcher_is_killed(tmp_path):
         time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
     pytest.fail("the proxy outlived its launcher")
+
+
+def test_a_refused_spawn_form_is_one_warning_line_and_other_errors_stay() -> None:
+    from jupyterhub.spawner import SpawnException
+
+    def record(error: BaseException) -> logging.LogRecord:
+        try:
+            raise error
+        except BaseException:
+            info = sys.exc_info()
+        return logging.LogRecord(
+            "JupyterHub",
+            logging.ERROR,
+            __file__,
+            1,
+            "Failed to spawn single-user server with form",
+            (),
+            info,
+        )
+
+    refusal = SpawnException("Cannot start: gpus: no.", reason="form", status_code=400)
+    refusal.jupyterhub_message = "Cannot start: gpus: no."
+    quiet = record(refusal)
+    assert hubconfig.QuietRefusalFilter().filter(quiet)
+    assert quiet.levelno == logging.WARNING and quiet.exc_info is None
+    assert quiet.getMessage() == "Spawn form refused (400): Cannot start: gpus: no."
+    broken = record(RuntimeError("engine down"))
+    assert hubconfig.QuietRefusalFilter().filter(broken)
+    assert broken.levelno == logging.ERROR and broken.exc_info is not None
+
+
+def test_configure_hub_adds_the_templates_vars_and_proxy_class(
+    installed: Path, umask: None
+) -> None:
+    c = Config()
+    c.JupyterHub.template_paths = ["/srv/mine"]
+    hubconfig.configure_hub(c, token="t")
+    assert c.JupyterHub.template_paths == [str(hubconfig.TEMPLATES), "/srv/mine"]
+    assert (hubconfig.TEMPLATES / "home.html").is_file()
+    assert callable(c.JupyterHub.template_vars["budgethub"])
+    assert c.JupyterHub.proxy_class == "spawner.hubproxy.BudgetProxy"
+    handlers = c.JupyterHub.logging_config["handlers"]
+    assert hubconfig.REFUSAL_FILTER in handlers["console"]["filters"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -151,6 +152,16 @@ def test_virtual_gpus_reach_the_environment_but_not_the_runtime():
     kwargs = spec.create_kwargs()
     assert kwargs["environment"]["NVIDIA_VISIBLE_DEVICES"] == "MIG-1"
     assert "device_requests" not in kwargs
+    [marked] = json.loads(spec.environment["BUDGETHUB_GPU_SLICES"])
+    assert marked == {"uuid": "MIG-1", "kind": "mig", "weight": 0.1429, "virtual": True}
+    real = build_container(
+        IDENTITY, "img", grant(mig), hub_env={}, port=1, ip="127.0.0.1", nvidia=True
+    )
+    assert json.loads(real.environment["BUDGETHUB_GPU_SLICES"])[0]["virtual"] is False
+    assert (spec.environment["BUDGETHUB_NODE"], spec.environment["BUDGETHUB_PROFILE"]) == (
+        "gpu-1",
+        "gpu-notebook",
+    )
     half = Slice("GPU-a", SliceKind.FRACTION, milli=MILLI // 2)
     spec = build_container(
         IDENTITY, "img", grant(half), hub_env={}, port=1, ip="127.0.0.1", nvidia=False
@@ -329,8 +340,12 @@ def test_queue_message_says_why_a_request_would_run_unallocated():
     assert message == (
         "Queued: position 2 of 3 in the pool, 1 of 1 in your team; over what your team's "
         "allocation funds now (its funded sessions hold 12 GPU, its share is 8 GPU; 42% of "
-        "its 7-day budget used): it will run unallocated (preemptible)"
+        "its 7-day budget used): it will run unallocated (preemptible); no start time can be "
+        "promised: it starts when running sessions end"
     )
+    timed = QueueStatus(funded=True, protected_s=900, **{**common, "estimated_start": 4e9})
+    assert "estimated start at the latest " in BudgetSpawner._queue_message(None, timed)
+    assert "when a session's protection ends" in BudgetSpawner._queue_message(None, timed)
 
 
 def test_stop_notices_are_rebuilt_from_the_event_log():
