@@ -8,11 +8,13 @@ PROXY_STAMP := proxy/node_modules/.installed
 
 .PHONY: test lint unit integration bench demo engine images browser proxy postgres clean
 
-# The virtual environment is rebuilt when pyproject.toml changes.
-$(STAMP): pyproject.toml
+# The virtual environment is rebuilt when pyproject.toml changes. The session images'
+# package (images/session) goes in too: its tests run real kernels on this venv.
+$(STAMP): pyproject.toml images/session/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e images/session
 	@touch $(STAMP)
 
 # The Hub's proxy: JupyterHub's Node.js configurable-http-proxy, exactly as pinned by

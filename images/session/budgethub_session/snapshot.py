@@ -1,0 +1,695 @@
+"""Saving a user namespace per group of variables that share references, and loading it.
+
+No IPython here: :class:`Checkpointer` takes a namespace dict, and the IPython
+extension (:mod:`budgethub_session.checkpoint`) feeds it after every cell.
+
+Serializer: cloudpickle with pickle protocol 5. It pickles lambdas, functions and
+classes defined in cells by value (plain pickle cannot; dill can too, but it is
+slower, patches the pickle registry globally and has no out-of-band buffers), and
+protocol 5 hands numpy/pandas buffers out of band, so a 200 MB array is hashed and
+written without a copy. Two changes to cloudpickle's defaults: a function defined
+in a cell keeps the live user namespace as its globals after a restore (cloudpickle
+would give it a private copy of the globals it uses), and torch tensors go through
+host memory and come back with a ``map_location`` that fits the new node.
+
+Change detection: a group is re-serialized only when one of its members may have
+changed (rebound, or named by the cell, or used by a function the cell names: the
+caller decides), and rewritten only when the sha256 of its bytes differs from the
+last write. ``save(None)`` (the agent's final flush) looks at every variable.
+Groups: variables whose object graphs share a mutable object (``b = a``, a view of
+an array, a list holding a DataFrame that is also a variable) are pickled together,
+so the sharing survives the restore.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import io
+import json
+import os
+import pickle
+import struct
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+__all__ = [
+    "Checkpointer",
+    "SaveResult",
+    "load_manifest",
+    "load_namespace",
+    "read_group",
+    "type_name",
+]
+
+MAGIC = b"BHCKPT1\n"
+MANIFEST = "manifest.json"
+WALK_LIMIT = 100_000  # objects visited per variable when looking for shared references
+
+
+def type_name(obj: object) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+# --- the pickler -----------------------------------------------------------------
+
+
+class _UserNamespace:
+    """Stands for the live user namespace in a pickle (see _user_namespace)."""
+
+    __slots__ = ()
+
+
+_NS_PLACEHOLDER = _UserNamespace()
+_load_lock = threading.Lock()
+_load_ns: dict[str, Any] | None = None
+
+
+def _user_namespace() -> dict[str, Any]:
+    """At load time: the namespace being restored into (functions' globals)."""
+    return _load_ns if _load_ns is not None else {}
+
+
+MAP_LOCATION: str | None = None
+"""Where restored torch tensors go; None: $BUDGETHUB_MAP_LOCATION, else what fits."""
+
+
+def _target_device(saved: str) -> str:
+    wanted = MAP_LOCATION or os.environ.get("BUDGETHUB_MAP_LOCATION")
+    if wanted:
+        return wanted
+    if not saved.startswith("cuda"):
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    index = int(saved.split(":", 1)[1]) if ":" in saved else 0
+    return f"cuda:{index}" if index < torch.cuda.device_count() else "cuda:0"
+
+
+def _rebuild_tensor(
+    data: Any, dtype: str, shape: tuple[int, ...], device: str, requires_grad: bool, param: bool
+) -> Any:
+    import torch
+
+    flat = torch.from_numpy(data) if not isinstance(data, bytes | bytearray) else None
+    if flat is None:
+        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    tensor = flat.view(getattr(torch, dtype)).reshape(shape).to(_target_device(device))
+    if param:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    return tensor.requires_grad_(requires_grad) if requires_grad else tensor
+
+
+def _reduce_tensor(obj: Any) -> Any:
+    """A dense tensor as (its bytes in host memory, dtype, shape, device)."""
+    torch = sys.modules["torch"]
+    if obj.layout != torch.strided or obj.is_quantized or obj.device.type == "meta":
+        return NotImplemented
+    host = obj.detach().to("cpu").contiguous()
+    flat = host.reshape(-1).view(torch.uint8)
+    try:
+        data: Any = flat.numpy()  # out of band, no copy
+    except Exception:  # torch built without numpy
+        data = bytes(flat.untyped_storage())
+    return (
+        _rebuild_tensor,
+        (
+            data,
+            str(obj.dtype).removeprefix("torch."),
+            tuple(obj.shape),
+            str(obj.device),
+            bool(obj.requires_grad),
+            isinstance(obj, torch.nn.Parameter),
+        ),
+    )
+
+
+def _rebuild_view(root: Any, shape: Any, dtype: Any, offset: int, strides: Any) -> Any:
+    import numpy as np
+
+    return np.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
+
+
+def _array_root(a: Any, ndarray: type) -> Any:
+    while isinstance(a.base, ndarray):
+        a = a.base
+    return a
+
+
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    def __init__(
+        self,
+        file: Any,
+        namespace: dict[str, Any] | None,
+        buffer_callback: Any,
+        roots: set[int] = frozenset(),  # type: ignore[assignment]
+    ) -> None:
+        super().__init__(file, protocol=5, buffer_callback=buffer_callback)
+        self._namespace = namespace
+        self._roots = roots
+        if namespace is not None:
+            # Functions whose globals are the user namespace share one stand-in,
+            # pickled as a call to _user_namespace(): the live namespace on load.
+            self.globals_ref[id(namespace)] = _NS_PLACEHOLDER
+
+    def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
+        reduced = super()._dynamic_function_reduce(func)
+        if self._namespace is not None and func.__globals__ is self._namespace:
+            reduced[2][1]["__globals__"] = {}  # looked up live, not copied
+        return reduced
+
+    def reducer_override(self, obj: Any) -> Any:
+        if obj is _NS_PLACEHOLDER:
+            return (_user_namespace, ())
+        torch = sys.modules.get("torch")
+        if torch is not None and type(obj) in (torch.Tensor, torch.nn.Parameter):
+            return _reduce_tensor(obj)
+        if self._roots and obj.__class__.__name__ == "ndarray":
+            # A view of an array that is itself a variable of this group stays a view
+            # (numpy alone would pickle a copy).
+            np = sys.modules["numpy"]
+            if type(obj) is np.ndarray and obj.base is not None:
+                root = _array_root(obj, np.ndarray)
+                if id(root) in self._roots and root is not obj:
+                    start = obj.__array_interface__["data"][0]
+                    offset = start - root.__array_interface__["data"][0]
+                    return (_rebuild_view, (root, obj.shape, obj.dtype, offset, obj.strides))
+        return super().reducer_override(obj)
+
+
+def serialize(
+    values: dict[str, Any], namespace: dict[str, Any] | None
+) -> tuple[memoryview, list[memoryview], str]:
+    """(pickle bytes, out-of-band buffers, sha256 of both) of a group."""
+    buffers: list[pickle.PickleBuffer] = []
+    out = io.BytesIO()
+    roots: set[int] = set()
+    np = sys.modules.get("numpy")
+    if np is not None and len(values) > 1:
+        # Roots (the arrays owning the memory) shared by two variables of the group.
+        counts: dict[int, int] = {}
+        for v in values.values():
+            if type(v) is np.ndarray:
+                r = id(_array_root(v, np.ndarray))
+                counts[r] = counts.get(r, 0) + 1
+        roots = {r for r, n in counts.items() if n > 1}
+    _Pickler(out, namespace, buffers.append, roots).dump(values)
+    data = out.getbuffer()
+    raws = [b.raw() for b in buffers]
+    digest = hashlib.sha256(data)
+    for raw in raws:
+        digest.update(raw)
+    return data, raws, digest.hexdigest()[:32]
+
+
+def _open_private(path: Path) -> io.BufferedWriter:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    return os.fdopen(fd, "wb")
+
+
+def write_group(
+    path: Path, data: memoryview, raws: list[memoryview], names: list[str], fsync: bool
+) -> int:
+    header = json.dumps(
+        {"names": names, "pickle": data.nbytes, "buffers": [r.nbytes for r in raws]}
+    ).encode()
+    tmp = path.with_name(path.name + ".tmp")
+    with _open_private(tmp) as f:
+        f.write(MAGIC)
+        f.write(struct.pack("<I", len(header)))
+        f.write(header)
+        f.write(data)
+        for raw in raws:
+            f.write(raw)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+        size = f.tell()
+    os.replace(tmp, path)
+    return size
+
+
+def _read_exact(f: io.BufferedReader, size: int) -> bytearray:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = f.readinto(view[got:])
+        if not n:
+            raise EOFError(f"{f.name}: truncated ({got} of {size} bytes)")
+        got += n
+    return buf
+
+
+def read_group(path: Path, namespace: dict[str, Any]) -> dict[str, Any]:
+    """The variables of one group file; functions in it get ``namespace`` as globals."""
+    global _load_ns
+    with open(path, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise ValueError(f"{path}: not a budgethub checkpoint file")
+        (n,) = struct.unpack("<I", f.read(4))
+        header = json.loads(f.read(n))
+        data = _read_exact(f, header["pickle"])
+        buffers = [_read_exact(f, size) for size in header["buffers"]]
+    builtins = namespace.get("__builtins__")
+    with _load_lock:
+        _load_ns = namespace
+        try:
+            values = pickle.loads(data, buffers=buffers)
+        finally:
+            _load_ns = None
+            if builtins is not None:  # cloudpickle's setstate resets it
+                namespace["__builtins__"] = builtins
+            else:
+                namespace.pop("__builtins__", None)
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: holds a {type_name(values)}, not a group of variables")
+    return values
+
+
+def load_manifest(directory: Path) -> dict[str, Any] | None:
+    try:
+        with open(directory / MANIFEST, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("variables"), dict):
+        raise ValueError(f"{directory / MANIFEST}: not a budgethub manifest")
+    return manifest
+
+
+@dataclass
+class LoadResult:
+    restored: list[str] = field(default_factory=list)
+    not_restored: dict[str, str] = field(default_factory=dict)  # name: "type: why"
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+def load_namespace(directory: Path, namespace: dict[str, Any]) -> LoadResult:
+    """Load every variable of a notebook's checkpoint directory into ``namespace``."""
+    t0 = time.perf_counter()
+    result = LoadResult()
+    manifest = load_manifest(directory)
+    if manifest is None:
+        return result
+    files: dict[str, list[str]] = {}
+    for name, entry in manifest["variables"].items():
+        files.setdefault(entry["file"], []).append(name)
+    for rel, names in sorted(files.items()):
+        path = directory / rel
+        try:
+            values = read_group(path, namespace)
+        except Exception as error:  # a missing module, a truncated file: say which
+            for name in names:
+                kind = manifest["variables"][name].get("type", "?")
+                result.not_restored[name] = f"{kind}: could not be loaded ({error})"
+            continue
+        result.bytes += path.stat().st_size
+        for name in names:
+            if name in values:
+                namespace[name] = values[name]
+                result.restored.append(name)
+    for name, why in (manifest.get("unsaved") or {}).items():
+        result.not_restored[name] = why
+    result.restored.sort()
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+# --- shared references -----------------------------------------------------------
+
+_ATOMIC = (int, float, complex, str, bytes, bool, type(None), range, slice)
+_IMMUTABLE = (tuple, frozenset)
+
+
+def _library_ids(namespace: dict[str, Any]) -> set[int]:
+    """ids of objects bound at module level in imported modules (not __main__).
+
+    Library singletons (pd.NA, loggers, registries, default instances) are reachable
+    from many variables; they are pickled by reference or are shared by design, and
+    must not glue unrelated variables into one group.
+    """
+    ids: set[int] = set()
+    for module in list(sys.modules.values()):
+        d = getattr(module, "__dict__", None)
+        if not isinstance(d, dict) or d is namespace:
+            continue
+        ids.update(map(id, list(d.values())))
+    return ids
+
+
+def reach(obj: Any, namespace: dict[str, Any], skip: set[int]) -> tuple[frozenset[int], bool]:
+    """ids of the mutable objects reachable from ``obj`` (bounded), and if it was cut short."""
+    np = sys.modules.get("numpy")
+    ndarray = np.ndarray if np is not None else ()
+    seen: set[int] = set()
+    ids: set[int] = set()
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        i = id(o)
+        if i in seen:
+            continue
+        seen.add(i)
+        if len(seen) > WALK_LIMIT:
+            return frozenset(ids), True
+        if isinstance(o, _ATOMIC) or o is namespace:
+            continue
+        if (i in skip and o is not obj) or isinstance(o, type | types.ModuleType):
+            continue
+        if ndarray and isinstance(o, ndarray):
+            base = o
+            while isinstance(base.base, ndarray):
+                base = base.base
+            ids.add(id(base.base if base.base is not None else base))
+            continue
+        if isinstance(o, types.FunctionType):
+            ids.add(i)
+            if o.__globals__ is namespace:  # a cell's function: its defaults and closure
+                stack.extend(gc.get_referents(o))
+            continue
+        if isinstance(o, types.BuiltinFunctionType | types.WrapperDescriptorType):
+            continue
+        if not isinstance(o, _IMMUTABLE):
+            ids.add(i)
+        stack.extend(gc.get_referents(o))
+    return frozenset(ids), False
+
+
+# --- the checkpointer ------------------------------------------------------------
+
+
+@dataclass
+class _Group:
+    names: tuple[str, ...]
+    file: str
+    fingerprint: str
+    bytes: int
+    types: dict[str, str]
+
+
+@dataclass
+class SaveResult:
+    saved: list[str]  # every variable now on disk
+    written: list[str]  # the variables whose group file this save (re)wrote
+    unsaved: dict[str, str]  # name: "module.Type: why"
+    bytes: int  # on disk, all groups
+    written_bytes: int
+    seconds: float
+
+
+def _group_id(names: Iterable[str]) -> str:
+    return hashlib.sha256("\0".join(sorted(names)).encode()).hexdigest()[:12]
+
+
+class Checkpointer:
+    """Keeps ``directory`` (one notebook's checkpoint) in step with a namespace.
+
+    ``save(bindings, candidates)`` is called with the user variables and the names
+    that may have changed (None: all); a background :class:`Worker` calls it after
+    each cell, the agent's flush calls it with None. It is thread-safe (one save at
+    a time).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        notebook: str,
+        namespace: dict[str, Any] | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.notebook = notebook
+        self.namespace = namespace
+        self.lock = threading.Lock()
+        self._groups: dict[str, _Group] = {}
+        self._reach: dict[str, frozenset[int]] = {}
+        self._unsaved: dict[str, str] = {}
+        self._skip: set[int] = set()
+        self._skip_modules = -1
+        self.saves = 0
+        self.save_seconds = 0.0  # all saves together (the benchmarks read these)
+        self.written_bytes = 0
+        self._adopt()
+
+    def _adopt(self) -> None:
+        """Take over the groups of an earlier kernel of this notebook (same files)."""
+        try:
+            manifest = load_manifest(self.directory)
+        except (ValueError, OSError):
+            return
+        for gid, g in ((manifest or {}).get("groups") or {}).items():
+            try:
+                self._groups[gid] = _Group(
+                    tuple(g["names"]), g["file"], g["fingerprint"], int(g["bytes"]), {}
+                )
+            except (KeyError, TypeError, ValueError):
+                continue
+
+    def _skip_ids(self, namespace: dict[str, Any] | None) -> set[int]:
+        if len(sys.modules) != self._skip_modules:
+            self._skip = _library_ids(namespace or {})
+            self._skip_modules = len(sys.modules)
+        return self._skip
+
+    def save(
+        self,
+        bindings: dict[str, Any],
+        candidates: set[str] | None = None,
+        *,
+        fsync: bool = False,
+    ) -> SaveResult:
+        with self.lock:
+            return self._save(bindings, candidates, fsync)
+
+    def _save(
+        self, bindings: dict[str, Any], candidates: set[str] | None, fsync: bool
+    ) -> SaveResult:
+        t0 = time.perf_counter()
+        names = set(bindings)
+        changed = names if candidates is None else (set(candidates) & names)
+        # Names the adopted manifest knew but this kernel never saw are dropped below.
+        for name in list(self._reach):
+            if name not in names:
+                del self._reach[name]
+        for name in list(self._unsaved):
+            if name not in names or name in changed:
+                del self._unsaved[name]
+        skip = self._skip_ids(self.namespace)
+        for name in changed:
+            self._reach[name], _cut = reach(bindings[name], self.namespace or {}, skip)
+        for name in names - set(self._reach):  # never walked (adopted, or new)
+            self._reach[name], _cut = reach(bindings[name], self.namespace or {}, skip)
+            changed.add(name)
+
+        # Connected components of "shares a mutable object".
+        parent = {n: n for n in names if n not in self._unsaved}
+
+        def find(n: str) -> str:
+            while parent[n] != n:
+                parent[n] = parent[parent[n]]
+                n = parent[n]
+            return n
+
+        owner: dict[int, str] = {}
+        for name in sorted(parent):
+            for i in self._reach[name]:
+                other = owner.setdefault(i, name)
+                if other != name:
+                    a, b = find(name), find(other)
+                    if a != b:
+                        parent[max(a, b)] = min(a, b)
+        components: dict[str, list[str]] = {}
+        for name in sorted(parent):
+            components.setdefault(find(name), []).append(name)
+
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        groups: dict[str, _Group] = {}
+        written: list[str] = []
+        written_bytes = 0
+        pending = [sorted(members) for members in components.values()]
+        while pending:
+            members = pending.pop()
+            gid = _group_id(members)
+            old = self._groups.get(gid)
+            if old is not None and not (changed & set(members)) and old.types:
+                groups[gid] = old
+                continue
+            values = {n: bindings[n] for n in members}
+            try:
+                data, raws, fingerprint = serialize(values, self.namespace)
+            except Exception as error:
+                if len(members) == 1:
+                    self._unsaved[members[0]] = f"{type_name(values[members[0]])}: {_why(error)}"
+                    continue
+                bad = []  # who cannot be pickled? the others are saved without them
+                for m in members:
+                    try:
+                        serialize({m: values[m]}, self.namespace)
+                    except Exception as alone:
+                        self._unsaved[m] = f"{type_name(values[m])}: {_why(alone)}"
+                        bad.append(m)
+                rest = [m for m in members if m not in bad]
+                if not bad:  # each pickles alone, not together: save them one by one
+                    pending.extend([m] for m in rest)
+                elif rest:
+                    pending.append(rest)
+                continue
+            kinds = {n: type_name(v) for n, v in values.items()}
+            if old is not None and old.fingerprint == fingerprint:
+                old.types = kinds
+                groups[gid] = old
+                continue
+            file = f"g-{gid}.pkl"
+            size = write_group(self.directory / file, data, raws, members, fsync)
+            del data, raws
+            groups[gid] = _Group(tuple(members), file, fingerprint, size, kinds)
+            written.extend(members)
+            written_bytes += size
+        for gid, old in self._groups.items():
+            if gid not in groups:
+                try:
+                    (self.directory / old.file).unlink()
+                except FileNotFoundError:
+                    pass
+        self._groups = groups
+        self._write_manifest(fsync)
+        self.saves += 1
+        self.save_seconds += time.perf_counter() - t0
+        self.written_bytes += written_bytes
+        return SaveResult(
+            saved=sorted(n for g in groups.values() for n in g.names),
+            written=sorted(written),
+            unsaved=dict(sorted(self._unsaved.items())),
+            bytes=sum(g.bytes for g in groups.values()),
+            written_bytes=written_bytes,
+            seconds=time.perf_counter() - t0,
+        )
+
+    def _write_manifest(self, fsync: bool) -> None:
+        variables = {}
+        for gid, g in self._groups.items():
+            for name in g.names:
+                variables[name] = {
+                    "file": g.file,
+                    "type": g.types.get(name, "?"),
+                    "bytes": g.bytes,
+                    "group": gid,
+                }
+        manifest = {
+            "notebook": self.notebook,
+            "updated": time.time(),
+            "variables": dict(sorted(variables.items())),
+            "unsaved": dict(sorted(self._unsaved.items())),
+            "groups": {
+                gid: {
+                    "names": list(g.names),
+                    "file": g.file,
+                    "fingerprint": g.fingerprint,
+                    "bytes": g.bytes,
+                }
+                for gid, g in sorted(self._groups.items())
+            },
+        }
+        path = self.directory / MANIFEST
+        tmp = path.with_name(MANIFEST + ".tmp")
+        with _open_private(tmp) as f:
+            f.write(json.dumps(manifest, indent=1).encode())
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if fsync:
+            fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _why(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class Worker:
+    """One background thread that runs the saves queued after cells, newest last.
+
+    Cells that end while a save is running are merged into the next save (union of
+    their candidates, the newest bindings), so a slow save never queues up work.
+    """
+
+    def __init__(self, checkpointer: Checkpointer, on_error: Callable[[BaseException], None]):
+        self.checkpointer = checkpointer
+        self.on_error = on_error
+        self._cond = threading.Condition()
+        self._bindings: dict[str, Any] | None = None
+        self._candidates: set[str] | None = set()
+        self._busy = False
+        self._closed = False
+        self.last: SaveResult | None = None
+        self._thread = threading.Thread(target=self._run, name="budgethub-checkpoint", daemon=True)
+        self._thread.start()
+
+    def submit(self, bindings: dict[str, Any], candidates: set[str] | None) -> None:
+        with self._cond:
+            if self._bindings is None:
+                self._candidates = candidates
+            elif self._candidates is not None:
+                self._candidates = None if candidates is None else self._candidates | candidates
+            self._bindings = bindings
+            self._cond.notify()
+
+    def discard_pending(self) -> None:
+        """Drop a queued save (a full save is about to cover it)."""
+        with self._cond:
+            self._bindings, self._candidates = None, set()
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Until nothing is queued or running (True), or the timeout passes (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._busy or self._bindings is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._bindings is None and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                bindings, candidates = self._bindings, self._candidates
+                self._bindings, self._candidates = None, set()
+                self._busy = True
+            try:
+                assert bindings is not None
+                self.last = self.checkpointer.save(bindings, candidates)
+            except BaseException as error:  # reported, never kills the thread
+                self.on_error(error)
+            finally:
+                del bindings
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()

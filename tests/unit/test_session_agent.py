@@ -1,0 +1,121 @@
+"""The session agent (budgethub_session.agent) in a real Jupyter Server with real
+kernels: who may ask, status and activity, and a kernel busy past the deadline."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jupyter_server")
+
+from budgethub_session.harness import Server  # noqa: E402
+
+SECRET = "s3cret-for-this-session"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with Server(tmp_path / "root", home=tmp_path / "home", secret=SECRET) as s:
+        yield s
+
+
+def test_refuses_without_the_secret_with_a_wrong_one_and_through_a_proxy(server: Server) -> None:
+    for route, method, body in (("status", "GET", None), ("checkpoint", "POST", {"within": 5})):
+        assert server.agent(method, route, body, secret=None)[0] == 403
+        assert server.agent(method, route, body, secret="wrong")[0] == 403
+        assert server.agent(method, route, body, secret=SECRET[:-1])[0] == 403
+        # The right secret, but the request came through the Hub's proxy.
+        status, body_ = server.agent(
+            method, route, body, secret=SECRET, headers={"X-Forwarded-For": "10.0.0.1"}
+        )
+        assert status == 403 and "proxied" in body_["error"]
+        status, _ = server.agent(method, route, body, secret=SECRET, headers={"Forwarded": "for=x"})
+        assert status == 403
+        # Jupyter's own token is not the agent's secret.
+        status, _ = server.request(
+            method,
+            f"/budgethub-agent/{route}",
+            body,
+            {"Authorization": f"token {server.token}"},
+        )
+        assert status == 403
+        assert server.agent(method, route, body, secret=SECRET)[0] == 200
+
+
+def test_bad_within_is_a_clear_400(server: Server) -> None:
+    for body, word in (({"within": "soon"}, "within"), ({"within": 0}, "within"), ([1], "body")):
+        status, reply = server.agent("POST", "checkpoint", body)
+        assert status == 400 and reply["error"].startswith(word), reply
+
+
+def test_without_a_secret_the_agent_answers_503(tmp_path: Path) -> None:
+    with Server(tmp_path / "root", home=tmp_path / "home", secret=None) as s:
+        status, reply = s.agent("GET", "status", secret="anything")
+        assert status == 503 and "BUDGETHUB_AGENT_SECRET" in reply["error"]
+
+
+def test_kernels_do_not_see_the_secret(server: Server) -> None:
+    k = server.open_notebook("n.ipynb")
+    assert k.value("__import__('os').environ.get('BUDGETHUB_AGENT_SECRET')") is None
+
+
+def test_a_kernel_busy_past_the_deadline_is_reported_busy(server: Server) -> None:
+    quick = server.open_notebook("quick.ipynb")
+    slow = server.open_notebook("slow.ipynb")
+    quick.ok("a = 1")
+    slow.ok("before = 'kept'")
+    status, idle = server.agent("GET", "status")
+    assert status == 200 and idle["busy"] is False
+    msg_id = slow.send("import time\ntime.sleep(12)\nafter = 'too late'")
+    deadline = time.monotonic() + 30
+    while True:  # the server has seen the cell start
+        status, report = server.agent("GET", "status")
+        if report["busy"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert report["busy"] is True
+    states = {k["notebook"]: k["execution_state"] for k in report["kernels"]}
+    assert states == {"quick.ipynb": "idle", "slow.ipynb": "busy"}
+
+    t0 = time.monotonic()
+    status, report = server.agent("POST", "checkpoint", {"within": 2})
+    took = time.monotonic() - t0
+    assert status == 200
+    by = {k["notebook"]: k for k in report["kernels"]}
+    assert by["slow.ipynb"]["state"] == "busy" and "within 2 s" in by["slow.ipynb"]["error"]
+    assert by["quick.ipynb"]["state"] == "saved" and by["quick.ipynb"]["saved"] == ["a"]
+    assert took < 10, took  # liveness: the deadline is kept, not the 12 s cell
+    # What the slow kernel had after its last finished cell is on disk already.
+    from budgethub_session import notebook_key
+    from budgethub_session.snapshot import load_manifest
+
+    manifest = load_manifest(server.state_dir / notebook_key("slow.ipynb"))
+    assert manifest is not None and set(manifest["variables"]) == {"before"}
+    slow.wait(msg_id, 60)
+
+
+def test_a_kernel_without_the_extension_is_reported_failed(tmp_path: Path) -> None:
+    with Server(tmp_path / "root", home=tmp_path / "home", checkpoint=False) as s:
+        k = s.open_notebook("off.ipynb")
+        k.ok("x = 1")
+        status, report = s.agent("POST", "checkpoint", {"within": 10})
+        assert status == 200
+        (kernel,) = report["kernels"]
+        assert kernel["state"] == "failed" and "BUDGETHUB_CHECKPOINT=0" in kernel["error"]
+
+
+def test_status_reports_activity(server: Server) -> None:
+    status, first = server.agent("GET", "status")
+    k = server.open_notebook("act.ipynb")
+    k.ok("x = 1")
+    status, second = server.agent("GET", "status")
+    assert second["last_activity"] > first["last_activity"]
+    (kernel,) = second["kernels"]
+    assert kernel["notebook"] == "act.ipynb" and kernel["execution_state"] == "idle"
+    assert kernel["last_activity"] <= second["last_activity"]
+    # Asking for the status is not activity.
+    time.sleep(0.05)
+    assert server.agent("GET", "status")[1]["last_activity"] == second["last_activity"]
