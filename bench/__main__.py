@@ -5,6 +5,7 @@
 * bench.idle — where the idle GPU time of the seed-1 month goes
 * bench.compare — budget and the four baselines on that month (`budgethub compare`)
 * bench.family — budget and legacy over 88-1,024 GPUs x loads x notebook shares, two seeds
+* bench.restorable — restorable notebooks and idle-session release on five months
 * the placement benchmark on the Alibaba trace (`budgethub bench placement`)
 * bench.spawn — BudgetSpawner against DockerSpawner on the local engine (`make images` first)
 * bench.snapshot_cells — checkpoint overhead per cell (50 cells, 200 MB of state) in the image
@@ -24,6 +25,7 @@ from bench import (
     family,
     idle,
     month,
+    restorable,
     service,
     snapshot,
     snapshot_cells,
@@ -40,6 +42,7 @@ def main() -> int:
     idle.main()
     compare.main([])
     family.main([])
+    restorable.main([])
     if TRACE.is_dir():
         cli(
             [
