@@ -29,10 +29,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 NAME = "budgethub-grant"
 """The proxied server's name: its URL is ``/user/NAME/budgethub-grant/``."""
+ICON = Path(__file__).resolve().parent / "etc" / "grant.svg"
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,7 @@ def server_proxy_servers(env: Mapping[str, str]) -> dict[str, Any]:
             "launcher_entry": {
                 "title": f"Your session: {grant_from(env).summary()}",
                 "category": "Other",
+                "icon_path": str(ICON),
             },
         }
     }
