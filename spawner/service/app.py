@@ -115,7 +115,12 @@ class Base(HubOAuthenticated, RequestHandler):  # type: ignore[misc]
     def check_xsrf_cookie(self) -> None:
         """Token requests need no XSRF token (JupyterHub's rule); the login is looked
         up first, so that the Hub's check knows which kind this is."""
-        _ = self.current_user
+        if not getattr(self, "_looking_up", False):  # the lookup itself checks XSRF
+            self._looking_up = True
+            try:
+                _ = self.current_user
+            finally:
+                self._looking_up = False
         super().check_xsrf_cookie()
 
     def prepare(self) -> None:
@@ -306,7 +311,7 @@ class AdminPage(Base):
     def show(
         self, error: checks.AdminError | None = None, form: dict[str, str] | None = None
     ) -> None:
-        state = self.state()
+        state = self.state(fresh=True)  # the change just made, and its audit entry
         if error is not None:
             self.set_status(400)
         self.render_page(
@@ -538,8 +543,14 @@ class Callback(HubOAuthCallbackHandler):  # type: ignore[misc]
     """The OAuth callback: a missing or forged state (or code) is a 403, never a 500."""
 
     async def get(self) -> None:
-        if not self.get_argument("state", "") or not self.get_argument("code", ""):
+        state = self.get_argument("state", "")
+        if not state or not self.get_argument("code", ""):
             raise HTTPError(403, "OAuth state or code is missing; log in again")
+        # Stricter than JupyterHub's (which lets a logged-in user through with a stale
+        # state): the state must be the one this browser was given.
+        cookie = self.get_secure_cookie(self.hub_auth.get_state_cookie_name(state))
+        if cookie is None or cookie.decode("ascii", "replace") != state:
+            raise HTTPError(403, "OAuth state does not match; log in again")
         try:
             await super().get()
         except HTTPError as error:

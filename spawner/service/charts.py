@@ -15,20 +15,23 @@ from html import escape
 
 from markupsafe import Markup
 
-PRIMARY = "var(--bs-primary)"
-WARN = "var(--bs-warning)"
-MUTED = "var(--bs-secondary-color)"
-GRID = "var(--bs-border-color)"
+PRIMARY = "var(--bs-primary, #0d6efd)"
+WARN = "var(--bs-warning, #ffc107)"
+MUTED = "var(--bs-secondary-color, #6c757d)"
+GRID = "var(--bs-border-color, #dee2e6)"
 SERIES = (
-    "var(--bs-primary)",
-    "var(--bs-success)",
-    "var(--bs-warning)",
-    "var(--bs-danger)",
-    "var(--bs-info)",
-    "var(--bs-purple, #6f42c1)",
-    "var(--bs-teal, #20c997)",
-    "var(--bs-orange, #fd7e14)",
+    "#1f77b4",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#ff7f0e",
+    "#17becf",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
 )
+"""Series colours (matplotlib's tab10): they read on light and dark backgrounds alike."""
 
 
 def _svg(width: int, height: int, title: str, body: list[str], css: str = "") -> Markup:
@@ -83,7 +86,7 @@ def ratio_bars(items: Sequence[tuple[str, float, float]], title: str, width: int
         body.append(
             f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end" fill="currentColor">'
             f"{escape(name)} ({share:.0%})</text>"
-            f'<rect class="ratio" x="{label_w}" y="{y + 2}" width="{_f(w)}" height="14" rx="2" '
+            f'<rect class="ratio-bar" x="{label_w}" y="{y + 2}" width="{_f(w)}" height="14" rx="2" '
             f'fill="{colour}"><title>{escape(name)}: ratio {label}</title></rect>'
             f'<text x="{_f(label_w + w + 4)}" y="{y + 13}" fill="currentColor">{label}</text>'
         )
@@ -125,7 +128,7 @@ def owed_delivered(
             f"<title>{day}: delivered {delivered:.3g} {unit}·h, owed {owed:.3g}</title></rect>"
         )
         points.append(f"{_f(x + step / 2)},{_f(8 + inner_h - owed / top * inner_h)}")
-        if i % 7 == 0 or i == n - 1:
+        if i % 7 == 0 and n - 1 - i >= 4 or i == n - 1:
             body.append(
                 f'<text x="{_f(x + step / 2)}" y="{height - 6}" text-anchor="middle" '
                 f'fill="{MUTED}">{day}</text>'

@@ -159,7 +159,7 @@ def me(state: State, viewer: Viewer, activity: dict[str, str] | None = None) -> 
                 "team": team,
                 "pools": [
                     team_pool(state.teams[(team, pool)], counts[pool])
-                    for pool in state.pools
+                    for pool in _pools(state)
                     if (team, pool) in state.teams
                 ],
             }
@@ -190,6 +190,11 @@ def split_request_id_user(request_id: str) -> str:
         return ""
 
 
+def _pools(state: State) -> list[str]:
+    """Pools with capacity (a pool without nodes has nothing to show)."""
+    return [p for p in state.pools if state.core.capacity[p] > 0]
+
+
 def _teams_in_pool(state: State) -> dict[str, int]:
     return {
         pool: sum(1 for (_, p), tp in state.teams.items() if p == pool and tp.share > 0)
@@ -217,7 +222,7 @@ def teams(state: State, viewer: Viewer) -> dict[str, Any]:
             "member": name in viewer.groups,
             "pools": [
                 team_pool(state.teams[(name, pool)], counts[pool])
-                for pool in state.pools
+                for pool in _pools(state)
                 if (name, pool) in state.teams
             ],
             "running": sum(1 for a in state.running if a.team == name),
@@ -235,7 +240,7 @@ def teams(state: State, viewer: Viewer) -> dict[str, Any]:
                 "unit": state.unit(pool),
                 "capacity": state.core.capacity[pool],
             }
-            for pool in state.pools
+            for pool in _pools(state)
         ],
         "teams": out,
         "tree": _tree(state, None),
