@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.service import seed
 from scheduler_core.store import Store
+from scheduler_core.store.admin import AdminStore, SchedulerStatus
 from spawner.readmodel import QueueView
 from spawner.service import openapi, views
 from spawner.service.metrics import registry
@@ -191,3 +192,18 @@ def test_the_model_is_kept_until_the_store_changes(store: Store) -> None:
     store.append_event(time.time(), "note", {})
     time.sleep(0.6)  # past the check interval
     assert model.state(fresh=True) is not first
+
+
+def test_the_grafana_dashboard_charts_only_served_metrics(store: Store) -> None:
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "budgethub.json"
+    dashboard = json.loads(path.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {name for e in exprs for name in re.findall(r"budgethub_[a-z_]+", e)}
+    AdminStore(store).report(SchedulerStatus("hub", time.time(), 4, 0.002, ((0.001, 3),), {}, 0))
+    text = generate_latest(registry(StoreModel(store))).decode()
+    served = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    served |= {f.name for f in text_string_to_metric_families(text)}
+    assert used and used <= served, used - served
