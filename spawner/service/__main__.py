@@ -23,11 +23,20 @@ from spawner.service.app import make_app
 from spawner.storeview import StoreModel
 
 
+class QuietPageViews(logging.Filter):
+    """JupyterHub's auth warns on every page view that needs no XSRF token ("Skipping
+    XSRF check for insecure request GET …"): that is every page here, so it is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Skipping XSRF check")
+
+
 async def serve() -> None:
     logging.basicConfig(
         level=logging.INFO, format="[budget %(levelname)1.1s %(asctime)s %(name)s] %(message)s"
     )
     redact_log_handlers([logging.getLogger()])
+    logging.getLogger("tornado.application").addFilter(QuietPageViews())
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101/"))
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/budget/")
     base = os.environ.get("JUPYTERHUB_BASE_URL", "/")

@@ -291,8 +291,18 @@ def test_an_allocation_change_is_taken_in_by_the_next_cycle(ctx: Ctx) -> None:
     assert metric(ctx, "budgethub_pending_sessions", pool="gpu", team="vision") == 1
     assert metric(ctx, "budgethub_cycle_duration_seconds_count") > 0
     assert metric(ctx, "budgethub_slices", node="gpu-1", state="used") == 2
-    # The waiting request's queue message in the Hub follows the new shares: uxbo's team
-    # (vision, 0.5) now... still first; a lookback change too reaches the core.
+    # A lookback change reaches the core too.
+    # Draining a node reaches the core (the store's node health) and /metrics; return it.
+    assert ctx.patch("boss", "admin/nodes/gpu-1", {"state": "draining"}).status_code == 200
+
+    def health() -> str:
+        with Store.create(ctx.store_url, migrate_schema=False) as store:
+            return next(n.health.value for n in store.load_nodes() if n.name == "gpu-1")
+
+    wait_for(lambda: health() == "draining", 20, "gpu-1 draining in the core")
+    wait_for(lambda: metric(ctx, "budgethub_node_ready", node="gpu-1") == 0, 10, "/metrics")
+    assert ctx.patch("boss", "admin/nodes/gpu-1", {"state": "ready"}).status_code == 200
+    wait_for(lambda: health() == "ready", 20, "gpu-1 back in service")
     answer = ctx.patch("boss", "admin/settings", {"lookback": "3d"})
     assert answer.status_code == 200
     wait_for(
@@ -414,4 +424,6 @@ def test_schemathesis_finds_no_server_error(ctx: Ctx, tmp_path: Path) -> None:
         timeout=600,
         cwd=tmp_path,
     )
+    (ctx.directory / "schemathesis.txt").write_text(result.stdout + result.stderr)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert "Tested: 8" in result.stdout  # every operation of the document was called
