@@ -290,3 +290,24 @@ def test_notebook_path_is_relative_to_the_server_root(monkeypatch: pytest.Monkey
     assert notebook_path("/srv/root/x/y.ipynb") == notebook_path("x/y.ipynb") == "x/y.ipynb"
     assert notebook_path("/elsewhere/y.ipynb") == "elsewhere/y.ipynb"
     assert notebook_key("x/y.ipynb") != notebook_key("y.ipynb")
+
+
+class _ChangedWhilePickled:
+    """Pickles only on the second try, as an object the next cell mutated mid-pickle."""
+
+    tries = 0
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        type(self).tries += 1
+        if type(self).tries == 1:
+            raise RuntimeError("dictionary changed size during iteration")
+        return (_ChangedWhilePickled, ())
+
+
+def test_a_value_changed_while_pickled_is_retried_not_reported(tmp_path: Path) -> None:
+    ns = {"x": _ChangedWhilePickled(), "y": 1}
+    cp = Checkpointer(tmp_path / "s", "x.ipynb", ns)
+    first = cp.save(ns)
+    assert first.saved == ["y"] and first.unsaved == {}
+    second = cp.save(ns, set())  # the next cell named nothing: x is retried anyway
+    assert second.written == ["x"] and second.saved == ["x", "y"]

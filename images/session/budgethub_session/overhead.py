@@ -56,7 +56,7 @@ def notebook_cells(cells: int = 50, state_mb: int = 200) -> list[str]:
         elif kind == 2:
             change = f"g{i} = df.groupby('k').v.mean()"
         else:
-            change = f"a{j} = a{j} * 1.0"
+            change = f"a{j} = a{j} + 1.0"
         out.append(work + change)
     return out
 
