@@ -40,9 +40,10 @@ def store_url(_spawner: Any = None) -> str:
     """The scheduler's store as the Hub's configuration names it (called at service start)."""
     from jupyterhub.app import JupyterHub
 
-    from spawner.config import SchedulerConfig
+    from spawner.embedded import BudgetScheduler
 
-    return str(SchedulerConfig(config=JupyterHub.instance().config).store_url)
+    # The Hub's one scheduler (c.BudgetScheduler configures that class, not its bases).
+    return str(BudgetScheduler.instance(config=JupyterHub.instance().config).store_url)
 
 
 def configure_budget_service(c: Any) -> None:

@@ -86,7 +86,9 @@ class Ctx:
 @pytest.fixture(scope="module")
 def ctx(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ctx]:
     directory = tmp_path_factory.mktemp("budget")
-    store_url = f"sqlite:///{directory}/budgethub.sqlite"
+    (directory / "store").mkdir()
+    # Not in the Hub's working directory: the service must be told where the store is.
+    store_url = f"sqlite:///{directory}/store/budgethub.sqlite"
     with Store.create(store_url) as store:  # an hour of nlp usage, ended an hour ago
         store.add_usage("nlp", "gpu", time.time() - 7200, time.time() - 3600, 3600.0)
     port = free_port()
@@ -100,6 +102,7 @@ def ctx(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ctx]:
         nodes=[local_gpu_node(gpus=2)],
         teams=TEAMS,
         groups=GROUPS,
+        extra=f"c.BudgetScheduler.store_url = {store_url!r}",
     )
     hub = Hub(directory, config, port)
     hub.start()
