@@ -11,8 +11,9 @@ BudgetSpawner's debug profile, one with DockerSpawner 14 on the same image
 * the Hub's responsiveness (GET /hub/api/ round trip) idle and while 150 users
   hold 500 queued requests.
 
-Run: ``python -m bench.spawn [--rounds N]`` (needs the engine and images of
-``make images``).
+Run: ``python -m bench.spawn [--rounds N] [--load-seconds S]`` (needs the engine
+and images of ``make images``). Each figure is printed as soon as it is measured;
+``--load-seconds 0`` skips the queued-load part (500 submissions take minutes).
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def queued_load(hub: Hub, seconds: float) -> dict[str, float]:
         "submit_500_s": submitted_s,
         "api_p50_ms": p(trips, 0.5) * 1e3,
         "api_p99_ms": p(trips, 0.99) * 1e3,
-        "api_max_ms": max(trips) * 1e3,
+        "api_max_ms": max(trips, default=float("nan")) * 1e3,
     }
 
 
@@ -196,86 +197,119 @@ def grant_latencies(hub: Hub) -> list[float]:
     return [float(ms) for ms in re.findall(r"granted \S+ on \S+, ([\d.]+) ms after", text)]
 
 
+def say(line: str) -> None:
+    """Print a figure the moment it is measured (a run takes minutes; nothing waits for
+    the end, and a later failure loses nothing already printed)."""
+    print(line, flush=True)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench.spawn")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--load-seconds", type=float, default=20.0)
+    parser.add_argument("--users", type=int, default=10, help="spawns and stops at once")
+    parser.add_argument(
+        "--load-seconds",
+        type=float,
+        default=20.0,
+        help="how long to time the Hub's API with 500 requests queued; 0 skips that part",
+    )
     args = parser.parse_args(argv)
-    users = [f"u{i}" for i in range(10)]
+    if args.rounds < 1:
+        parser.error("--rounds: must be at least 1")
+    if not 2 <= args.users <= 100:
+        parser.error("--users: must be between 2 and 100")
+    if args.load_seconds < 0:
+        parser.error("--load-seconds: must be 0 (skip the queued load) or more")
+    users = [f"u{i}" for i in range(args.users)]
     results: dict[str, Any] = {}
     work = Path(tempfile.gettempdir()) / "budgethub-bench-spawn"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
-    if True:  # the Hubs' logs stay in the work directory for a failed run
-        budget, stock = start_hubs(work, users)
-        try:
-            for hub in (budget, stock):
-                hub.http.post(f"{hub.api}/users", json={"usernames": users}, timeout=30)
-            # Warm both (image layers in the page cache, first-use paths).
-            spawn_ready(budget, "u0", DEBUG)
-            stop(budget, "u0")
-            spawn_ready(stock, "u0", {})
-            stop(stock, "u0")
-            seq: dict[str, list[float]] = {"budget": [], "dockerspawner": []}
-            for _ in range(args.rounds):
-                seq["budget"].append(timed(lambda: spawn_ready(budget, "u1", DEBUG)))
-                stop(budget, "u1")
-                seq["dockerspawner"].append(timed(lambda: spawn_ready(stock, "u1", {})))
-                stop(stock, "u1")
-            bare = bare_container_start(args.rounds)
-            conc: dict[str, dict[str, float]] = {}
-            for name, hub, options in (
-                ("budget", budget, DEBUG),
-                ("dockerspawner", stock, {}),
-            ):
-                spawns = concurrently(lambda u, h=hub, o=options: spawn_ready(h, u, o), users)
-                stops = concurrently(lambda u, h=hub: stop(h, u), users)
-                conc[name] = {"spawn_median_s": median(spawns), "stop_median_s": median(stops)}
-            grants = grant_latencies(budget)
-            idle = api_round_trips(budget, 5)
-            stock.stop()
-            load = queued_load(budget, args.load_seconds)
-        finally:
-            budget.stop()
-            stock.stop()
-            remove_containers("bench-budget")
-            client = docker.from_env()
-            for container in client.containers.list(all=True, filters={"name": "bench-ds-"}):
-                container.remove(force=True)
-    results = {
-        "sequential_median_s": {k: median(v) for k, v in seq.items()},
-        "ratio_budget_to_dockerspawner": median(seq["budget"]) / median(seq["dockerspawner"]),
-        "bare_container_median_s": median(bare),
-        "ratio_budget_to_bare": median(seq["budget"]) / median(bare),
-        "concurrent_10": conc,
-        "grant_latency_ms": {"n": len(grants), "median": median(grants), "max": max(grants)},
-        "hub_api_idle_ms": {"p50": p(idle, 0.5) * 1e3, "p99": p(idle, 0.99) * 1e3},
-        "hub_api_500_queued": load,
-    }
-    print(
-        "spawn (debug profile, free capacity), median of "
-        f"{args.rounds} alternating: budgethub {results['sequential_median_s']['budget']:.2f} s, "
-        f"DockerSpawner {results['sequential_median_s']['dockerspawner']:.2f} s "
-        f"(ratio {results['ratio_budget_to_dockerspawner']:.2f}; bar <= 1.10); bare container "
-        f"{results['bare_container_median_s']:.2f} s (budgethub / bare "
-        f"{results['ratio_budget_to_bare']:.2f})"
-    )
-    for name, row in conc.items():
-        print(
-            f"10 at once, {name}: spawn median {row['spawn_median_s']:.2f} s, "
-            f"stop median {row['stop_median_s']:.2f} s"
+    # The Hubs' logs stay in the work directory for a failed run.
+    budget, stock = start_hubs(work, users)
+    try:
+        for hub in (budget, stock):
+            hub.http.post(f"{hub.api}/users", json={"usernames": users}, timeout=30)
+        # Warm both (image layers in the page cache, first-use paths).
+        spawn_ready(budget, "u0", DEBUG)
+        stop(budget, "u0")
+        spawn_ready(stock, "u0", {})
+        stop(stock, "u0")
+        seq: dict[str, list[float]] = {"budget": [], "dockerspawner": []}
+        for i in range(args.rounds):
+            seq["budget"].append(timed(lambda: spawn_ready(budget, "u1", DEBUG)))
+            stop(budget, "u1")
+            seq["dockerspawner"].append(timed(lambda: spawn_ready(stock, "u1", {})))
+            stop(stock, "u1")
+            say(
+                f"spawn round {i + 1}/{args.rounds}: budgethub {seq['budget'][-1]:.2f} s, "
+                f"DockerSpawner {seq['dockerspawner'][-1]:.2f} s"
+            )
+        results["sequential_median_s"] = {k: median(v) for k, v in seq.items()}
+        results["ratio_budget_to_dockerspawner"] = median(seq["budget"]) / median(
+            seq["dockerspawner"]
         )
-    g = results["grant_latency_ms"]
-    print(
-        f"grant latency (submit -> admission, free capacity): median {g['median']:.1f} ms, "
-        f"max {g['max']:.1f} ms over {g['n']} grants (bar <= 100 ms)"
-    )
-    print(
-        f"Hub API round trip: idle p50 {results['hub_api_idle_ms']['p50']:.1f} ms "
-        f"p99 {results['hub_api_idle_ms']['p99']:.1f} ms; with {load['queued']} queued "
-        f"requests of 150 users: p50 {load['api_p50_ms']:.1f} ms, p99 {load['api_p99_ms']:.1f} "
-        f"ms, max {load['api_max_ms']:.1f} ms (500 submitted in {load['submit_500_s']:.1f} s)"
-    )
+        say(
+            "spawn (debug profile, free capacity), median of "
+            f"{args.rounds} alternating: budgethub {results['sequential_median_s']['budget']:.2f}"
+            f" s, DockerSpawner {results['sequential_median_s']['dockerspawner']:.2f} s "
+            f"(ratio {results['ratio_budget_to_dockerspawner']:.2f}; bar <= 1.10)"
+        )
+        bare = bare_container_start(args.rounds)
+        results["bare_container_median_s"] = median(bare)
+        results["ratio_budget_to_bare"] = median(seq["budget"]) / median(bare)
+        say(
+            f"bare container (docker run -> server answering): median {median(bare):.2f} s "
+            f"(budgethub / bare {results['ratio_budget_to_bare']:.2f})"
+        )
+        conc: dict[str, dict[str, float]] = {}
+        results[f"concurrent_{len(users)}"] = conc
+        for name, hub, options in (
+            ("budget", budget, DEBUG),
+            ("dockerspawner", stock, {}),
+        ):
+            spawns = concurrently(lambda u, h=hub, o=options: spawn_ready(h, u, o), users)
+            stops = concurrently(lambda u, h=hub: stop(h, u), users)
+            conc[name] = {"spawn_median_s": median(spawns), "stop_median_s": median(stops)}
+            say(
+                f"{len(users)} at once, {name}: spawn median {conc[name]['spawn_median_s']:.2f} s, "
+                f"stop median {conc[name]['stop_median_s']:.2f} s"
+            )
+        grants = grant_latencies(budget)
+        results["grant_latency_ms"] = {
+            "n": len(grants),
+            "median": median(grants),
+            "max": max(grants) if grants else float("nan"),
+        }
+        g = results["grant_latency_ms"]
+        say(
+            f"grant latency (submit -> admission, free capacity): median {g['median']:.1f} ms, "
+            f"max {g['max']:.1f} ms over {g['n']} grants (bar <= 100 ms)"
+        )
+        idle = api_round_trips(budget, 5)
+        results["hub_api_idle_ms"] = {"p50": p(idle, 0.5) * 1e3, "p99": p(idle, 0.99) * 1e3}
+        say(
+            f"Hub API round trip, idle: p50 {results['hub_api_idle_ms']['p50']:.1f} ms, "
+            f"p99 {results['hub_api_idle_ms']['p99']:.1f} ms"
+        )
+        stock.stop()
+        if args.load_seconds > 0:
+            load = queued_load(budget, args.load_seconds)
+            results["hub_api_500_queued"] = load
+            say(
+                f"Hub API round trip with {load['queued']:.0f} queued requests of 150 users: "
+                f"p50 {load['api_p50_ms']:.1f} ms, p99 {load['api_p99_ms']:.1f} ms, "
+                f"max {load['api_max_ms']:.1f} ms (500 submitted in {load['submit_500_s']:.1f} s)"
+            )
+        else:
+            say("queued load skipped (--load-seconds 0)")
+    finally:
+        budget.stop()
+        stock.stop()
+        remove_containers("bench-budget")
+        client = docker.from_env()
+        for container in client.containers.list(all=True, filters={"name": "bench-ds-"}):
+            container.remove(force=True)
     return results
 
 
