@@ -1,18 +1,19 @@
 """Preemption and restore with 1 GiB of kernel variables and 1 GiB of home files.
 
 A real Hub (127.0.0.1, one local node of one virtual GPU, homes and snapshots on
-this machine's disk) runs an unallocated session of ``gus``. Through the Hub's
-proxy (Jupyter Server's REST and websocket API) a notebook's kernel makes eight
-numpy arrays of 128 MiB and writes eight 128 MiB files in the home. Then a funded
-request of ``ann`` needs the GPU: the scheduler preempts gus's session.
+this machine's disk) runs an unallocated session of a guest (``gus``; ``gil`` in
+the hot case, so each case starts from nothing). Through the Hub's proxy (Jupyter
+Server's REST and websocket API) a notebook's kernel writes eight 128 MiB files in
+the home, then makes eight numpy arrays of 128 MiB. Then a funded request of
+``ann`` needs the GPU: the scheduler preempts the guest's session.
 
 * **Preemption decision -> slices free**: what the actuator logs (``slices free
   X s after the decision``: checkpoint through the agent, container stopped and
-  removed, slices released), and from outside, ann's POST until gus's container
+  removed, slices released), and from outside, ann's POST until the victim's container
   is gone. ``settled``: the incremental checkpoint had finished before the
   decision (an idle session); ``hot``: the decision comes right after the cell
   that made the 1 GiB, so the agent flushes the whole delta in its grace.
-* **Restore start -> variables available**: gus starts again (restore is the
+* **Restore start -> variables available**: the guest starts again (restore is the
   default); from the POST until a cell in the notebook's new kernel sees all eight
   arrays with their values; split into the spawn (POST -> ready) and kernel start
   plus restore. Compared with 2 x (state size / disk read bandwidth), the
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -77,11 +79,18 @@ for i in range({ARRAYS}):
 """
 
 
-WRITE_HOME = f"""
+def write_home(mib: int) -> str:
+    """A cell that writes ARRAYS files of ``mib`` MiB in the home (and keeps no variable)."""
+    return f"""
+import os, numpy as np
 os.makedirs(os.path.expanduser("~/data"), exist_ok=True)
-for i in range({ARRAYS}):
-    globals()[f"v{{i}}"].tofile(os.path.expanduser(f"~/data/f{{i}}.bin"))
+for _i in range({ARRAYS}):
+    with open(os.path.expanduser(f"~/data/f{{_i}}.bin"), "wb") as _f:
+        _f.write(np.random.default_rng(100 + _i).bytes({mib} * 2**20))
+del _i, _f
 """
+
+
 CHECKSUMS = f"""
 import json
 print(json.dumps({{f"v{{i}}": float(globals()[f"v{{i}}"][::4096].sum())
@@ -209,7 +218,7 @@ def start_hub(directory: Path, homes: Path, snapshots: Path, image: str) -> Hub:
             {"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}},
             {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
         ],
-        groups={"nlp": ["ann"], "guests": ["gus"]},
+        groups={"nlp": ["ann"], "guests": ["gus", "gil"]},
         profiles=profiles(image),
         extra="\n".join(
             [
@@ -257,21 +266,23 @@ def manifest_names(home: Path) -> set[str]:
 
 
 def cycle(hub: Hub, homes: Path, hot: bool, mib: int) -> dict[str, Any]:
-    """One preemption and restore of gus's session; the figures."""
-    hub.spawn("gus", OPTIONS)
-    hub.wait_ready("gus", timeout=120)
-    kernel = Kernel(hub, "gus")
-    kernel.run(make_state(mib))
-    kernel.run(WRITE_HOME)
-    before = last_json(kernel.run(CHECKSUMS))
+    """One preemption and restore of a guest's session (gus, or gil when ``hot``, so
+    that each case starts from nothing); the figures."""
+    victim_user = "gil" if hot else "gus"
+    hub.spawn(victim_user, OPTIONS)
+    hub.wait_ready(victim_user, timeout=120)
+    kernel = Kernel(hub, victim_user)
+    kernel.run(write_home(mib))
+    time.sleep(1.2)  # past the unallocated grace
+    # The state and its checksums in one cell: with ``hot`` the preemptor comes at once.
+    before = last_json(kernel.run(make_state(mib) + CHECKSUMS))
     assert len(before) == ARRAYS, before
-    [home] = list(homes.glob("*/gus")) or [homes]
+    [home] = list(homes.glob(f"*/{victim_user}")) or [homes]
     wanted = {f"v{i}" for i in range(ARRAYS)}
     settle = None
     if not hot:
         settle = wait(lambda: wanted <= manifest_names(home), 300, "the checkpoint", 0.2)
     kernel.close()
-    time.sleep(1.2)  # past the unallocated grace
     [victim] = containers(HUB_NAME)
     log_mark = len(hub.log_path.read_text(errors="replace"))
     hub.http.post(f"{hub.api}/users/ann", timeout=10)  # the user exists before the clock starts
@@ -299,26 +310,26 @@ def cycle(hub: Hub, homes: Path, hot: bool, mib: int) -> dict[str, Any]:
     post.join(timeout=120)
     hub.wait_ready("ann", timeout=300)
     ann_ready = time.perf_counter() - t0
-    hub.wait_stopped("gus", timeout=300)
+    hub.wait_stopped(victim_user, timeout=300)
     wait(lambda: "slices free" in hub.log_path.read_text(errors="replace")[log_mark:], 60, "log")
     logged = re.findall(
-        r"gus\S* preempted \([^)]*\): slices free ([\d.]+) s after the decision",
+        rf"{victim_user}\S* preempted \([^)]*\): slices free ([\d.]+) s after the decision",
         hub.log_path.read_text(errors="replace")[log_mark:],
     )
     hub.stop_server("ann")
 
-    hub.http.post(f"{hub.api}/users/gus", timeout=10)
+    hub.http.post(f"{hub.api}/users/{victim_user}", timeout=10)
     post = threading.Thread(
         target=requests.post,
-        args=(hub.server_path("gus"),),
+        args=(hub.server_path(victim_user),),
         kwargs={"json": OPTIONS, "headers": dict(hub.http.headers), "timeout": 60},
     )
     t0 = time.perf_counter()
     post.start()
-    wait(lambda: (hub.server_model("gus") or {}).get("ready"), 300, "gus's restore", 0.05)
+    wait(lambda: (hub.server_model(victim_user) or {}).get("ready"), 300, "the restore", 0.05)
     spawned = time.perf_counter() - t0
     post.join(timeout=120)
-    kernel = Kernel(hub, "gus")
+    kernel = Kernel(hub, victim_user)
     kernel_started = time.perf_counter() - t0
     got: dict[str, float] = {}
 
@@ -331,12 +342,14 @@ def cycle(hub: Hub, homes: Path, hot: bool, mib: int) -> dict[str, Any]:
     available = time.perf_counter() - t0
     kernel.close()
     assert got == before, (got, before)
-    keys = sorted((homes.parent / "snapshots").glob("*/gus/*/*"), key=lambda d: d.stat().st_mtime)
+    keys = sorted(
+        (homes.parent / "snapshots").glob(f"*/{victim_user}/*/*"), key=lambda d: d.stat().st_mtime
+    )
     snapshot_bytes = (
         sum(f.stat().st_size for f in keys[-1].rglob("*") if f.is_file()) if keys else 0
     )
     files = sum(f.stat().st_size for f in (home / "data").glob("f*.bin"))
-    hub.stop_server("gus")
+    hub.stop_server(victim_user)
     return {
         "hot": hot,
         "settled_before_s": settle,
@@ -373,6 +386,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     homes, snapshots = root / "homes", root / "snapshots"
     homes.mkdir()
     snapshots.mkdir()
+    load_before = os.getloadavg()[0]
     write, read = disk_bandwidth(snapshots)
     print(f"preempt/restore: {ARRAYS} arrays of {args.array_mib} MiB in {image}", flush=True)
     hub = start_hub(root, homes, snapshots, image)
@@ -412,7 +426,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
             f"aim 2 x {state_mb:.0f} MB / {read:.0f} MB/s = {aim:.2f} s, bar 30 s"
         )
     print(
-        f"disk (snapshot store, O_DIRECT dd of 1 GiB): write {write:.0f} MB/s, read {read:.0f} MB/s"
+        f"disk (snapshot store, O_DIRECT dd of 1 GiB): write {write:.0f} MB/s, "
+        f"read {read:.0f} MB/s; load average {load_before:.1f} before, "
+        f"{os.getloadavg()[0]:.1f} after (2 cores)"
     )
     return results
 
