@@ -28,6 +28,7 @@ from scheduler_core.store import SnapshotRecord, Store
 from tests.integration.conftest import local_gpu_node
 from tests.integration.hub import Hub, containers
 from tests.integration.kernels import Kernel, Server, toy_wheel
+from tests.integration.test_browser import CHROMIUM, FLAGS, log_in
 from tests.integration.test_queue import wait_for
 from tests.integration.tlsnode import TlsNode
 
@@ -125,11 +126,15 @@ def start(hub: Hub, user: str, options: dict[str, Any] | None = None) -> None:
 
 def preempt(hub: Hub, victim: str = "gus", by: str = "ann", options: Any = None) -> SnapshotRecord:
     """A funded request that needs the victim's slices; the snapshot it left."""
-    before = len(snapshots(hub, victim))
+    before = {s.key for s in snapshots(hub, victim)}
     time.sleep(1.2)  # past the unallocated grace
     start(hub, by, options)
     hub.wait_stopped(victim)
-    wait_for(lambda: len(snapshots(hub, victim)) > before, 60, "the snapshot to be recorded")
+    wait_for(
+        lambda: any(s.key not in before for s in snapshots(hub, victim)),
+        60,
+        "the snapshot to be recorded",
+    )
     return snapshots(hub, victim)[-1]
 
 
@@ -240,8 +245,8 @@ def test_a_preempted_session_comes_back_whole_on_the_other_engine_while_its_node
     try:
         wait_for(lambda: hub.server_model("ann") is None, 60, "ann's session to end with its node")
         hub.stop_server("cy")
-        with hub.login("gus") as browser:
-            page = browser.get(f"{hub.url}/hub/spawn", timeout=30)
+        with hub.login("gus") as web:
+            page = web.get(f"{hub.url}/hub/spawn", timeout=30)
         assert snapshot.key in page.text and "Start fresh" in page.text
         assert "sock (" in page.text  # what was not kept
         start(hub, "gus")
@@ -329,8 +334,8 @@ def test_an_agent_that_never_answers_still_keeps_the_files_and_packages(
     assert "did not answer within 2 s" in report["why"], report
     assert snapshot.unsaved["kernel state"] == report["why"]
     hub.stop_server("ann")
-    with hub.login("gus") as browser:
-        page = browser.get(f"{hub.url}/hub/spawn", timeout=30)
+    with hub.login("gus") as web:
+        page = web.get(f"{hub.url}/hub/spawn", timeout=30)
     assert "kernel state was not saved" in page.text
     start(hub, "gus")
     server = Server(hub, "gus")
@@ -506,4 +511,79 @@ def test_start_fresh_ignores_the_snapshot_and_keeps_the_files(make_hub, tmp_path
     assert server.get_file("notes/keep.txt") == b"kept\n"
     with server.open("a.ipynb") as kernel:
         assert kernel.value("'was_here' in globals()") is False
+    hub.stop_server("gus")
+
+
+# -- through the browser ----------------------------------------------------------
+
+
+@pytest.fixture
+def chromium() -> Iterator[Any]:
+    """Headless Chromium (Debian's, driven by Playwright), as in test_browser.py."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium is missing: make test installs it (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield launched
+        launched.close()
+
+
+def test_the_preempted_user_sees_the_notice_starts_and_finds_the_restored_notebook(
+    make_hub, chromium, tmp_path: Path
+):
+    hub = snapshot_hub(make_hub, tmp_path, [local_gpu_node(gpus=1)])
+    start(hub, "gus")
+    server = Server(hub, "gus")
+    notebook = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "source": "value",
+                "metadata": {},
+                "outputs": [],
+                "execution_count": None,
+            }
+        ],
+        "metadata": {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    server.api("PUT", "contents/analysis.ipynb", json={"type": "notebook", "content": notebook})
+    with server.open("analysis.ipynb") as kernel:
+        assert kernel.run("value = 6 * 7\nimport threading\nlock = threading.Lock()").error is None
+    snapshot = preempt(hub)
+    hub.stop_server("ann")
+
+    page = log_in(chromium, hub, "gus")
+    text = page.inner_text("body")
+    assert "A snapshot was taken" in text and snapshot.key in text, text
+    assert "Start fresh" in text and "lock (" in text  # what was not kept
+    assert not page.is_checked("#budgethub-fresh")  # restore is the default
+    page.screenshot(path=str(tmp_path / "snapshot-notice.png"))
+    page.click("form input[type=submit], form button[type=submit]")
+    page.wait_for_url("**/user/gus/lab**", timeout=120_000)
+    page.goto(f"{hub.url}/user/gus/lab/tree/analysis.ipynb")
+    cell = page.locator(".jp-Notebook .jp-Cell").first
+    cell.wait_for(timeout=60_000)
+    page.wait_for_function(
+        "document.querySelector('.jp-Notebook') && "
+        "!document.body.innerText.includes('Kernel status: Starting')",
+        timeout=60_000,
+    )
+    cell.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+    try:
+        page.wait_for_function(
+            "document.body.innerText.includes('budgethub: restored')", timeout=60_000
+        )
+    finally:
+        page.screenshot(path=str(tmp_path / "notebook.png"))
+    output = page.locator(".jp-Notebook .jp-Cell").first.inner_text()
+    assert "42" in output and "value" in output, output
+    page.screenshot(path=str(tmp_path / "restored-notebook.png"))
+    page.context.close()
     hub.stop_server("gus")
