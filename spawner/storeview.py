@@ -201,8 +201,23 @@ class State:
     snapshots: list[SnapshotRecord] = field(default_factory=list)
     view: QueueView | None = None
     _exact: dict[str, QueueStatus | None] = field(default_factory=dict)
+    order: dict[str, list[str]] = field(default_factory=dict)
+    """Per pool, the waiting requests in policy order."""
     memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     """Answers worked out from this state (rendered pages and JSON), by route and viewer."""
+
+    def estimate(self, request_id: str) -> float | None:
+        """The request's estimated start, by the spawn page's own `QueueView.estimate`
+        over the requests ahead of it in the policy order."""
+        if self.view is None or request_id not in self.core.pending:
+            return None
+        request = self.core.pending[request_id]
+        order = self.order.get(request.pool, [])
+        try:
+            ahead = order[: order.index(request_id)]
+        except ValueError:
+            ahead = order
+        return self.view.estimate(request, [self.core.pending[r] for r in ahead])
 
     def exact(self, request_id: str) -> QueueStatus | None:
         """The request's status exactly as the spawn page's queue message has it, with
@@ -500,6 +515,9 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
         preemptions=preemptions,
         snapshots=store.list_snapshots(),
         view=QueueView(core),
+        order={
+            pool: [w.request.id for w in queue if w.request.pool == pool] for pool in core.pools
+        },
     )
 
 

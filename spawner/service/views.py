@@ -37,10 +37,9 @@ class Viewer:
         return READ in self.scopes or self.admin
 
     def owns(self, request_id: str) -> bool:
-        try:
-            return split_request_id(request_id)[0] == self.name
-        except ValueError:
-            return False
+        return request_id.startswith(self.name + "/") and split_request_id_user(request_id) == (
+            self.name
+        )
 
 
 def _finite(value: float) -> float | None:
@@ -133,15 +132,7 @@ def waiting(state: State, w: Waiting, viewer: Viewer) -> dict[str, Any]:
         "held_nodes": list(w.held_nodes),
     }
     if mine:
-        exact = state.exact(request.id)
-        if exact is not None:
-            out.update(
-                position=exact.position,
-                waiting=exact.waiting,
-                team_position=exact.team_position,
-                team_waiting=exact.team_waiting,
-                estimated_start=exact.estimated_start,
-            )
+        out["estimated_start"] = state.estimate(request.id)
     return out
 
 

@@ -93,6 +93,11 @@ def test_positions_are_those_of_the_spawn_pages_queue_view(state: Any) -> None:
             exact.team_waiting,
         )
         assert got.funded == exact.funded
+        estimate = state.estimate(waiting.request.id)
+        if exact.estimated_start is None:
+            assert estimate is None
+        else:
+            assert estimate == pytest.approx(exact.estimated_start, abs=2)
     ratios = sorted(state.teams[(t, "gpu")].ratio for t in state.team_names)
     ranks = sorted(state.teams[(t, "gpu")].rank for t in state.team_names)
     assert ranks == list(range(1, len(state.team_names) + 1)) and ratios == sorted(ratios)
