@@ -10,6 +10,7 @@ nlp usage in the store before the Hub starts.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -41,7 +42,8 @@ TEAMS = [
     {"name": "nlp", "share": {"gpu": 0.5, "cpu": 0.5}},
     {"name": "vision", "share": {"gpu": 0.5, "cpu": 0.5}},
 ]
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+DOCS_SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+"""Where BUDGETHUB_SCREENSHOTS=1 saves the browser test's screenshots (the README's)."""
 
 
 def wait_for(predicate: Any, timeout: float, what: str) -> Any:
@@ -338,11 +340,13 @@ def browser_login(browser: Any, hub: Hub, user: str, path: str) -> Any:
     return page
 
 
-def test_my_budget_and_an_admin_change_in_a_real_browser(ctx: Ctx) -> None:
+def test_my_budget_and_an_admin_change_in_a_real_browser(ctx: Ctx, tmp_path: Path) -> None:
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is missing: make test installs it (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
+    keep = os.environ.get("BUDGETHUB_SCREENSHOTS") == "1"
+    SCREENSHOTS = DOCS_SCREENSHOTS if keep else tmp_path  # noqa: N806
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     if ctx.hub.server_model("uxann") is None:  # run alone: give uxann a session
         ctx.hub.spawn("uxann", ONE_GPU)
