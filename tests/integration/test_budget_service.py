@@ -316,6 +316,10 @@ def test_an_allocation_change_is_taken_in_by_the_next_cycle(ctx: Ctx) -> None:
 
 
 def test_admin_changes_survive_a_hub_restart(ctx: Ctx) -> None:
+    answer = ctx.patch("boss", "admin/teams/nlp", {"share": {"gpu": 0.3}})
+    assert answer.status_code == 200, answer.text
+    audit_id = answer.json()["audit_id"]
+    wait_for(lambda: ctx.api("boss", "admin").json()["applied"] >= audit_id, 20, "a cycle")
     ctx.hub.stop()
     ctx.hub = Hub(ctx.directory, ctx.config, ctx.port)
     ctx.hub.start()
