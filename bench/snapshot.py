@@ -19,7 +19,7 @@ the home, then makes eight numpy arrays of 128 MiB. Then a funded request of
   plus restore. Compared with 2 x (state size / disk read bandwidth), the
   bandwidth measured with dd (O_DIRECT) on the snapshot store's file system.
 
-Run: ``python -m bench.snapshot [--only settled|hot]`` (needs the engine, the
+Run: ``python -m bench.snapshot [--only settled|hot] [--cold]`` (needs the engine, the
 images of ``make images`` with the session package, and the Hub's snapshots).
 """
 
@@ -265,7 +265,14 @@ def manifest_names(home: Path) -> set[str]:
     return names
 
 
-def cycle(hub: Hub, homes: Path, hot: bool, mib: int) -> dict[str, Any]:
+def drop_page_cache() -> None:
+    """Write back and drop the page cache (root): the restore reads the snapshot from
+    the disk, as on a node that never saw it."""
+    subprocess.run(["sync"], check=True, timeout=300)
+    Path("/proc/sys/vm/drop_caches").write_text("1\n")
+
+
+def cycle(hub: Hub, homes: Path, hot: bool, mib: int, cold: bool = False) -> dict[str, Any]:
     """One preemption and restore of a guest's session (gus, or gil when ``hot``, so
     that each case starts from nothing); the figures."""
     victim_user = "gil" if hot else "gus"
@@ -319,6 +326,8 @@ def cycle(hub: Hub, homes: Path, hot: bool, mib: int) -> dict[str, Any]:
     hub.stop_server("ann")
 
     hub.http.post(f"{hub.api}/users/{victim_user}", timeout=10)
+    if cold:
+        drop_page_cache()
     post = threading.Thread(
         target=requests.post,
         args=(hub.server_path(victim_user),),
@@ -369,6 +378,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     parser.add_argument("--only", choices=["settled", "hot"], help="one of the two cases")
     parser.add_argument("--keep", action="store_true", help="keep the Hub's directory and log")
     parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop the page cache before each restore (root; the whole machine's cache)",
+    )
+    parser.add_argument(
         "--image", help=f"default: the first of {IMAGES} with numpy and the extension"
     )
     parser.add_argument(
@@ -395,7 +409,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
         for hot in (False, True):
             if args.only and args.only != ("hot" if hot else "settled"):
                 continue
-            results.append(cycle(hub, homes, hot, args.array_mib))
+            results.append(cycle(hub, homes, hot, args.array_mib, args.cold))
     finally:
         hub.stop()
         for container in containers(HUB_NAME):
@@ -409,6 +423,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     for r in results:
         size = f"{state_mb / 1e3:.1f} GB" if state_mb >= 1e3 else f"{state_mb:.0f} MB"
         case = f"hot ({size} delta unflushed)" if r["hot"] else "settled (checkpoint done)"
+        if args.cold:
+            case += ", cold page cache"
         logged = r["slices_free_logged_s"]
         print(
             f"preemption, {case}: decision -> slices free "
