@@ -106,8 +106,8 @@ def change_team(
         pool = re.search(r"pool '([^']+)'", error.reason)
         if share is not _MISSING and field.endswith("share") and pool:
             field = f"share.{pool.group(1)}"  # a sum over 1: the share asked for
-        elif parent is not _MISSING and field.endswith("parent"):
-            field = "parent"
+        elif parent is not _MISSING and (share is _MISSING or field.endswith("parent")):
+            field = "parent"  # the new place in the tree is what does not fit
         raise AdminError(field, error.reason) from None
 
 

@@ -48,6 +48,14 @@ def test_a_bad_change_names_the_field_and_why(change: dict, field: str, words: s
     assert words in caught.value.reason
 
 
+def test_the_hierarchy_changes_and_a_move_that_does_not_fit_names_the_parent() -> None:
+    teams = admin.change_team(TEAMS, POOLS, "vision-sub", parent="nlp")
+    assert {t.name: t.parent for t in teams}["vision-sub"] == "nlp"
+    with pytest.raises(admin.AdminError) as caught:  # top level: 0.5 + 0.3 + 0.5 > 1
+        admin.change_team(TEAMS, POOLS, "vision-sub", parent=None)
+    assert caught.value.field == "parent" and "over 1" in caught.value.reason
+
+
 def test_an_unknown_team_is_named() -> None:
     with pytest.raises(admin.AdminError) as caught:
         admin.change_team(TEAMS, POOLS, "robotics", share={"gpu": 0.1})
