@@ -630,6 +630,23 @@ class BudgetScheduler(SchedulerConfig):
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(newest.created))
         return f"Stopped at {when} on {newest.node}. {snapshot_sentence(newest.report)}"
 
+    def home_snapshot_notice(self, user: str) -> str | None:
+        """The home page's line: each of the user's stopped servers that has a snapshot."""
+        if not self.started:
+            return None
+        running = {split_request_id(r) for r in self.core.running} | {
+            split_request_id(r) for r in self.core.pending
+        }
+        servers = sorted({s.server for s in self.store.list_snapshots(user=user)})
+        lines = []
+        for server in servers:
+            if (user, server) in running:
+                continue
+            notice = self.snapshot_notice(user, server)
+            if notice:
+                lines.append(f"{'Server ' + server if server else 'Your server'}: {notice}")
+        return " ".join(lines) or None
+
     def delete_snapshots(self, user: str, server: str | None) -> int:
         """Delete a server's snapshots (None: every one of the user's)."""
         if not self.started:

@@ -120,6 +120,7 @@ def page_vars(user: Any) -> PageVars | None:
             status.funded,
             estimate_words(status.funded, status.estimated_start, now),
         )
+    found.snapshot_notice = scheduler.home_snapshot_notice(user.name)
     if getattr(user, "admin", False):
         for request_id, request in list(core.pending.items()):
             status = view.queue_status(request_id)

@@ -90,10 +90,20 @@ class Kernel:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def submit(self, code: str) -> str:
+        """Start executing a cell without waiting for it; its message id."""
+        msg_id = uuid.uuid4().hex
+        self._send(msg_id, code)
+        return msg_id
+
     def run(self, code: str, timeout: float = 120) -> Result:
         """Execute a cell; its stdout, its value (text/plain), or its error."""
         msg_id = uuid.uuid4().hex
         self.ws.settimeout(timeout)
+        self._send(msg_id, code)
+        return self._collect(msg_id)
+
+    def _send(self, msg_id: str, code: str) -> None:
         self.ws.send(
             json.dumps(
                 {
@@ -119,6 +129,8 @@ class Kernel:
                 }
             )
         )
+
+    def _collect(self, msg_id: str) -> Result:
         result = Result()
         replied = idle = False
         for _ in range(100_000):

@@ -502,8 +502,11 @@ def test_start_fresh_ignores_the_snapshot_and_keeps_the_files(make_hub, tmp_path
     kernel = server.open("a.ipynb")
     assert kernel.run("was_here = 1").error is None
     kernel.close()
-    preempt(hub)
+    snapshot = preempt(hub)
     hub.stop_server("ann")
+    with hub.login("gus") as web:  # the Hub's home page says so too
+        home = web.get(f"{hub.url}/hub/home", timeout=30).text
+    assert "budgethub-snapshot-notice" in home and snapshot.key in home
     start(hub, "gus", {**ONE, "fresh": "on"})
     [container] = containers(hub.hub_name)
     assert not any(e.startswith("BUDGETHUB_RESTORE_DIR=") for e in container.attrs["Config"]["Env"])
@@ -587,3 +590,42 @@ def test_the_preempted_user_sees_the_notice_starts_and_finds_the_restored_notebo
     page.screenshot(path=str(tmp_path / "restored-notebook.png"))
     page.context.close()
     hub.stop_server("gus")
+
+
+# -- idle sessions ----------------------------------------------------------------
+
+
+def activity(hub: Hub) -> dict[str, dict[str, Any]]:
+    """The last activity the Hub recorded per request."""
+    store = store_of(hub)
+    try:
+        return {e.payload["request"]: dict(e.payload) for e in store.list_events(kind="activity")}
+    finally:
+        store.engine.dispose()
+
+
+def test_agents_report_idleness_and_the_idle_session_is_the_victim(make_hub, tmp_path: Path):
+    hub = snapshot_hub(make_hub, tmp_path, [local_gpu_node(gpus=2)], idle_poll=1.0)
+    start(hub, "gus")  # the older session: more work to lose, but idle
+    with Server(hub, "gus").open("idle.ipynb") as idle:
+        assert idle.run("x = 1").error is None
+    start(hub, "bo")
+    busy = Server(hub, "bo").open("busy.ipynb")
+    busy.submit("import time\ntime.sleep(600)")
+    requests_of = {
+        c.labels["org.budgethub.user"]: c.labels["org.budgethub.request"]
+        for c in containers(hub.hub_name)
+    }
+
+    def reported() -> bool:
+        seen = activity(hub)
+        gus, bo = seen.get(requests_of["gus"]), seen.get(requests_of["bo"])
+        return bool(gus and not gus["busy"] and gus["idle_since"] and bo and bo["busy"])
+
+    wait_for(reported, 30, "the agents' activity to be recorded")
+    snapshot = preempt(hub, victim="gus")  # the idle one goes, not the newer busy one
+    assert hub.server_model("bo") is not None
+    assert snapshot.report["kernel_state"] == "saved"
+    busy.close()
+    hub.stop_server("bo")
+    hub.stop_server("ann")
