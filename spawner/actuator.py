@@ -206,6 +206,17 @@ class Agent:
     def url(self, route: str) -> str:
         return f"http://{self.address}:{self.port}{self.base_url}budgethub-agent/{route}"
 
+    @classmethod
+    def from_state(cls, state: Any) -> Agent | None:
+        """From a spawner's saved state; None for anything that does not fit."""
+        if not isinstance(state, dict):
+            return None
+        known = {k: state[k] for k in cls.__dataclass_fields__ if k in state}
+        try:
+            return cls(**known)
+        except TypeError:
+            return None
+
 
 @dataclass(frozen=True)
 class SnapshotPolicy:

@@ -359,8 +359,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         self.last_options = dict(state.get("last_options", {}))
         if self.port and self.request_id:
             self.scheduler.hold_port(self.port, self.request_id)
-        agent = state.get("agent")
-        self.agent = Agent(**agent) if isinstance(agent, dict) else None
+        self.agent = Agent.from_state(state.get("agent"))
         if self.agent is not None and self.request_id:
             self.scheduler.remember_agent(self.request_id, self.agent)
 
