@@ -11,6 +11,7 @@ store changes (one small query tells) or ``ttl`` passes (ratios drift with time)
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -21,6 +22,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from scheduler_core.ledger import UsageLedger
+from scheduler_core.metrics import HourlySeries
 from scheduler_core.model import (
     Allocation,
     Health,
@@ -51,6 +53,7 @@ from spawner import admin
 from spawner.readmodel import QueueStatus, QueueView
 
 DAY = 86400.0
+HOUR = 3600.0
 CHECK_EVERY = 0.5
 """Seconds a state is served without asking the store whether it changed."""
 HISTORY_DAYS = 30
@@ -370,6 +373,87 @@ def effective_settings(status: SchedulerStatus | None, overrides: Mapping[str, A
     return settings.replace(**changes)
 
 
+def _demand(
+    store: Store, core: Scheduler, day0: float, now: float
+) -> tuple[dict[tuple[str, str], list[float]], dict[tuple[str, str], list[float]]]:
+    """Per (team, pool), hour by hour from ``day0``: the units the team asked for (every
+    request from its submit until it ended, running or waiting), and the units its
+    unallocated sessions ran. Owed is the share, or what was asked if less, hour by hour
+    (the simulator's daily fulfilment): a team is not owed GPUs it never asked for."""
+    hours = _hours(day0, now)
+    asked: dict[tuple[str, str], HourlySeries] = {}
+    unallocated: dict[tuple[str, str], HourlySeries] = {}
+
+    def add(
+        table: dict[tuple[str, str], HourlySeries],
+        key: tuple[str, str],
+        a: float,
+        b: float,
+        rate: float,
+    ) -> None:
+        series = table.get(key)
+        if series is None:
+            series = table[key] = HourlySeries(hours)
+        series.add(max(a, day0) - day0, min(b, now) - day0, rate)
+
+    spans: dict[str, list[Any]] = {}
+    query = (
+        select(
+            RequestRow.id,
+            RequestRow.team,
+            RequestRow.pool,
+            RequestRow.submit,
+            RequestRow.gpus,
+            RequestRow.nodes,
+            RequestRow.gpu_milli,
+            RequestRow.mig,
+            RequestRow.cpus,
+            AllocationRow.start_time,
+            AllocationRow.end_time,
+            AllocationRow.funded,
+        )
+        .join(AllocationRow, AllocationRow.request_id == RequestRow.id)
+        .where((AllocationRow.end_time.is_(None)) | (AllocationRow.end_time > day0))
+    )
+    with store.engine.connect() as connection:
+        for row in connection.execute(query):
+            rid, team, pool, submit, gpus, nodes, milli, mig, cpus, begin, end, funded = row
+            if pool not in core.pools:
+                continue
+            # What the request holds, whether it is charged or not (unallocated sessions
+            # are not, so the allocation's charge rate would say 0).
+            shape = Request(rid, "", team, pool, submit, gpus, nodes, milli, mig, cpus)
+            rate = shape.charge_rate(core.pools[pool].kind)
+            end = now if end is None else end
+            if not funded:
+                add(unallocated, (team, pool), begin, end, rate)
+            span = spans.setdefault(rid, [team, pool, submit, end, rate])
+            span[3] = max(span[3], end)
+    for rid, (team, pool, submit, end, rate) in spans.items():
+        if rid in core.pending or rid in core.running:
+            end = now
+        add(asked, (team, pool), submit, end, rate)
+    for rid, request in core.pending.items():
+        if rid not in spans:
+            rate = request.charge_rate(core.pools[request.pool].kind)
+            add(asked, (request.team, request.pool), request.submit, now, rate)
+    return (
+        {key: series.values() for key, series in asked.items()},
+        {key: series.values() for key, series in unallocated.items()},
+    )
+
+
+def _hours(day0: float, now: float) -> int:
+    return max(1, math.ceil((now - day0) / HOUR))
+
+
+def _sum_hours(series: Iterable[list[float] | None], hours: int) -> list[float]:
+    found = [s for s in series if s is not None]
+    if not found:
+        return [0.0] * hours
+    return [sum(values) for values in zip(*found, strict=True)]
+
+
 def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
     """Read the store and work out every figure (see the module docstring)."""
     overrides = admin_store.overrides()
@@ -430,6 +514,7 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
     team_pools: dict[tuple[str, str], TeamPool] = {}
     start = now - settings.lookback
     day0 = (now // DAY) * DAY - (HISTORY_DAYS - 1) * DAY
+    asked, unallocated_use = _demand(store, core, day0, now)
     for pool_name, pool in core.pools.items():
         kind = pool.kind
         unit = "CPU" if kind is PoolKind.CPU else "GPU"
@@ -460,12 +545,23 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
                     f"{holding:g} {unit}, its share is {share_units:g} {unit}; {used_text} of "
                     f"its {settings.lookback / DAY:g}-day budget used)"
                 )
+            members = core.teams.subtree(team)
+            n = _hours(day0, now)
+            wanted = _sum_hours((asked.get((m, pool_name)) for m in members), n)
+            ran_unallocated = _sum_hours((unallocated_use.get((m, pool_name)) for m in members), n)
             daily = []
             for d in range(HISTORY_DAYS):
                 lo = day0 + d * DAY
                 hi = min(lo + DAY, now)
-                delivered = ledger.charged(team, pool_name, lo, hi) if hi > lo else 0.0
-                daily.append((lo, share_units * max(0.0, hi - lo), delivered))
+                if hi <= lo:
+                    daily.append((lo, 0.0, 0.0))
+                    continue
+                hours = range(d * 24, min((d + 1) * 24, len(wanted)))
+                owed = sum(min(share_units * HOUR, wanted[h]) for h in hours)
+                ran = sum(ledger.charged(m, pool_name, lo, hi) for m in members) + sum(
+                    ran_unallocated[h] for h in hours
+                )
+                daily.append((lo, owed, min(ran, owed)))
             team_pools[(team, pool_name)] = TeamPool(
                 team=team,
                 pool=pool_name,

@@ -16,6 +16,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.service import seed
+from scheduler_core import model
 from scheduler_core.store import Store
 from scheduler_core.store.admin import AdminStore, SchedulerStatus
 from spawner.readmodel import QueueView
@@ -63,21 +64,38 @@ def test_usage_over_the_window_is_what_the_store_charged(store: Store, state: An
         assert tp.budget_units == pytest.approx(tp.share_units * window)
 
 
-def test_owed_and_delivered_per_day_add_up(store: Store, state: Any) -> None:
-    tp = state.teams[("team-00", "gpu")]
-    assert len(tp.daily) == 30
-    day, owed, delivered = tp.daily[-2]  # yesterday: a whole day
-    assert owed == pytest.approx(tp.share_units * DAY)
-    assert delivered == pytest.approx(
-        store.usage_between("team-00", "gpu", day, day + DAY)
-        + sum(
-            a.charge_rate * max(0.0, min(day + DAY, NOW) - max(a.start, day))
-            for a in store.active_allocations()
-            if a.funded and a.team == "team-00"
-        ),
-        rel=1e-9,
-        abs=1e-6,
-    )
+def test_owed_per_day_is_the_share_or_what_was_asked_if_less() -> None:
+    """As the simulator's daily fulfilment: hour by hour, owed is the share (2 GPUs here)
+    or what the team had waiting or running if that is less; delivered is what it ran,
+    at most what it was owed. A team that asked for nothing was owed nothing."""
+    gpu = model.Pool("gpu", model.PoolKind.GPU)
+    node = model.Node("n1", "gpu", 16.0, 64.0, model.virtual_gpus("n1", 4))
+    yesterday = (NOW // DAY) * DAY - DAY
+    with Store.create("sqlite://") as store:
+        store.save_pools([gpu])
+        store.save_teams([model.Team("a", {"gpu": 0.5}), model.Team("b", {"gpu": 0.5})])
+        store.save_nodes([node])
+        # a asks for 3 GPUs at 10:00, waits an hour, runs 2 h funded.
+        ask = model.Request("a1", "ann", "a", "gpu", yesterday + 10 * 3600, gpus=3)
+        slices = tuple(model.Slice(g.uuid, model.SliceKind.WHOLE) for g in node.gpus[:3])
+        begin = yesterday + 11 * 3600
+        store.book(
+            model.Allocation(
+                ask, (model.NodeGrant("n1", slices, 1.0, 4.0),), begin, True, begin, 3.0
+            )
+        )
+        store.release("a1", begin + 2 * 3600)
+        # and 1 GPU at 20:00, still waiting: owed from then on, 1 GPU an hour.
+        store.add_request(model.Request("a2", "ann", "a", "gpu", yesterday + 20 * 3600, gpus=1))
+        state = build_state(store, StoreModel(store).admin, NOW)
+        days = {day: (owed, delivered) for day, owed, delivered in state.teams[("a", "gpu")].daily}
+        owed, delivered = days[yesterday]
+        # 10-11 h: min(2, 3) waiting; 11-13 h: min(2, 3) running; a2 still waits (pending).
+        waiting_a2 = min(2.0, 1.0) * (min(NOW, yesterday + DAY) - (yesterday + 20 * 3600))
+        assert owed == pytest.approx(2 * 3600 + 2 * 2 * 3600 + waiting_a2)
+        assert delivered == pytest.approx(min(3 * 2 * 3600, owed))
+        assert days[yesterday - DAY] == (0.0, 0.0)
+        assert all(o == 0.0 and d == 0.0 for _, o, d in state.teams[("b", "gpu")].daily)
 
 
 def test_positions_are_those_of_the_spawn_pages_queue_view(state: Any) -> None:
