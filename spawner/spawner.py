@@ -112,7 +112,7 @@ def outlook_words(outlook: Outlook) -> str:
     if outlook.funded:
         funding = f"would be funded, protected for {human_duration(outlook.protected_s)}"
     else:
-        funding = f"would run unallocated, preemptible ({outlook.why})"
+        funding = f"would run unallocated, preemptible: {outlook.why}"
     wait = estimate_words(outlook.funded, outlook.estimated_start, time.time())
     if outlook.position > 1:
         wait = f"{outlook.position - 1} ahead in the queue; {wait}"

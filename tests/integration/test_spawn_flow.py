@@ -16,12 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.integration.conftest import REPO, cpu_node, local_gpu_node
+from tests.integration.conftest import cpu_node, local_gpu_node
 from tests.integration.hub import PASSWORD, Hub
 from tests.integration.test_browser import browser  # noqa: F401 - the fixture
 from tests.integration.test_queue import ONE_GPU, queue_events, wait_for
 
-SCREENSHOTS = REPO / "docs" / "screenshots"
 ADMIN_PASSWORD = "budgethub-test-admin-password-0123456789"
 ADMIN = (
     "c.Authenticator.admin_users = {'admin'}\n"
@@ -39,11 +38,10 @@ def log_in(chromium: Any, hub: Hub, user: str, password: str = PASSWORD) -> Any:
     return page
 
 
-def shot(page: Any, name: str, keep: bool = False, tmp: Path | None = None) -> None:
-    """A screenshot: kept under docs/screenshots/ for the README, else in tmp."""
-    target = SCREENSHOTS / name if keep else (tmp or Path("/tmp")) / name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(target), full_page=True)
+def shot(page: Any, name: str, tmp: Path) -> None:
+    """A screenshot in the test's directory, to look at after a run (the README's come
+    from the demo: scripts/demo_screenshots.py)."""
+    page.screenshot(path=str(tmp / name), full_page=True)
 
 
 def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path):  # noqa: F811
@@ -64,7 +62,7 @@ def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path): 
     assert "of its 7-day budget used" in banner
     link = cy.get_attribute("#budgethub-my-budget", "href")
     assert link == "/services/budget/"
-    shot(cy, "home-banner.png", keep=True)
+    shot(cy, "home-banner.png", tmp_path)
 
     cy.goto(f"{hub.url}/hub/spawn")
     form = cy.inner_text("#spawn_form")
@@ -72,7 +70,7 @@ def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path): 
     assert "nlp gpu: holds 1 GPU funded of a 1 GPU share" in form
     # Per profile and team: funded or not, and the wait, as the queue messages say it.
     notebook = cy.inner_text(".budgethub-profile[data-profile=gpu-notebook]")
-    assert "would run unallocated, preemptible (over what your team's allocation funds" in (
+    assert "would run unallocated, preemptible: over what your team's allocation funds" in (
         notebook
     )
     assert "starts within a minute" not in notebook  # unallocated: no promise
@@ -85,7 +83,7 @@ def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path): 
     assert "2 CPUs, 4 GiB; protected 1 h by default, at most 8 h" in notebook
     assert "1 CPUs" not in form and "protected up to" not in form
     assert cy.is_visible("#spawn_form button[type=submit]")
-    shot(cy, "spawn-form.png", keep=True)
+    shot(cy, "spawn-form.png", tmp_path)
 
     # bo (vision) queues behind a full node: his home page says queued, not running.
     assert hub.spawn("cy", ONE_GPU).status_code in (201, 202)
@@ -98,7 +96,7 @@ def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path): 
     assert "estimated start at the latest" in queued
     assert "Stop My Server" not in bo.inner_text("main, body")
     assert bo.inner_text("#stop") == "Leave the queue"
-    shot(bo, "home-queued.png", tmp=tmp_path)
+    shot(bo, "home-queued.png", tmp_path)
     bo.goto(f"{hub.url}/hub/spawn-pending/bo")
     bo.wait_for_function(
         "document.body.innerText.includes('Queued: position 1 of 1')", timeout=30_000
@@ -111,7 +109,7 @@ def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path): 
     table = admin.inner_text(".budgethub-admin-queue")
     assert re.search(r"gpu\s+1 of 1\s+bo\s+\(default\)\s+vision\s+gpu-notebook", table), table
     assert "funded; waits for free slices" in table
-    shot(admin, "admin-queue.png", tmp=tmp_path)
+    shot(admin, "admin-queue.png", tmp_path)
     hub.stop_server("bo")
     hub.stop_server("cy")
     hub.stop_server("ann")
@@ -145,7 +143,7 @@ def test_leaving_the_queue_from_the_spawn_page_lands_on_the_form_saying_so(
     bo.wait_for_load_state()
     notice = bo.inner_text(".budgethub-notice")
     assert "You left the queue at" in notice and "position 1 of 1" in notice
-    shot(bo, "left-queue.png", tmp=tmp_path)
+    shot(bo, "left-queue.png", tmp_path)
     other.wait_for_url("**/hub/spawn/bo", timeout=30_000)  # the other tab follows
     assert "You left the queue" in other.inner_text("body")
     wait_for(lambda: hub.server_model("bo") is None, 20, "bo's server to clear")
@@ -232,7 +230,7 @@ def test_a_refused_form_reads_plainly_keeps_what_was_typed_and_logs_one_line(
     assert "SpawnException" not in error and not error.startswith("Error")
     assert ann.input_value("#budgethub-min-runtime") == "24h"
     assert ann.input_value("#budgethub-priority") == "7"
-    shot(ann, "refused.png", tmp=tmp_path)
+    shot(ann, "refused.png", tmp_path)
     # Now a good spawn: no "unhandled user_options" warning, and no xsrf value in the log.
     ann.fill("#budgethub-min-runtime", "")
     ann.click("#spawn_form button[type=submit]")
@@ -265,4 +263,33 @@ def test_a_user_in_no_team_is_told_whom_to_ask_and_gets_no_start_button(
     assert "teams here: nlp, vision" in text
     assert gus.locator("#spawn_form button[type=submit]").count() == 0
     assert gus.locator("select[name=team]").count() == 0
-    shot(gus, "no-team.png", tmp=tmp_path)
+    shot(gus, "no-team.png", tmp_path)
+
+
+def test_inside_the_session_a_launcher_card_says_what_was_granted(
+    make_hub,
+    browser,  # noqa: F811
+    tmp_path,
+):
+    hub = make_hub(nodes=[local_gpu_node(gpus=1)])
+    ann = log_in(browser, hub, "ann")
+    ann.wait_for_url("**/hub/spawn**", timeout=30_000)
+    ann.check("#budgethub-profile-debug")
+    ann.select_option("select[name=slices][data-profile=debug]", "gpu-250m")
+    ann.click("#spawn_form button[type=submit]")
+    ann.wait_for_url("**/user/ann/lab**", timeout=90_000)
+    title = "Your session: 0.25 of a GPU, virtual · nlp · funded"
+    card = ann.locator(".jp-LauncherCard", has_text=title)
+    card.wait_for(timeout=60_000)
+    shot(ann, "launcher-card.png", tmp_path)
+    card.click()
+    frame = ann.frame_locator("iframe[src*='budgethub-grant']")
+    table = frame.locator("#grant")
+    table.wait_for(timeout=60_000)
+    text = table.inner_text()
+    assert "virtual (declared for this cluster" in text
+    assert "funded by your team's budget" in text
+    assert "nlp" in text and "gpu-1" in text and "debug" in text
+    assert re.search(r"until \d\d:\d\d \(\d+ min from now\)", text), text
+    shot(ann, "grant-tab.png", tmp_path)
+    hub.stop_server("ann")
