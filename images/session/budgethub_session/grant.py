@@ -181,7 +181,7 @@ def server_proxy_servers(env: Mapping[str, str]) -> dict[str, Any]:
             "new_browser_tab": False,
             "launcher_entry": {
                 "title": f"Your session: {grant_from(env).summary()}",
-                "category": "Other",
+                "category": "Notebook",  # the launcher shows icon_url only for these
                 "icon_path": str(ICON),
             },
         }
