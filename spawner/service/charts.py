@@ -136,7 +136,8 @@ def owed_delivered(
     if points:
         body.append(
             f'<polyline class="owed" points="{" ".join(points)}" fill="none" stroke="{WARN}" '
-            f'stroke-width="2"><title>owed: the share, or what the team asked for if less</title></polyline>'
+            f'stroke-width="2"><title>owed: the share, or what the team asked for if less'
+            f"</title></polyline>"
         )
     return _svg(width, height, title, body, "owed-delivered")
 
