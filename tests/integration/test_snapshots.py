@@ -461,6 +461,22 @@ def test_nobody_else_can_restore_read_or_list_a_snapshot_and_forged_options_are_
         timeout=30,
     )
     assert as_bo.status_code in (403, 404), as_bo.status_code
+    # The snapshot REST route: gus lists and reads his own; nobody else, admins included.
+    gus_token = hub.http.post(f"{hub.api}/users/gus/tokens", json={}, timeout=10).json()["token"]
+    listing = f"{hub.api}/budgethub/users/gus/snapshots"
+
+    def as_user(token: str, url: str) -> requests.Response:
+        return requests.get(url, headers={"Authorization": f"token {token}"}, timeout=10)
+
+    own = as_user(gus_token, listing)
+    assert own.status_code == 200 and [s["key"] for s in own.json()] == [key]
+    report = as_user(gus_token, f"{listing}/{key}")
+    assert report.status_code == 200 and report.json()["report"]["key"] == key
+    assert as_user(token, listing).status_code in (403, 404)
+    assert as_user(token, f"{listing}/{key}").status_code in (403, 404)
+    assert as_user(token, f"{hub.api}/budgethub/users/bo/snapshots").json() == []
+    assert as_user(token, f"{hub.api}/budgethub/users/bo/snapshots/{key}").status_code == 404
+    assert hub.http.get(listing, timeout=10).status_code == 404  # the admin service's token
     # Forged options: a path, a key of nobody, a bad "fresh".
     for forged, field in (
         ({"restore": "../../etc"}, "restore"),
