@@ -41,6 +41,7 @@ from typing import Any
 import docker
 import requests
 import websocket
+from budgethub_session.harness import execute_request
 
 from bench.snapshot_cells import IMAGES, extension_present, session_image
 from tests.integration.hub import ADMIN_TOKEN, Hub, containers, free_port, hub_config
@@ -130,32 +131,7 @@ class Kernel:
     def run(self, code: str, timeout: float = 600) -> str:
         """Execute a cell; its stdout. RuntimeError if the cell raised."""
         msg_id = uuid.uuid4().hex
-        self.ws.send(
-            json.dumps(
-                {
-                    "header": {
-                        "msg_id": msg_id,
-                        "msg_type": "execute_request",
-                        "username": self.user,
-                        "session": self.session,
-                        "version": "5.3",
-                        "date": "",
-                    },
-                    "parent_header": {},
-                    "metadata": {},
-                    "content": {
-                        "code": code,
-                        "silent": False,
-                        "store_history": True,
-                        "user_expressions": {},
-                        "allow_stdin": False,
-                        "stop_on_error": True,
-                    },
-                    "channel": "shell",
-                    "buffers": [],
-                }
-            )
-        )
+        self.ws.send(json.dumps(execute_request(msg_id, self.session, code, self.user)))
         out: list[str] = []
         replied = idle = False
         error = None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import websocket
+from budgethub_session.harness import execute_request
 
 from tests.integration.hub import ADMIN_TOKEN, Hub
 
@@ -104,31 +105,7 @@ class Kernel:
         return self._collect(msg_id)
 
     def _send(self, msg_id: str, code: str) -> None:
-        self.ws.send(
-            json.dumps(
-                {
-                    "header": {
-                        "msg_id": msg_id,
-                        "username": "tester",
-                        "session": self.session,
-                        "msg_type": "execute_request",
-                        "version": "5.3",
-                    },
-                    "parent_header": {},
-                    "metadata": {},
-                    "content": {
-                        "code": code,
-                        "silent": False,
-                        "store_history": True,
-                        "user_expressions": {},
-                        "allow_stdin": False,
-                        "stop_on_error": True,
-                    },
-                    "channel": "shell",
-                    "buffers": [],
-                }
-            )
-        )
+        self.ws.send(json.dumps(execute_request(msg_id, self.session, code, "tester")))
 
     def _collect(self, msg_id: str) -> Result:
         result = Result()

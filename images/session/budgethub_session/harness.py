@@ -39,6 +39,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+
+def execute_request(
+    msg_id: str, session: str, code: str, username: str, **content: Any
+) -> dict[str, Any]:
+    """A Jupyter ``execute_request`` message for a kernel's websocket (protocol 5.3)."""
+    return {
+        "header": {
+            "msg_id": msg_id,
+            "msg_type": "execute_request",
+            "username": username,
+            "session": session,
+            "date": "",
+            "version": "5.3",
+        },
+        "parent_header": {},
+        "metadata": {},
+        "content": {
+            "code": code,
+            "silent": False,
+            "store_history": True,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": True,
+            **content,
+        },
+        "channel": "shell",
+        "buffers": [],
+    }
+
 @dataclass
 class CellResult:
     status: str
@@ -68,30 +97,7 @@ class Kernel:
 
     def send(self, code: str, **content: Any) -> str:
         msg_id = uuid.uuid4().hex
-        msg = {
-            "header": {
-                "msg_id": msg_id,
-                "msg_type": "execute_request",
-                "username": "test",
-                "session": self.session,
-                "date": "",
-                "version": "5.3",
-            },
-            "parent_header": {},
-            "metadata": {},
-            "content": {
-                "code": code,
-                "silent": False,
-                "store_history": True,
-                "user_expressions": {},
-                "allow_stdin": False,
-                "stop_on_error": True,
-                **content,
-            },
-            "channel": "shell",
-            "buffers": [],
-        }
-        self.ws.send(json.dumps(msg))
+        self.ws.send(json.dumps(execute_request(msg_id, self.session, code, "test", **content)))
         return msg_id
 
     def wait(self, msg_id: str, timeout: float = 120, t0: float | None = None) -> CellResult:
