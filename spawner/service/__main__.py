@@ -4,6 +4,10 @@ Reads JupyterHub's service environment (``JUPYTERHUB_SERVICE_URL``,
 ``JUPYTERHUB_SERVICE_PREFIX``, ``JUPYTERHUB_API_URL``, ``JUPYTERHUB_API_TOKEN``) and
 ``BUDGETHUB_STORE_URL``, the scheduler's store. The Hub's scheduler owns the
 store's migrations; until they ran, routes answer 503.
+
+The service ends with the Hub: on SIGTERM or SIGINT, and also when the Hub that
+started it is gone without a word (SIGKILL, a crash), which it sees as its parent
+process changing; otherwise each such Hub restart left one more service running.
 """
 
 from __future__ import annotations
@@ -56,9 +60,23 @@ async def serve() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(_until_orphaned(os.getppid(), stop))
     await stop.wait()
+    watcher.cancel()
     server.stop()
     store.close()
+
+
+async def _until_orphaned(parent: int, stop: asyncio.Event, every: float = 1.0) -> None:
+    """Set ``stop`` once the process that started this one is no longer its parent."""
+    while not stop.is_set():
+        if os.getppid() != parent:
+            logging.getLogger("budgethub.service").warning(
+                "the Hub (pid %d) is gone; the budget service stops", parent
+            )
+            stop.set()
+            return
+        await asyncio.sleep(every)
 
 
 def main() -> None:
