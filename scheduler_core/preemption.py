@@ -7,7 +7,11 @@ and the actuator carries it out. Victims come from one node (or, for a
 multi-node request, a set of nodes): unallocated sessions past their grace
 first, then funded sessions past their protected window whose team ranks below
 the requester's once the requester's protected time is counted. Among the sets
-that work, the one that loses the least work wins.
+that work, the one that loses the least work wins. Idle sessions (the actuator's
+or the simulator's `Scheduler.mark_activity`) go before busy ones, and with
+``idle_release`` a funded session idle that long counts like an unallocated one:
+any funded request may stop it (it is snapshotted). With nobody idle, nothing of
+this changes a decision.
 
 A cycle's `Victims` start from the exposed sessions (past their protected
 window) that the scheduler keeps between cycles (`ExposedSessions`, kept.py),
