@@ -8,15 +8,12 @@ says whether anything changed) and reports its cycles for /metrics.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler_core.store.engine import writer_engine
 from scheduler_core.store.models import AdminSettingRow, AuditRow, SchedulerStatusRow
 from scheduler_core.store.store import Store
 
@@ -51,18 +48,9 @@ class AdminStore:
     """Admin overrides, the audit log and the scheduler status in a `Store`'s database."""
 
     def __init__(self, store: Store) -> None:
-        self._reads = sessionmaker(store.engine, expire_on_commit=False)
-        self._writes = sessionmaker(writer_engine(store.engine), expire_on_commit=False)
-
-    @contextmanager
-    def _read(self) -> Iterator[Session]:
-        with self._reads.begin() as session:
-            yield session
-
-    @contextmanager
-    def _write(self) -> Iterator[Session]:
-        with self._writes.begin() as session:
-            yield session
+        # The store's own transactions (same package): reads, and writes that lock first.
+        self._read = store._read
+        self._write = store._write
 
     def overrides(self) -> dict[str, Any]:
         """Every admin-changed value by key."""
