@@ -138,6 +138,17 @@ def preempt(hub: Hub, victim: str = "gus", by: str = "ann", options: Any = None)
     return snapshots(hub, victim)[-1]
 
 
+def gus_ran(hub: Hub, cell: str) -> None:
+    """gus's session started, with notes/keep.txt in his home and ``cell`` run in a.ipynb."""
+    start(hub, "gus")
+    server = Server(hub, "gus")
+    server.put_file("notes/keep.txt", b"kept\n")
+    server.put_notebook("a.ipynb")
+    kernel = server.open("a.ipynb")
+    assert kernel.run(cell).error is None
+    kernel.close()
+
+
 def on_tls(tls_node: TlsNode, hub: Hub, user: str) -> bool:
     return any(c.labels["org.budgethub.user"] == user for c in tls_node.containers(hub.hub_name))
 
@@ -352,13 +363,7 @@ def test_a_full_or_read_only_snapshot_store_still_frees_the_slices_and_says_why(
 ):
     with small_filesystem(tmp_path / "snapshots") as store_root:
         hub = snapshot_hub(make_hub, tmp_path, [local_gpu_node(gpus=1)])
-        start(hub, "gus")
-        server = Server(hub, "gus")
-        server.put_file("notes/keep.txt", b"kept\n")
-        server.put_notebook("a.ipynb")
-        kernel = server.open("a.ipynb")
-        assert kernel.run("first = 'first'").error is None
-        kernel.close()
+        gus_ran(hub, "first = 'first'")
         earlier = preempt(hub)
         assert earlier.report["kernel_state"] == "saved"
         earlier_dir = store_root / hub.hub_name / "gus" / "default" / earlier.key
@@ -511,13 +516,7 @@ def test_nobody_else_can_restore_read_or_list_a_snapshot_and_forged_options_are_
 
 def test_start_fresh_ignores_the_snapshot_and_keeps_the_files(make_hub, tmp_path: Path):
     hub = snapshot_hub(make_hub, tmp_path, [local_gpu_node(gpus=1)])
-    start(hub, "gus")
-    server = Server(hub, "gus")
-    server.put_file("notes/keep.txt", b"kept\n")
-    server.put_notebook("a.ipynb")
-    kernel = server.open("a.ipynb")
-    assert kernel.run("was_here = 1").error is None
-    kernel.close()
+    gus_ran(hub, "was_here = 1")
     snapshot = preempt(hub)
     hub.stop_server("ann")
     with hub.login("gus") as web:  # the Hub's home page says so too
