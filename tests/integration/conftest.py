@@ -164,3 +164,18 @@ def cpu_node(storage_path: str, **extra: Any) -> dict[str, Any]:
     }
     node.update(extra)
     return node
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Chromium (Debian's, driven by Playwright)."""
+    from tests.integration.test_browser import CHROMIUM, FLAGS
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium is missing: make test installs it (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield chromium
+        chromium.close()

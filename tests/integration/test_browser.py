@@ -8,11 +8,7 @@ the queued session starting when the first one stops.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.integration.conftest import local_gpu_node
 from tests.integration.hub import PASSWORD, Hub
@@ -27,18 +23,6 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is missing: make test installs it (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield chromium
-        chromium.close()
 
 
 def log_in(browser: Any, hub: Hub, user: str) -> Any:

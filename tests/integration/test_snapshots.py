@@ -28,7 +28,7 @@ from scheduler_core.store import SnapshotRecord, Store
 from tests.integration.conftest import local_gpu_node
 from tests.integration.hub import Hub, containers
 from tests.integration.kernels import Kernel, Server, toy_wheel
-from tests.integration.test_browser import CHROMIUM, FLAGS, log_in
+from tests.integration.test_browser import log_in
 from tests.integration.test_queue import wait_for
 from tests.integration.tlsnode import TlsNode
 
@@ -535,21 +535,8 @@ def test_start_fresh_ignores_the_snapshot_and_keeps_the_files(make_hub, tmp_path
 # -- through the browser ----------------------------------------------------------
 
 
-@pytest.fixture
-def chromium() -> Iterator[Any]:
-    """Headless Chromium (Debian's, driven by Playwright), as in test_browser.py."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is missing: make test installs it (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield launched
-        launched.close()
-
-
 def test_the_preempted_user_sees_the_notice_starts_and_finds_the_restored_notebook(
-    make_hub, chromium, tmp_path: Path
+    make_hub, browser, tmp_path: Path
 ):
     hub = snapshot_hub(make_hub, tmp_path, [local_gpu_node(gpus=1)])
     start(hub, "gus")
@@ -576,7 +563,7 @@ def test_the_preempted_user_sees_the_notice_starts_and_finds_the_restored_notebo
     snapshot = preempt(hub)
     hub.stop_server("ann")
 
-    page = log_in(chromium, hub, "gus")
+    page = log_in(browser, hub, "gus")
     text = page.inner_text("body")
     assert "A snapshot was taken" in text and snapshot.key in text, text
     assert "Start fresh" in text and "lock (" in text  # what was not kept
