@@ -18,7 +18,6 @@ from typing import Any
 
 from tests.integration.conftest import cpu_node, local_gpu_node
 from tests.integration.hub import PASSWORD, Hub
-from tests.integration.test_browser import browser  # noqa: F401 - the fixture
 from tests.integration.test_queue import ONE_GPU, queue_events, wait_for
 
 ADMIN_PASSWORD = "budgethub-test-admin-password-0123456789"
