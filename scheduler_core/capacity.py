@@ -175,11 +175,7 @@ class Capacity:
         return not request.labels or labels_match(request.labels, node.labels)
 
     def best(
-        self,
-        request: Request,
-        strategy: PlacementStrategy,
-        exclude: frozenset[str] = frozenset(),
-        backfill: bool = False,
+        self, request: Request, strategy: PlacementStrategy, exclude: frozenset[str] = frozenset()
     ) -> tuple[NodeFree, tuple[Slice, ...]] | None:
         """The best node for the request now, or None.
 
@@ -189,7 +185,7 @@ class Capacity:
         """
         first_fit = strategy is PlacementStrategy.FIRST_FIT
         worst = strategy is PlacementStrategy.WORST_FIT
-        reserved = {} if backfill else self.reserved
+        reserved = self.reserved
         labels = request.labels
         request_id = request.id
         pick: NodeFree | None = None
@@ -253,13 +249,10 @@ class Capacity:
             if bucket:
                 yield [free[name] for name in bucket]
 
-    def place(
-        self, request: Request, strategy: PlacementStrategy, backfill: bool = False
-    ) -> tuple[NodeGrant, ...] | None:
-        """Grants for the request on free slices (taken from capacity), or None;
-        ``backfill``: held nodes count as free too."""
+    def place(self, request: Request, strategy: PlacementStrategy) -> tuple[NodeGrant, ...] | None:
+        """Grants for the request on free slices (taken from capacity), or None."""
         if request.nodes == 1:
-            found = self.best(request, strategy, backfill=backfill)
+            found = self.best(request, strategy)
             if found is None:
                 return None
             node_free, slices = found
@@ -269,7 +262,7 @@ class Capacity:
         # Nodes are taken one at a time, each the best of those not yet taken; a
         # node's fit does not depend on what lands elsewhere, so the picks can be
         # listed first and only then taken (or, if too few, not taken at all).
-        picks = self._picks(request, strategy, backfill)
+        picks = self._picks(request, strategy)
         if len(picks) < request.nodes:
             self._as_if_taken_and_given(request, picks)
             return None
@@ -282,13 +275,11 @@ class Capacity:
             grants.append(grant)
         return tuple(grants)
 
-    def _picks(
-        self, request: Request, strategy: PlacementStrategy, backfill: bool = False
-    ) -> list[str]:
+    def _picks(self, request: Request, strategy: PlacementStrategy) -> list[str]:
         """The nodes `best` would pick in turn for a multi-node request (at most ``nodes``)."""
         first_fit = strategy is PlacementStrategy.FIRST_FIT
         worst = strategy is PlacementStrategy.WORST_FIT
-        reserved = {} if backfill else self.reserved
+        reserved = self.reserved
         labels = request.labels
         need = request.nodes
         picks: dict[str, None] = {}
