@@ -116,7 +116,7 @@ def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path): 
 
 def test_leaving_the_queue_from_the_spawn_page_lands_on_the_form_saying_so(
     make_hub,
-    browser,  # noqa: F811
+    browser,
     tmp_path,
 ):
     hub = make_hub(nodes=[local_gpu_node(gpus=1)])
@@ -214,7 +214,7 @@ def test_the_estimate_says_what_it_rests_on_and_moves_with_the_queue(make_hub):
 
 def test_a_refused_form_reads_plainly_keeps_what_was_typed_and_logs_one_line(
     make_hub,
-    browser,  # noqa: F811
+    browser,
     tmp_path,
 ):
     hub = make_hub(nodes=[local_gpu_node(gpus=1)])
@@ -250,7 +250,7 @@ def test_a_refused_form_reads_plainly_keeps_what_was_typed_and_logs_one_line(
 
 def test_a_user_in_no_team_is_told_whom_to_ask_and_gets_no_start_button(
     make_hub,
-    browser,  # noqa: F811
+    browser,
     tmp_path,
 ):
     hub = make_hub(nodes=[local_gpu_node(gpus=1)], extra=ADMIN)
@@ -267,7 +267,7 @@ def test_a_user_in_no_team_is_told_whom_to_ask_and_gets_no_start_button(
 
 def test_inside_the_session_a_launcher_card_says_what_was_granted(
     make_hub,
-    browser,  # noqa: F811
+    browser,
     tmp_path,
 ):
     hub = make_hub(nodes=[local_gpu_node(gpus=1)])
