@@ -43,7 +43,7 @@ def shot(page: Any, name: str, tmp: Path) -> None:
     page.screenshot(path=str(tmp / name), full_page=True)
 
 
-def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path):  # noqa: F811
+def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path):
     # Unallocated sessions are not displaced during this test.
     hub = make_hub(
         nodes=[local_gpu_node(gpus=2), cpu_node(str(tmp_path))],
