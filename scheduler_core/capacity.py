@@ -175,7 +175,11 @@ class Capacity:
         return not request.labels or labels_match(request.labels, node.labels)
 
     def best(
-        self, request: Request, strategy: PlacementStrategy, exclude: frozenset[str] = frozenset()
+        self,
+        request: Request,
+        strategy: PlacementStrategy,
+        exclude: frozenset[str] = frozenset(),
+        backfill: bool = False,
     ) -> tuple[NodeFree, tuple[Slice, ...]] | None:
         """The best node for the request now, or None.
 
@@ -185,7 +189,7 @@ class Capacity:
         """
         first_fit = strategy is PlacementStrategy.FIRST_FIT
         worst = strategy is PlacementStrategy.WORST_FIT
-        reserved = self.reserved
+        reserved = {} if backfill else self.reserved
         labels = request.labels
         request_id = request.id
         pick: NodeFree | None = None
@@ -249,10 +253,13 @@ class Capacity:
             if bucket:
                 yield [free[name] for name in bucket]
 
-    def place(self, request: Request, strategy: PlacementStrategy) -> tuple[NodeGrant, ...] | None:
-        """Grants for the request on free slices (taken from capacity), or None."""
+    def place(
+        self, request: Request, strategy: PlacementStrategy, backfill: bool = False
+    ) -> tuple[NodeGrant, ...] | None:
+        """Grants for the request on free slices (taken from capacity), or None;
+        ``backfill``: held nodes count as free too."""
         if request.nodes == 1:
-            found = self.best(request, strategy)
+            found = self.best(request, strategy, backfill=backfill)
             if found is None:
                 return None
             node_free, slices = found
@@ -262,7 +269,7 @@ class Capacity:
         # Nodes are taken one at a time, each the best of those not yet taken; a
         # node's fit does not depend on what lands elsewhere, so the picks can be
         # listed first and only then taken (or, if too few, not taken at all).
-        picks = self._picks(request, strategy)
+        picks = self._picks(request, strategy, backfill)
         if len(picks) < request.nodes:
             self._as_if_taken_and_given(request, picks)
             return None
@@ -275,11 +282,13 @@ class Capacity:
             grants.append(grant)
         return tuple(grants)
 
-    def _picks(self, request: Request, strategy: PlacementStrategy) -> list[str]:
+    def _picks(
+        self, request: Request, strategy: PlacementStrategy, backfill: bool = False
+    ) -> list[str]:
         """The nodes `best` would pick in turn for a multi-node request (at most ``nodes``)."""
         first_fit = strategy is PlacementStrategy.FIRST_FIT
         worst = strategy is PlacementStrategy.WORST_FIT
-        reserved = self.reserved
+        reserved = {} if backfill else self.reserved
         labels = request.labels
         need = request.nodes
         picks: dict[str, None] = {}

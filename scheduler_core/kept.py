@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from scheduler_core.ledger import UsageLedger, WindowUsage
-from scheduler_core.model import Allocation, Node, Pool, PoolKind, Request, SliceKind
+from scheduler_core.model import Allocation, Node, Pool, PoolKind, Request, RequestClass, SliceKind
 from scheduler_core.nodefree import NodeFree
 from scheduler_core.settings import Settings
 
@@ -63,7 +63,10 @@ class Shape:
 
 def shape_of(request: Request) -> Shape:
     labels = tuple(sorted(request.labels.items())) if request.labels else ()
-    kind = (request.pool, request.mig, bool(request.gpu_milli), labels)
+    # Debug requests may stop more sessions (the fast lane), so their failures say
+    # nothing of other requests' and are kept apart.
+    debug = request.klass is RequestClass.DEBUG
+    kind = (request.pool, request.mig, bool(request.gpu_milli), labels, debug)
     return Shape(
         kind, request.gpus, request.nodes, request.gpu_milli, request.cpus, request.memory_gib
     )
@@ -98,18 +101,25 @@ class Queued:
     """Budget units per second while it runs."""
     units: float
     """``rate × min_runtime``: what funding it commits its team to."""
+    debug: bool = False
+    """A debug request: it takes the fast lane (see policy.py)."""
 
     @classmethod
     def of(cls, request: Request, settings: Settings, kind: PoolKind) -> Queued:
         min_runtime = settings.capped_min_runtime(request.min_runtime, request.klass)
         rate = request.charge_rate(kind)
         shape = shape_of(request)
-        return cls(request, shape, shape_id(shape), min_runtime, rate, rate * min_runtime)
+        debug = request.klass is RequestClass.DEBUG
+        return cls(request, shape, shape_id(shape), min_runtime, rate, rate * min_runtime, debug)
 
 
-def queue_key(request: Request) -> tuple[int, float, str]:
-    """Order inside one team: declared priority (high first), then submit time."""
-    return (-request.priority, request.submit, request.id)
+QueueKey = tuple[bool, int, float, str]
+
+
+def queue_key(request: Request) -> QueueKey:
+    """Order inside one team: debug requests first (the fast lane), then declared
+    priority (high first), then submit time."""
+    return (request.klass is not RequestClass.DEBUG, -request.priority, request.submit, request.id)
 
 
 SearchKey = tuple[int, frozenset[str]]
@@ -443,11 +453,11 @@ class Kept:
         self.funded_rates: dict[tuple[str, str], float] = {}
         """Per (team, pool), the charge rate of its running funded sessions."""
         self._layout = Layout.of(nodes)
-        self._queues: dict[tuple[str, str], tuple[list[tuple[int, float, str]], list[Queued]]] = {}
+        self._queues: dict[tuple[str, str], tuple[list[QueueKey], list[Queued]]] = {}
         """(pool, team) → sort keys and entries of its waiting requests, in queue order."""
         self._queue_view: dict[str, dict[str, tuple[Queued, ...]]] = {}
         self._queue_dirty: set[tuple[str, str]] = set()
-        self._queued: dict[str, tuple[tuple[int, float, str], Queued]] = {}
+        self._queued: dict[str, tuple[QueueKey, Queued]] = {}
         """Request id → its sort key and entry in ``_queues``."""
         self._protected: dict[str, dict[str, Allocation]] = {}
         """Per pool, funded sessions whose protected window ends after ``_indexed_at``,
@@ -635,7 +645,7 @@ class Kept:
         self, requests: Iterable[Request]
     ) -> Mapping[str, Mapping[str, tuple[Queued, ...]]]:
         """The queues of ``requests`` (waiting ones) alone, in queue order."""
-        found: dict[tuple[str, str], list[tuple[tuple[int, float, str], Queued]]] = {}
+        found: dict[tuple[str, str], list[tuple[QueueKey, Queued]]] = {}
         queued = self._queued
         for request in requests:
             pair = queued[request.id]

@@ -194,6 +194,14 @@ class WindowUsage(Mapping[tuple[str, str], float]):
             out[team] = found
         return out
 
+    def since(self, key: tuple[str, str], start: float) -> float:
+        """Units charged to ``key`` in ``(start, end]``: a shorter window's figure, from the
+        same curves (0 for a pair never charged)."""
+        curve = self._curves.get(key)
+        if curve is None:
+            return 0.0
+        return curve.at(self._end) - curve.at(start)
+
     @property
     def end(self) -> float:
         return self._end

@@ -52,12 +52,16 @@ from types import MappingProxyType
 
 from scheduler_core.capacity import Capacity, could_hold
 from scheduler_core.kept import CycleIndex, KnownFailures, Queued, Shape, queue_key
+from scheduler_core.ledger import WindowUsage
 from scheduler_core.model import Allocation, NodeGrant, PoolKind, Request
 from scheduler_core.preemption import Victims, offers, search_targets
 from scheduler_core.ranking import Key, PoolRanking
 from scheduler_core.registry import register
 from scheduler_core.rules import funded_rates, funds, health_preemptions, kept_reservations
 from scheduler_core.snapshot import Admission, Decisions, Preemption, Snapshot
+from scheduler_core.teams import TeamTree
+
+_DAY = 86400.0
 
 __all__ = ["Failures", "budget_policy", "choose_reservation", "queue_heads", "queue_order"]
 
@@ -157,10 +161,76 @@ def queue_heads(
     return out
 
 
+def _leaf_share(tree: TeamTree, team: str, pool: str) -> float:
+    """The fraction of the pool that funds the team's own requests."""
+    return tree.own_share(team, pool) if tree.has_children(team) else tree.share(team, pool)
+
+
+class _DayUsage:
+    """Time-slicing of jobs larger than their team's share, by the last day's charge.
+
+    Such a job runs funded only as the team's only funded session in the pool (rule 2),
+    and with a week's budget it could run on for days and leave its team nothing the
+    rest of the week. So it is funded from a day's share instead: admitted while the
+    team's charge over the last day leaves room for at least its protected window, and,
+    if it can be resumed, stopped once that charge reaches the day's share while other
+    work waits in the pool; it comes back when the day slides on.
+    """
+
+    def __init__(self, snapshot: Snapshot, now: float) -> None:
+        self.snapshot = snapshot
+        self.now = now
+        usage = snapshot.usage
+        self.usage = usage if isinstance(usage, WindowUsage) else None
+        self.start = max(usage.start, now - _DAY) if isinstance(usage, WindowUsage) else now
+        self.span = now - self.start
+
+    def room(self, team: str, pool: str, share_rate: float) -> float:
+        """Units the team may still be charged in the pool before its day's share."""
+        if self.usage is None:
+            return share_rate * _DAY
+        return share_rate * self.span - self.usage.since((team, pool), self.start)
+
+    def slices_over(self, stopped: set[str]) -> list[Preemption]:
+        """Stops for resumable oversize jobs past protection whose team's day is spent."""
+        snapshot = self.snapshot
+        if self.usage is None or not snapshot.pending:
+            return []
+        waiting = {r.pool for r in snapshot.pending}
+        tree = snapshot.teams
+        guaranteed = snapshot.settings.guaranteed_share
+        found: list[Preemption] = []
+        for allocation in snapshot.allocations:
+            pool = allocation.pool
+            if (
+                not allocation.funded
+                or pool not in waiting
+                or allocation.protected_until > self.now
+                or not allocation.request.resumable
+                or allocation.id in stopped
+            ):
+                continue
+            share_rate = _leaf_share(tree, allocation.team, pool) * snapshot.capacity.get(pool, 0)
+            if allocation.charge_rate <= guaranteed * share_rate + 1e-9:
+                continue
+            if self.room(allocation.team, pool, share_rate) <= 1e-6:
+                found.append(Preemption(allocation.id, "time-slice"))
+        return found
+
+
 class _Pass:
     """What one pool's pass over its queue knows so far."""
 
-    __slots__ = ("name", "ranking", "held", "no_fit", "no_victims", "team_keys", "team_keys_at")
+    __slots__ = (
+        "name",
+        "ranking",
+        "held",
+        "no_fit",
+        "no_victims",
+        "no_backfill",
+        "team_keys",
+        "team_keys_at",
+    )
 
     def __init__(self, name: str, ranking: PoolRanking, held: set[str]) -> None:
         self.name = name
@@ -171,6 +241,8 @@ class _Pass:
         """Shapes with no room on free slices."""
         self.no_victims = Failures()
         """Shapes, with the team key they had, for which no victims made room."""
+        self.no_backfill = Failures()
+        """Shapes with no room on free slices, held nodes' included."""
         self.team_keys: list[tuple[str, Key]] = []
         """Every team's key, as of ``team_keys_at`` charges of the ranking."""
         self.team_keys_at = -1
@@ -200,6 +272,9 @@ class _Cycle:
         )
         self.preemptions: list[Preemption] = health_preemptions(snapshot, now)
         self.stopped = {p.allocation_id for p in self.preemptions}
+        self.day = _DayUsage(snapshot, now)
+        self.preemptions.extend(self.day.slices_over(self.stopped))
+        self.stopped = {p.allocation_id for p in self.preemptions}
         self._by_id: dict[str, Allocation] = {}
         if self.stopped:
             self._by_id = {a.id: a for a in snapshot.allocations}
@@ -228,6 +303,7 @@ class _Cycle:
         self.released: list[str] = []
         self.order: list[str] = []
         self.funded: dict[str, bool] = {}
+        self._over: dict[str, frozenset[str]] = {}
 
     def victims(self) -> Victims:
         """The sessions this cycle may still preempt: past their protected window (or
@@ -278,7 +354,7 @@ class _Cycle:
         )
         held = self.held[pool_name]
         state = _Pass(pool_name, ranking, held)
-        no_fit, no_victims = state.no_fit, state.no_victims
+        no_fit, no_victims, no_backfill = state.no_fit, state.no_victims, state.no_backfill
         no_fit_exact, no_victims_exact = no_fit.exact, no_victims.exact
         window = self.snapshot.window
         rates = self.rates
@@ -305,6 +381,9 @@ class _Cycle:
             leaf_units, leaf_budget = ranking.leaf(team)
             share_rate = leaf_budget / window if window > 0 else 0.0
             rate_key = (team, pool_name)
+            oversize_above = settings.guaranteed_share * share_rate + 1e-9
+            day_sliced = settings.guaranteed_share > 0 and self.day.usage is not None
+            day_room: float | None = None
             afters: dict[float, Key] = {}
             top = heap[0] if heap else None
             while True:
@@ -314,13 +393,27 @@ class _Cycle:
                 request_id = request.id
                 order_append(request_id)
                 units = entry.units
-                funded = funds(
-                    leaf_budget > 0.0 and (leaf_units + units) / leaf_budget <= 1.0,
-                    rates[rate_key],
-                    entry.rate,
-                    share_rate,
-                    settings,
-                )
+                protect = entry.min_runtime
+                if entry.rate > oversize_above and rates[rate_key] <= 1e-9 and day_sliced:
+                    # Larger than the team's share: funded from a day's share (_DayUsage).
+                    if day_room is None:
+                        day_room = self.day.room(team, pool_name, share_rate)
+                    sliced = day_room / entry.rate
+                    funded = (
+                        leaf_budget > 0.0
+                        and (leaf_units + entry.rate * min(protect, sliced)) / leaf_budget <= 1.0
+                        and sliced >= min(protect, settings.default_min_runtime) - 1e-9
+                    )
+                    if funded and sliced < protect:
+                        protect, units = sliced, entry.rate * sliced
+                else:
+                    funded = funds(
+                        leaf_budget > 0.0 and (leaf_units + units) / leaf_budget <= 1.0,
+                        rates[rate_key],
+                        entry.rate,
+                        share_rate,
+                        settings,
+                    )
                 funded_now[request_id] = funded
                 holder = bool(held) and request_id in held
                 if holder and not funded:
@@ -341,15 +434,37 @@ class _Cycle:
                     if after is None:
                         after = afters[units] = ranking.key(team, units)
                     failed_at = no_victims_exact.get(entry.shape_id)
-                    if (failed_at is None or after < failed_at) and not no_victims.known(
-                        entry.shape, after, entry.shape_id
+                    if entry.debug or (
+                        (failed_at is None or after < failed_at)
+                        and not no_victims.known(entry.shape, after, entry.shape_id)
                     ):
-                        found = self.evict(entry, team, after, holder, state)
+                        found = self.evict(entry, team, after, holder, state, share_rate)
                         if found is not None:
                             grants, preempts = found
+                elif grants is None and entry.debug:
+                    lane = self.lane(entry, team, holder, state)
+                    if lane is not None:
+                        grants, preempts = lane
+                        funded = funded_now[request_id] = funds(
+                            leaf_budget > 0.0 and (leaf_units + units) / leaf_budget <= 1.0,
+                            rates[rate_key],
+                            entry.rate,
+                            share_rate,
+                            settings,
+                        )
+                if (
+                    grants is None
+                    and not funded
+                    and self.capacity.reserved
+                    and request.resumable
+                    and not no_backfill.known(entry.shape, (), entry.shape_id)
+                ):
+                    grants = self.backfill(entry, no_backfill)
                 charged = False
                 if grants is not None:
-                    charged = self.admit(entry, grants, funded, preempts, holder, state)
+                    charged = self.admit(
+                        entry, grants, funded, preempts, holder, state, protect, units
+                    )
                 elif (
                     funded
                     and now - request.submit >= starvation_bound
@@ -378,8 +493,23 @@ class _Cycle:
             no_fit.add(entry.shape, (), entry.shape_id)
         return grants
 
+    def backfill(self, entry: Queued, no_backfill: Failures) -> tuple[NodeGrant, ...] | None:
+        """Backfill: an entry that would run unallocated and can be resumed may use the
+        free slices of nodes held for others; the holder stops it (past its grace) the
+        moment the rest of its nodes is free."""
+        grants = self.capacity.place(entry.request, self.settings.placement, backfill=True)
+        if grants is None:
+            no_backfill.add(entry.shape, (), entry.shape_id)
+        return grants
+
     def evict(
-        self, entry: Queued, team: str, after: Key, holder: bool, state: _Pass
+        self,
+        entry: Queued,
+        team: str,
+        after: Key,
+        holder: bool,
+        state: _Pass,
+        share_rate: float,
     ) -> tuple[tuple[NodeGrant, ...], tuple[str, ...]] | None:
         """Victims: for a funded entry with no room on free slices, stop the sessions that
         lose the least work and make room (rule 4): unallocated ones past their grace,
@@ -391,7 +521,62 @@ class _Cycle:
         if not state.team_keys or state.team_keys_at != ranking.charges:
             state.team_keys = [(t, ranking.key(t)) for t in self.snapshot.teams.teams]
             state.team_keys_at = ranking.charges
-        below = frozenset(t for t, k in state.team_keys if t != team and k > after)
+        running = self.rates[(team, state.name)]
+        burst = running > 1e-9 and (
+            running + entry.rate > self.settings.guaranteed_share * share_rate + 1e-9
+        )
+        if burst:
+            # Funded beyond its share next to other funded work: like unallocated work,
+            # it may stop only unallocated sessions (else it and the fast lane take
+            # turns stopping each other). A team's only funded job may be larger than
+            # its share: that is how a small team runs a large job.
+            below: frozenset[str] = frozenset()
+        else:
+            below = frozenset(t for t, k in state.team_keys if k > after and t != team)
+        if entry.debug:  # the fast lane
+            below |= self.over_share(state) | {team}
+        return self.stop_for(entry, below, holder, state, None if burst else after)
+
+    def over_share(self, state: _Pass) -> frozenset[str]:
+        """Teams that hold more of the pool than their share now, funded or unallocated
+        (worked out once per pool pass, on first use: only debug entries ask)."""
+        found = self._over.get(state.name)
+        if found is None:
+            held: defaultdict[str, float] = defaultdict(float)
+            stopped = self.stopped
+            for allocation in self.snapshot.allocations:
+                if allocation.pool == state.name and allocation.id not in stopped:
+                    held[allocation.team] += allocation.charge_rate
+            window = self.snapshot.window
+            found = frozenset(
+                t
+                for t, rate in held.items()
+                if window > 0 and rate > state.ranking.leaf(t)[1] / window + 1e-9
+            )
+            self._over[state.name] = found
+        return found
+
+    def lane(
+        self, entry: Queued, team: str, holder: bool, state: _Pass
+    ) -> tuple[tuple[NodeGrant, ...], tuple[str, ...]] | None:
+        """The fast lane for a debug entry its team's budget does not fund: it may stop
+        unallocated sessions past their grace (borrowed capacity) and its own team's
+        funded sessions past their protected window (which may then fund it)."""
+        below = self.over_share(state) | {team}
+        return self.stop_for(entry, below, holder, state, None)
+
+    def stop_for(
+        self,
+        entry: Queued,
+        below: frozenset[str],
+        holder: bool,
+        state: _Pass,
+        after: Key | None,
+    ) -> tuple[tuple[NodeGrant, ...], tuple[str, ...]] | None:
+        """Stop the cheapest victims that make room for the entry: unallocated sessions
+        past their grace and funded ones of the teams in ``below`` past their protected
+        window; their grants go to the entry, or None (the search remembered as failed,
+        and with ``after``, the key it was made at, the shape in ``state.no_victims``)."""
         search = (entry.shape_id, below)
         request = entry.request
         capacity = self.capacity
@@ -406,7 +591,8 @@ class _Cycle:
         if targets is None:
             if for_want and not holder:
                 known_failures.failed(search)
-            state.no_victims.add(entry.shape, after, entry.shape_id)
+            if after is not None and not entry.debug:
+                state.no_victims.add(entry.shape, after, entry.shape_id)
             return None
         chosen: dict[str, Allocation] = {}
         for target in targets:
@@ -418,7 +604,8 @@ class _Cycle:
                 rates[(victim.team, victim.pool)] -= victim.charge_rate
             capacity.give(victim.grants)
             self.stopped.add(victim.id)
-            self.preemptions.append(Preemption(victim.id, "funded", request.id))
+            reason = "funded" if self.funded.get(request.id) else "debug"
+            self.preemptions.append(Preemption(victim.id, reason, request.id))
             victims.remove(victim)
         grants = tuple(
             NodeGrant(t.node, t.slices, request.cpus, request.memory_gib) for t in targets
@@ -453,6 +640,8 @@ class _Cycle:
         preempts: tuple[str, ...],
         holder: bool,
         state: _Pass,
+        protect: float,
+        units: float,
     ) -> bool:
         """Admit the entry on ``grants`` (after ``preempts`` stop): its hold ends; it is
         protected for its minimum runtime if funded, else for the unallocated grace; a
@@ -460,14 +649,14 @@ class _Cycle:
         request = entry.request
         if holder:
             self.end_hold(request.id, state.held)
-        protected = entry.min_runtime if funded else self.settings.unallocated_grace
+        protected = protect if funded else self.settings.unallocated_grace
         self.admissions.append(
             Admission(request, grants, funded, self.now + protected, entry.rate, preempts)
         )
         if not funded:
             return False
         self.rates[(request.team, state.name)] += entry.rate
-        state.ranking.charge(request.team, entry.units)
+        state.ranking.charge(request.team, units)
         return True
 
     def decisions(self) -> Decisions:

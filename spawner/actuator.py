@@ -455,6 +455,11 @@ class SessionActuator:
             "drain": "its node is being drained",
             "node-down": "its node stopped answering",
             "idle": "it was idle and a session funded by a team's budget needed its GPUs",
+            "debug": f"a debug session needed its GPUs ({how})",
+            "time-slice": (
+                "your team has had its day's share of GPU time and others are waiting;"
+                " it is larger than your team's share, so it runs in daily slices"
+            ),
         }.get(reason, reason)
         requeue = allocation.request.resumable
         then = (

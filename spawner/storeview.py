@@ -275,6 +275,10 @@ def preemption_reason(payload: Mapping[str, Any]) -> str:
         return "unallocated-victim"
     if "funded" in text or "protect" in text:
         return "funded-victim"
+    if "debug" in text:
+        return "debug-victim"
+    if "slice" in text:
+        return "time-slice"
     return "other"
 
 

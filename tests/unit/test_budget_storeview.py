@@ -22,7 +22,7 @@ from scheduler_core.store.admin import AdminStore, SchedulerStatus
 from spawner.readmodel import QueueView
 from spawner.service import openapi, views
 from spawner.service.metrics import registry
-from spawner.storeview import DAY, StoreModel, build_state
+from spawner.storeview import DAY, StoreModel, build_state, preemption_reason
 
 NOW = time.time()  # QueueView asks the wall clock, as live
 
@@ -230,3 +230,17 @@ def test_the_grafana_dashboard_charts_only_served_metrics(store: Store) -> None:
     served = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
     served |= {f.name for f in text_string_to_metric_families(text)}
     assert used and used <= served, used - served
+
+
+def test_every_preemption_reason_of_the_policy_gets_its_own_label() -> None:
+    labels = {
+        reason: preemption_reason({"reason": reason})
+        for reason in ("funded", "debug", "time-slice", "drain", "node-down")
+    }
+    assert labels == {
+        "funded": "funded-victim",
+        "debug": "debug-victim",
+        "time-slice": "time-slice",
+        "drain": "drain",
+        "node-down": "node-down",
+    }

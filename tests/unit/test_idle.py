@@ -117,7 +117,9 @@ def test_a_session_is_idle_again_only_after_idle_after_of_its_new_run() -> None:
         _notebook("a2", "a", 0, 4),
         _notebook("b1", "b", 1.25 * HOUR, 2),
     ]
-    records = _run(_scenario(requests, idle_release=1800, funded_burst=2))
+    # guaranteed_share 2: a1 comes back within a's guaranteed room, so it may stop b1
+    # (work funded beyond that may stop only unallocated sessions).
+    records = _run(_scenario(requests, idle_release=1800, funded_burst=2, guaranteed_share=2))
     a1 = records["a1"]
     assert a1.preemptions >= 2
     for start, end in zip(a1.starts[: a1.preemptions], a1.ends, strict=False):

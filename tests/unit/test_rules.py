@@ -13,7 +13,8 @@ from scheduler_core.scenario import parse_scenario
 from scheduler_core.settings import PlacementStrategy
 from scheduler_core.simulator import Simulation
 
-WEEK = 7 * 86400
+DAY = 86400
+WEEK = 7 * DAY
 
 
 def scenario(**overrides: Any) -> dict[str, Any]:
@@ -49,8 +50,9 @@ def run(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def heavy_usage(team: str, ratio: float, gpus: int = 8, share: float = 0.5) -> dict[str, Any]:
-    """Seeded usage that puts ``team`` at ``ratio`` of its allocation."""
-    return {"team": team, "pool": "g", "gpu_seconds": ratio * share * gpus * WEEK, "ago": 3600}
+    """Seeded usage that puts ``team`` at ``ratio`` of its allocation: charged two days
+    ago, inside the week's window but not in the last day's (see test_fast_lane.py)."""
+    return {"team": team, "pool": "g", "gpu_seconds": ratio * share * gpus * WEEK, "ago": 2 * DAY}
 
 
 # Rule 1: order by occupancy ratio; priority only inside a team; then submit time.

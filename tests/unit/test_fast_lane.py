@@ -1,0 +1,204 @@
+"""The rules that serve a saturated cluster: the debug fast lane and held-node backfill.
+
+Each test runs a small scenario through the simulator (the same policy code as the
+live scheduler) in which the rule, and only the rule, lets a request start when it
+does; without the rule the request waits hours.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scheduler_core.kept import queue_key
+from scheduler_core.model import Request, RequestClass
+from scheduler_core.scenario import parse_scenario
+from scheduler_core.simulator import RequestRecord, Simulation
+
+HOUR = 3600
+WEEK_GPU_S = 7 * 24 * HOUR
+
+
+def _scenario(
+    requests: list[dict[str, Any]],
+    nodes: int = 2,
+    gpus: int = 4,
+    usage: dict[str, float] | None = None,
+    **policy: Any,
+) -> dict[str, Any]:
+    return {
+        "name": "fast-lane",
+        "horizon": 30 * HOUR,
+        "policy": {"name": "budget", **policy},
+        "pools": [{"name": "gpu", "kind": "gpu"}],
+        "nodes": [{"name": "n-{i}", "count": nodes, "pool": "gpu", "gpus": gpus, "cpus": 64}],
+        "teams": [
+            {"name": "a", "share": {"gpu": 0.5}},
+            {"name": "b", "share": {"gpu": 0.5}},
+        ],
+        "usage": [
+            {"team": team, "pool": "gpu", "gpu_seconds": seconds, "ago": HOUR}
+            for team, seconds in (usage or {}).items()
+        ],
+        "requests": requests,
+    }
+
+
+def _run(scenario: dict[str, Any]) -> dict[str, RequestRecord]:
+    return Simulation(parse_scenario(scenario)).run().records
+
+
+def _request(
+    rid: str, team: str, submit: float, gpus: int, klass: str, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "user": f"u-{rid}",
+        "team": team,
+        "submit": submit,
+        "pool": "gpu",
+        "gpus": gpus,
+        "cpus": 4,
+        "min_runtime": HOUR,
+        "duration": 20 * HOUR,
+        "class": klass,
+        **extra,
+    }
+
+
+def _debug(rid: str, team: str, submit: float) -> dict[str, Any]:
+    return _request(rid, team, submit, 1, "debug", min_runtime=600, duration=1200)
+
+
+def test_debug_comes_first_in_its_teams_queue_whatever_its_priority_or_submit_time() -> None:
+    batch = Request("x", "u", "a", "gpu", 0.0, gpus=4, priority=3, klass=RequestClass.BATCH)
+    debug = Request("d", "u", "a", "gpu", 50.0, gpus=1, priority=0, klass=RequestClass.DEBUG)
+    assert sorted([batch, debug], key=queue_key) == [debug, batch]
+
+    # One node, full until 1 h with a's protected notebook. a's high-priority batch job
+    # (4 GPUs) was submitted before a's debug session; when the node frees, the debug
+    # session goes first, so the batch job no longer fits and waits.
+    requests = [
+        _request("a0", "a", 0, 4, "interactive", min_runtime=HOUR, duration=HOUR),
+        _request("x", "a", 10, 4, "batch", priority=3, resumable=True),
+        _debug("d", "a", 20),
+    ]
+    records = _run(_scenario(requests, nodes=1))
+    assert records["d"].starts[0] == pytest.approx(HOUR)
+    assert records["x"].starts[0] >= HOUR + 1200
+
+
+def test_a_debug_session_stops_its_own_teams_work_past_its_protection() -> None:
+    # a's batch job holds every GPU, past its 1 h protection from 1 h on; b has nothing
+    # running, so no other team's work may go. a's debug session at 2 h stops it (it is
+    # resumable and comes back) and runs funded in its place.
+    requests = [
+        _request("a1", "a", 0, 4, "batch", resumable=True),
+        _debug("d", "a", 2 * HOUR),
+    ]
+    records = _run(_scenario(requests, nodes=1))
+    assert records["d"].starts[0] == pytest.approx(2 * HOUR, abs=60)
+    assert records["d"].funded == [True]
+    assert records["a1"].preemptions >= 1
+
+
+def test_an_unfunded_debug_session_takes_the_place_of_unallocated_work() -> None:
+    # Both teams have spent their window budget and only the budget funds
+    # (guaranteed_share 0): everything runs unallocated. b's resumable batch job and
+    # a's notebook fill both nodes; a's debug session, unfunded too, stops b's batch
+    # job (which loses no work), not a's notebook, and starts at once.
+    spent = {"a": 10 * WEEK_GPU_S, "b": 10 * WEEK_GPU_S}
+    requests = [
+        _request("a0", "a", 0, 4, "interactive"),
+        _request("b1", "b", 0, 4, "batch", resumable=True),
+        _debug("d", "a", 2 * HOUR),
+    ]
+    records = _run(_scenario(requests, usage=spent, guaranteed_share=0))
+    assert records["a0"].funded[0] is False and records["b1"].funded[0] is False
+    assert records["d"].starts[0] == pytest.approx(2 * HOUR, abs=60)
+    assert records["d"].funded == [False]
+    assert records["b1"].preemptions >= 1
+    assert records["a0"].preemptions == 0
+
+
+def test_a_debug_session_may_take_from_a_team_above_its_share_that_ranks_above() -> None:
+    # b has used little and ranks above a, but holds 6 of the 8 GPUs, past their
+    # protection from 1 h on (4 + 2 funded, its share is 4). a's notebook holds the
+    # other 2. a's funded debug session at 2 h may not stop b's work by rank, but b
+    # is above its share: one of its jobs goes (both lose no work). The job comes back
+    # funded beyond b's share, and such work may stop only unallocated sessions, so
+    # the debug session is not stopped in turn (the two would take turns otherwise).
+    requests = [
+        _request("b1", "b", 0, 4, "batch", resumable=True),
+        _request("b2", "b", 0, 2, "batch", resumable=True),
+        _request("a1", "a", 0, 2, "interactive", min_runtime=8 * HOUR),
+        _debug("d", "a", 2 * HOUR),
+    ]
+    records = _run(_scenario(requests, usage={"a": 2 * WEEK_GPU_S}))
+    assert records["b1"].funded[0] and records["b2"].funded[0]
+    assert records["d"].starts[0] == pytest.approx(2 * HOUR, abs=60)
+    assert records["d"].funded == [True]
+    assert records["b1"].preemptions + records["b2"].preemptions == 1
+    assert records["d"].preemptions == 0
+    assert records["a1"].preemptions == 0
+
+
+def test_held_nodes_are_backfilled_with_resumable_work_that_yields_to_the_holder() -> None:
+    # One 8-GPU node. b's notebook holds 4 GPUs, protected until it ends at 5 h. a's
+    # funded 8-GPU job waits; at 2 h (the starvation bound) it holds the node. b's
+    # resumable batch job (unfunded: b is at its share) fills the held node's other 4
+    # GPUs from 3 h and is stopped the moment the notebook ends, when a's job starts.
+    requests = [
+        _request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
+        _request("a1", "a", 60, 8, "batch", resumable=True),
+        _request("b1", "b", 3 * HOUR, 4, "batch", resumable=True),
+    ]
+    records = _run(_scenario(requests, nodes=1, gpus=8))
+    assert records["b1"].funded[0] is False
+    assert records["b1"].starts[0] == pytest.approx(3 * HOUR, abs=60)
+    assert records["b1"].ends[0] == pytest.approx(5 * HOUR, abs=60)
+    assert records["a1"].starts[0] == pytest.approx(5 * HOUR, abs=60)
+
+
+def test_only_resumable_work_backfills_a_held_node() -> None:
+    # As above, but b's later request is a notebook, which would lose its work when the
+    # holder takes the node back: it waits instead.
+    requests = [
+        _request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
+        _request("a1", "a", 60, 8, "batch", resumable=True),
+        _request("b1", "b", 3 * HOUR, 4, "interactive"),
+    ]
+    records = _run(_scenario(requests, nodes=1, gpus=8))
+    assert records["a1"].starts[0] == pytest.approx(5 * HOUR, abs=60)
+    assert records["b1"].starts[0] > 5 * HOUR
+
+
+def test_a_job_larger_than_its_teams_share_is_time_sliced_by_the_day() -> None:
+    # a's share is 2 GPUs (48 GPU-h a day); its one 8-GPU job may run funded, as a
+    # team's only funded session may be larger than its share, but only until it has
+    # been charged a day's share: 6 h. b ranks below a (it used 90 % of its week two
+    # days ago), so by rank its waiting job could not stop a's until it ends at 20 h.
+    scenario = _scenario(
+        [
+            _request("a1", "a", 0, 8, "batch", resumable=True),
+            _request("b1", "b", 1800, 6, "batch", resumable=True),
+        ],
+        nodes=1,
+        gpus=8,
+    )
+    scenario["teams"] = [
+        {"name": "a", "share": {"gpu": 0.25}},
+        {"name": "b", "share": {"gpu": 0.75}},
+    ]
+    scenario["usage"] = [
+        {"team": "b", "pool": "gpu", "gpu_seconds": 0.9 * 6 * WEEK_GPU_S, "ago": 2 * 24 * HOUR}
+    ]
+    records = _run(scenario)
+    a1, b1 = records["a1"], records["b1"]
+    assert a1.starts[0] == 0 and a1.funded[0]
+    # Stopped at the first cycle after its day's share is charged (cycles run at least
+    # every 5 minutes), and b's job starts in its place.
+    assert 6 * HOUR <= a1.ends[0] <= 6 * HOUR + 300
+    assert b1.starts[0] == pytest.approx(a1.ends[0])
+    assert a1.preemptions >= 1
