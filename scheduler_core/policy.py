@@ -54,7 +54,7 @@ from scheduler_core.capacity import Capacity, could_hold
 from scheduler_core.kept import CycleIndex, KnownFailures, Queued, Shape, queue_key
 from scheduler_core.ledger import WindowUsage
 from scheduler_core.model import Allocation, NodeGrant, PoolKind, Request
-from scheduler_core.preemption import Victims, offers, search_targets
+from scheduler_core.preemption import Lane, Victims, offers, search_targets
 from scheduler_core.ranking import Key, PoolRanking
 from scheduler_core.registry import register
 from scheduler_core.rules import funded_rates, funds, health_preemptions, kept_reservations
@@ -206,6 +206,7 @@ class _DayUsage:
                 not allocation.funded
                 or pool not in waiting
                 or allocation.protected_until > self.now
+                or allocation.start >= self.now
                 or not allocation.request.resumable
                 or allocation.id in stopped
             ):
@@ -402,7 +403,9 @@ class _Cycle:
                     funded = (
                         leaf_budget > 0.0
                         and (leaf_units + entry.rate * min(protect, sliced)) / leaf_budget <= 1.0
-                        and sliced >= min(protect, settings.default_min_runtime) - 1e-9
+                        and sliced
+                        >= min(max(protect, settings.cycle_tick), settings.default_min_runtime)
+                        - 1e-9
                     )
                     if funded and sliced < protect:
                         protect, units = sliced, entry.rate * sliced
@@ -533,9 +536,11 @@ class _Cycle:
             below: frozenset[str] = frozenset()
         else:
             below = frozenset(t for t, k in state.team_keys if k > after and t != team)
+        lane = None
         if entry.debug:  # the fast lane
+            lane = Lane(below)
             below |= self.over_share(state) | {team}
-        return self.stop_for(entry, below, holder, state, None if burst else after)
+        return self.stop_for(entry, below, holder, state, None if burst else after, lane)
 
     def over_share(self, state: _Pass) -> frozenset[str]:
         """Teams that hold more of the pool than their share now, funded or unallocated
@@ -563,7 +568,7 @@ class _Cycle:
         unallocated sessions past their grace (borrowed capacity) and its own team's
         funded sessions past their protected window (which may then fund it)."""
         below = self.over_share(state) | {team}
-        return self.stop_for(entry, below, holder, state, None)
+        return self.stop_for(entry, below, holder, state, None, Lane(None))
 
     def stop_for(
         self,
@@ -572,24 +577,29 @@ class _Cycle:
         holder: bool,
         state: _Pass,
         after: Key | None,
+        lane: Lane | None = None,
     ) -> tuple[tuple[NodeGrant, ...], tuple[str, ...]] | None:
         """Stop the cheapest victims that make room for the entry: unallocated sessions
         past their grace and funded ones of the teams in ``below`` past their protected
-        window; their grants go to the entry, or None (the search remembered as failed,
-        and with ``after``, the key it was made at, the shape in ``state.no_victims``)."""
+        window (within the ``lane``'s limit, for a debug entry); their grants go to the
+        entry, or None (the search remembered as failed, and with ``after``, the key it
+        was made at, the shape in ``state.no_victims``). A lane search's answer depends
+        on whether its entry is funded, not only on shape and teams, so its failures are
+        not carried from cycle to cycle."""
         search = (entry.shape_id, below)
         request = entry.request
         capacity = self.capacity
         victims = self.victims()
         known_failures = self.known_failures
-        if not holder and known_failures.fails(
+        remembered = not holder and lane is None
+        if remembered and known_failures.fails(
             request, search, lambda nf: offers(capacity, victims, request, below, nf)
         ):
             targets, for_want = None, True
         else:
-            targets, for_want = search_targets(request, capacity, victims, below, self.now)
+            targets, for_want = search_targets(request, capacity, victims, below, self.now, lane)
         if targets is None:
-            if for_want and not holder:
+            if for_want and remembered:
                 known_failures.failed(search)
             if after is not None and not entry.debug:
                 state.no_victims.add(entry.shape, after, entry.shape_id)

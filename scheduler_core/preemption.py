@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from scheduler_core.capacity import Capacity
 from scheduler_core.kept import ExposedSessions, Tally, gpu_totals, held_gpus
-from scheduler_core.model import MILLI, Allocation, Request, Slice
+from scheduler_core.model import MILLI, Allocation, Request, RequestClass, Slice
 from scheduler_core.nodefree import NodeFree
 
 
@@ -248,8 +248,11 @@ class Victims:
         return bool(self._idle) and allocation.id not in self._idle
 
     def permits(self, allocation: Allocation, allowed: frozenset[str]) -> bool:
-        """May a funded request that may stop the teams in ``allowed`` stop it?"""
-        return (
+        """May a funded request that may stop the teams in ``allowed`` stop it? Never a
+        session in the instant it started: with no protection (a zero grace or minimum
+        runtime) two requests could otherwise take turns stopping each other with no
+        time passing."""
+        return allocation.start < self._now and (
             not allocation.funded
             or allocation.request.team in allowed
             or allocation.id in self._releasable
@@ -392,6 +395,30 @@ class Victims:
         return {node: self.node_gpu_bound(node, allowed) for node in nodes}
 
 
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """The fast lane's limit on its victims (policy.py): a debug request stops debug
+    sessions only with the rights a funded request has anyway (``normal``: the teams
+    the rank rule permits; None for a request its budget does not fund, which has no
+    such rights). Every other victim it may stop is work that cannot itself take the
+    lane, so two debug sessions never take turns stopping each other."""
+
+    normal: frozenset[str] | None
+
+    def may_stop(self, victims: Victims, allocation: Allocation) -> bool:
+        if allocation.request.klass is not RequestClass.DEBUG:
+            return True
+        return self.normal is not None and victims.permits(allocation, self.normal)
+
+
+def _permits(
+    victims: Victims, allocation: Allocation, allowed: frozenset[str], lane: Lane | None
+) -> bool:
+    return victims.permits(allocation, allowed) and (
+        lane is None or lane.may_stop(victims, allocation)
+    )
+
+
 def _permitted(held: Tally, allowed: frozenset[str]) -> int:
     total = 0
     for team, count in held.items():
@@ -406,6 +433,7 @@ def offers(
     request: Request,
     allowed: frozenset[str],
     node_free: NodeFree,
+    lane: Lane | None = None,
 ) -> bool:
     """Could the node be one of `find_targets`'s answers for the request?
 
@@ -417,7 +445,7 @@ def offers(
         return False
     if request.nodes > 1 and node_free.tightness(request) is not None:
         return True
-    candidates = [a for a in victims.on(node_free.node.name) if victims.permits(a, allowed)]
+    candidates = [a for a in victims.on(node_free.node.name) if _permits(victims, a, allowed, lane)]
     return bool(candidates) and _freed(node_free, candidates).slices_for(request) is not None
 
 
@@ -444,9 +472,12 @@ def search_targets(
     victims: Victims,
     allowed: frozenset[str],
     now: float,
+    lane: Lane | None = None,
 ) -> tuple[tuple[Target, ...] | None, bool]:
     """`find_targets`, and whether a failure was for want of nodes that `offers`
-    (fewer than the request needs): then it fails again until one of them grows."""
+    (fewer than the request needs): then it fails again until one of them grows.
+    ``lane``: the fast lane's limit on victims, for a debug request (bounds stay
+    upper bounds: they count every session ``allowed`` permits)."""
     whole = request.mig is None and not request.gpu_milli and request.gpus > 0
     if whole:
         gpus = request.gpus
@@ -491,7 +522,7 @@ def search_targets(
                 free_options += 1
                 continue
         for first in victims.on(name):
-            if victims.permits(first, allowed):
+            if _permits(victims, first, allowed, lane):
                 bound = (
                     float(victims.tier(first)),
                     float(victims.is_busy(first)),
@@ -510,7 +541,7 @@ def search_targets(
             options.sort(key=lambda t: (t.cost, t.node))
             if options[request.nodes - 1].cost <= bound:
                 break
-        candidates = [a for a in victims.on(name) if victims.permits(a, allowed)]
+        candidates = [a for a in victims.on(name) if _permits(victims, a, allowed, lane)]
         target = _node_target(node_free, request, candidates, now, victims)
         if target is not None:
             options.append(target)

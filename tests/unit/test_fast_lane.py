@@ -202,3 +202,20 @@ def test_a_job_larger_than_its_teams_share_is_time_sliced_by_the_day() -> None:
     assert 6 * HOUR <= a1.ends[0] <= 6 * HOUR + 300
     assert b1.starts[0] == pytest.approx(a1.ends[0])
     assert a1.preemptions >= 1
+
+
+def test_the_fast_lane_never_stops_a_debug_session() -> None:
+    # One 2-GPU node, no grace and no minimum runtime: nothing is protected. a's two
+    # debug sessions (the later one of higher priority, so first in a's queue) each
+    # want the whole node. The lane may stop a's own work, but not another debug
+    # session: the first runs to its end and the second starts then, once. (Letting
+    # the lane stop debug work, the two took turns stopping each other without end,
+    # the simulated clock standing still.)
+    requests = [
+        _request("d1", "a", 0, 2, "debug", min_runtime=0, duration=1200),
+        _request("d2", "a", 60, 2, "debug", min_runtime=0, duration=1200, priority=2),
+    ]
+    records = _run(_scenario(requests, nodes=1, gpus=2, unallocated_grace=0))
+    d1, d2 = records["d1"], records["d2"]
+    assert d1.starts == [0] and d1.preemptions == 0
+    assert d2.starts == [pytest.approx(1200)]

@@ -158,6 +158,32 @@ def test_indexes_decide_as_the_bare_snapshot_does(scenario: Scenario) -> None:
     assert checked or not scenario.requests
 
 
+class _SameInstantRestart(AssertionError):
+    pass
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(busy_scenarios())
+def test_no_request_starts_twice_in_one_instant(scenario: Scenario) -> None:
+    """A simulation moves on: no request is started, stopped and started again with no
+    time passing (with zero grace or minimum runtime, two rules could otherwise hand
+    the same slices back and forth for ever, the simulated clock standing still). It
+    fails at the first such restart, so a regression fails fast rather than hangs."""
+    started: dict[str, float] = {}
+
+    def watch(snapshot: Snapshot, now: float) -> Decisions:
+        decisions = decide(snapshot, now)
+        for admission in decisions.admissions:
+            request_id = admission.request.id
+            if started.get(request_id) == now:
+                raise _SameInstantRestart(f"{request_id} started twice at t={now}")
+            started[request_id] = now
+        return decisions
+
+    with mock.patch.object(scheduler_module, "decide", watch):
+        Simulation(scenario).run()
+
+
 def _node(name: str, gpus: int = 8, cpus: float = 10.0, mig: int = 0) -> Node:
     devices = tuple(
         Gpu(
