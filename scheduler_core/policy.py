@@ -112,11 +112,16 @@ class Failures:
         self.exact.clear()
 
 
-def choose_reservation(capacity: Capacity, request: Request) -> tuple[str, ...] | None:
+def choose_reservation(
+    capacity: Capacity, request: Request, clears: Mapping[str, float] | None = None
+) -> tuple[str, ...] | None:
     """Nodes to hold for a starving request: those closest to fitting it.
 
-    Closest means most free GPUs now, then most free CPUs: what is still running
-    there ends or becomes preemptible in time, and nothing new lands meanwhile.
+    Closest means, with ``clears`` (per node, when the last protected window of what
+    runs there ends), the nodes that clear soonest, then most free GPUs now, then most
+    free CPUs: what still runs there ends or becomes preemptible in time, and nothing
+    new lands meanwhile. For a gang of several nodes, the most free GPUs now often
+    means a node kept busy for hours by a notebook's protected window.
     """
     options = [
         nf
@@ -127,7 +132,12 @@ def choose_reservation(capacity: Capacity, request: Request) -> tuple[str, ...] 
     ]
     if len(options) < request.nodes:
         return None
-    options.sort(key=lambda nf: (-nf.free_whole, -nf.cpus, nf.node.name))
+    if clears is None:
+        options.sort(key=lambda nf: (-nf.free_whole, -nf.cpus, nf.node.name))
+    else:
+        options.sort(
+            key=lambda nf: (clears.get(nf.node.name, 0.0), -nf.free_whole, -nf.cpus, nf.node.name)
+        )
     return tuple(nf.node.name for nf in options[: request.nodes])
 
 
@@ -305,6 +315,7 @@ class _Cycle:
         self.order: list[str] = []
         self.funded: dict[str, bool] = {}
         self._over: dict[str, frozenset[str]] = {}
+        self._clears: dict[str, float] | None = None
 
     def victims(self) -> Victims:
         """The sessions this cycle may still preempt: past their protected window (or
@@ -630,11 +641,26 @@ class _Cycle:
         fitting it, which take no new work from others until it fits (rule 7); no hold
         if too few nodes could ever take it."""
         request_id = entry.request.id
-        nodes = choose_reservation(self.capacity, entry.request)
+        nodes = choose_reservation(self.capacity, entry.request, self.clears())
         if nodes is not None:
             for node in nodes:
                 self.capacity.reserved[node] = request_id
             held.add(request_id)
+
+    def clears(self) -> Mapping[str, float]:
+        """Per node, when the last protected window of the sessions left on it ends (no
+        entry: none is protected now); worked out on first use, when a hold is made."""
+        found = self._clears
+        if found is None:
+            found = self._clears = {}
+            now, stopped = self.now, self.stopped
+            for allocation in self.snapshot.allocations:
+                until = allocation.protected_until
+                if until > now and allocation.id not in stopped:
+                    for node in allocation.node_names:
+                        if until > found.get(node, now):
+                            found[node] = until
+        return found
 
     def end_hold(self, request_id: str, held: set[str]) -> None:
         """The nodes held for ``request_id`` go back to everyone (and count as grown)."""

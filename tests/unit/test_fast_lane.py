@@ -219,3 +219,28 @@ def test_the_fast_lane_never_stops_a_debug_session() -> None:
     d1, d2 = records["d1"], records["d2"]
     assert d1.starts == [0] and d1.preemptions == 0
     assert d2.starts == [pytest.approx(1200)]
+
+
+def test_a_gang_holds_the_nodes_that_clear_soonest() -> None:
+    # Three 8-GPU nodes, all b's: a notebook of 2 GPUs on n-0 protected until 8 h, and
+    # two 8-GPU jobs on n-1 and n-2, protected until 3 h, that end at 4 h. b ranks above
+    # a (a has spent most of its week), so a's funded 2-node gang may stop none of it
+    # and holds two nodes at the starvation bound (2 h). Holding those with the most
+    # free GPUs now (n-0 and n-1) lets b's next job take n-2 at 4 h, and the gang waits
+    # for the notebook until 10 h; holding those that clear soonest, it starts at 4 h.
+    week = 3 * 8 * 7 * 24 * HOUR
+    requests = [
+        _request("b0", "b", 0, 2, "interactive", min_runtime=8 * HOUR, duration=10 * HOUR),
+        _request("b1", "b", 1, 8, "batch", min_runtime=3 * HOUR, duration=4 * HOUR),
+        _request("b2", "b", 2, 8, "batch", min_runtime=3 * HOUR, duration=4 * HOUR),
+        _request("a1", "a", 60, 8, "batch", nodes=2, min_runtime=HOUR, duration=HOUR),
+        _request("b3", "b", HOUR, 8, "batch", min_runtime=HOUR, duration=10 * HOUR),
+    ]
+    scenario = _scenario(requests, nodes=3, gpus=8, funded_burst=0)
+    scenario["teams"] = [{"name": "a", "share": {"gpu": 0.7}}, {"name": "b", "share": {"gpu": 0.3}}]
+    scenario["usage"] = [{"team": "a", "pool": "gpu", "gpu_seconds": 0.6 * week, "ago": HOUR}]
+    records = _run(scenario)
+    assert all(records[r].funded[0] for r in ("b0", "b1", "b2", "a1"))
+    assert records["b0"].nodes[0] == ["n-0"]
+    assert records["a1"].starts[0] == pytest.approx(4 * HOUR, abs=60)
+    assert records["b3"].starts[0] >= 5 * HOUR
