@@ -76,7 +76,9 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
-    """Stop a running allocation; ``reason`` is ``funded``, ``drain`` or ``node-down``."""
+    """Stop a running allocation; ``reason`` is ``funded``, ``debug`` (the fast lane, for an
+    unfunded debug request), ``time-slice`` (a day slice spent), ``drain`` or
+    ``node-down``."""
 
     allocation_id: str
     reason: str

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from test_fast_lane import _request
 
 from scheduler_core.errors import InputError
 from scheduler_core.scenario import parse_scenario
@@ -40,19 +41,7 @@ def _run(scenario: dict[str, Any]) -> dict[str, RequestRecord]:
 
 
 def _notebook(rid: str, team: str, submit: float, gpus: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "user": f"u-{rid}",
-        "team": team,
-        "submit": submit,
-        "pool": "gpu",
-        "gpus": gpus,
-        "cpus": 4,
-        "min_runtime": HOUR,
-        "duration": 20 * HOUR,
-        "class": "interactive",
-        **extra,
-    }
+    return _request(rid, team, submit, gpus, "interactive", **extra)
 
 
 def test_an_idle_session_is_stopped_before_one_that_would_lose_less_work() -> None:
