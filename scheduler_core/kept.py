@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -122,7 +123,9 @@ def queue_key(request: Request) -> QueueKey:
     return (request.klass is not RequestClass.DEBUG, -request.priority, request.submit, request.id)
 
 
-SearchKey = tuple[int, frozenset[str]]
+SearchKey = tuple[int, frozenset[str], frozenset[str] | None, bool]
+"""A victim search: shape number, permitted teams, and for the debug fast lane (the last
+field True) the teams it may stop debug sessions of (`preemption.Lane`)."""
 
 
 # -- nodes ---------------------------------------------------------------------
@@ -518,13 +521,18 @@ class Kept:
             self.free[grant.node] = free
             self._whole.update(free)
             self._reach_dirty.add(grant.node)
-        if allocation.protected_until <= self._indexed_at:
+        if allocation.protected_until <= self._indexed_at and allocation.start < self._indexed_at:
             self._exposed.add(allocation)
             self._growth.extend(allocation.node_names)
         else:
-            if allocation.funded:
+            if allocation.protected_until > self._indexed_at and allocation.funded:
                 self._protected.setdefault(allocation.pool, {})[allocation.id] = allocation
-            entry = (allocation.protected_until, next(self._sequence), allocation)
+            # Nothing is a victim in the instant it started (`Victims.permits`): a session
+            # with no protection is exposed, and its nodes logged as grown, only once
+            # the clock has moved past its start, so searches that failed without it
+            # are looked at again.
+            exposed_at = max(allocation.protected_until, math.nextafter(allocation.start, math.inf))
+            entry = (exposed_at, next(self._sequence), allocation)
             heapq.heappush(self._unexposed, entry)
 
     def release(self, allocation: Allocation) -> None:

@@ -66,7 +66,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from scheduler_core.capacity import Capacity, could_hold
-from scheduler_core.kept import CycleIndex, KnownFailures, Queued, Shape, queue_key
+from scheduler_core.kept import CycleIndex, KnownFailures, Queued, SearchKey, Shape, queue_key
 from scheduler_core.ledger import WindowUsage
 from scheduler_core.model import Allocation, NodeGrant, PoolKind, Request
 from scheduler_core.preemption import Lane, Victims, offers, search_targets
@@ -609,17 +609,21 @@ class _Cycle:
         past their grace and funded ones of the teams in ``below`` past their protected
         window (within the ``lane``'s limit, for a debug entry); their grants go to the
         entry, or None (the search remembered as failed, and with ``after``, the key it
-        was made at, the shape in ``state.no_victims``). A lane search's answer depends
-        on whether its entry is funded, not only on shape and teams, so its failures are
-        not carried from cycle to cycle."""
-        search = (entry.shape_id, below)
+        was made at, the shape in ``state.no_victims``). A lane search is remembered
+        under its lane's teams as well: its answer depends on them."""
+        search: SearchKey = (
+            entry.shape_id,
+            below,
+            None if lane is None else lane.normal,
+            lane is not None,
+        )
         request = entry.request
         capacity = self.capacity
         victims = self.victims()
         known_failures = self.known_failures
-        remembered = not holder and lane is None
+        remembered = not holder
         if remembered and known_failures.fails(
-            request, search, lambda nf: offers(capacity, victims, request, below, nf)
+            request, search, lambda nf: offers(capacity, victims, request, below, nf, lane)
         ):
             targets, for_want = None, True
         else:
