@@ -253,6 +253,7 @@ class _Pass:
         "held",
         "no_fit",
         "no_victims",
+        "no_burst",
         "no_backfill",
         "team_keys",
         "team_keys_at",
@@ -267,6 +268,8 @@ class _Pass:
         """Shapes with no room on free slices."""
         self.no_victims = Failures()
         """Shapes, with the team key they had, for which no victims made room."""
+        self.no_burst = Failures()
+        """Shapes for which no unallocated sessions made room (what burst work may stop)."""
         self.no_backfill = Failures()
         """Shapes with no room on free slices, held nodes' included."""
         self.team_keys: list[tuple[str, Key]] = []
@@ -382,6 +385,7 @@ class _Cycle:
         held = self.held[pool_name]
         state = _Pass(pool_name, ranking, held)
         no_fit, no_victims, no_backfill = state.no_fit, state.no_victims, state.no_backfill
+        no_burst = state.no_burst
         no_fit_exact, no_victims_exact = no_fit.exact, no_victims.exact
         window = self.snapshot.window
         rates = self.rates
@@ -447,7 +451,7 @@ class _Cycle:
                 holder = bool(held) and request_id in held
                 if holder and not funded:
                     # It would run unallocated: its nodes go back to everyone.
-                    self.end_hold(request_id, held)
+                    self.end_hold(request_id, state)
                     holder = False
 
                 # Fit, else victims, else hold; each only where it may find something.
@@ -463,11 +467,16 @@ class _Cycle:
                     if after is None:
                         after = afters[units] = ranking.key(team, units)
                     failed_at = no_victims_exact.get(entry.shape_id)
+                    running = rates[rate_key]
+                    burst = running > 1e-9 and running + entry.rate > oversize_above
                     if entry.debug or (
                         (failed_at is None or after < failed_at)
                         and not no_victims.known(entry.shape, after, entry.shape_id)
+                        and not (
+                            burst and not holder and no_burst.known(entry.shape, (), entry.shape_id)
+                        )
                     ):
-                        found = self.evict(entry, team, after, holder, state, share_rate)
+                        found = self.evict(entry, team, after, holder, state, burst)
                         if found is not None:
                             grants, preempts = found
                 elif grants is None and entry.debug:
@@ -538,22 +547,20 @@ class _Cycle:
         after: Key,
         holder: bool,
         state: _Pass,
-        share_rate: float,
+        burst: bool,
     ) -> tuple[tuple[NodeGrant, ...], tuple[str, ...]] | None:
         """Victims: for a funded entry with no room on free slices, stop the sessions that
         lose the least work and make room (rule 4): unallocated ones past their grace,
         funded ones past their protected window of teams whose key is above ``after``
         (the team's key with the entry charged). Their slices go to the entry: its grants
         and the victims' ids, or None, with the shape remembered in ``state.no_victims``
-        (and the search in `KnownFailures`), if no set of victims makes room."""
+        (and the search in `KnownFailures`), if no set of victims makes room. A
+        ``burst`` entry (funded beyond its team's share next to other funded work of
+        the team) may stop only unallocated sessions."""
         ranking = state.ranking
         if not state.team_keys or state.team_keys_at != ranking.charges:
             state.team_keys = [(t, ranking.key(t)) for t in self.snapshot.teams.teams]
             state.team_keys_at = ranking.charges
-        running = self.rates[(team, state.name)]
-        burst = running > 1e-9 and (
-            running + entry.rate > self.settings.guaranteed_share * share_rate + 1e-9
-        )
         if burst:
             # Funded beyond its share next to other funded work: like unallocated work,
             # it may stop only unallocated sessions (else it and the fast lane take
@@ -566,7 +573,10 @@ class _Cycle:
         if entry.debug:  # the fast lane
             lane = Lane(below)
             below |= self.over_share(state) | {team}
-        return self.stop_for(entry, below, holder, state, None if burst else after, lane)
+        found = self.stop_for(entry, below, holder, state, None if burst else after, lane)
+        if found is None and burst and lane is None and not holder:
+            state.no_burst.add(entry.shape, (), entry.shape_id)
+        return found
 
     def over_share(self, state: _Pass) -> frozenset[str]:
         """Teams that hold more of the pool than their share now, funded or unallocated
@@ -653,6 +663,7 @@ class _Cycle:
         capacity.take(grants)
         state.no_fit.clear()
         state.no_victims.clear()
+        state.no_burst.clear()
         return grants, tuple(chosen)
 
     def hold(self, entry: Queued, held: set[str]) -> None:
@@ -681,10 +692,12 @@ class _Cycle:
                             found[node] = until
         return found
 
-    def end_hold(self, request_id: str, held: set[str]) -> None:
-        """The nodes held for ``request_id`` go back to everyone (and count as grown)."""
+    def end_hold(self, request_id: str, state: _Pass) -> None:
+        """The nodes held for ``request_id`` go back to everyone (and count as grown): a
+        search of burst work that failed without them may succeed now."""
         _drop_hold(self.capacity, request_id, self.known_failures.grown)
-        held.discard(request_id)
+        state.held.discard(request_id)
+        state.no_burst.clear()
         self.released.append(request_id)
 
     def admit(
@@ -703,7 +716,7 @@ class _Cycle:
         funded one is charged to its team. True if it was (the team's rank moved)."""
         request = entry.request
         if holder:
-            self.end_hold(request.id, state.held)
+            self.end_hold(request.id, state)
         protected = protect if funded else self.settings.unallocated_grace
         self.admissions.append(
             Admission(request, grants, funded, self.now + protected, entry.rate, preempts)
