@@ -27,12 +27,13 @@ debug session beyond a funded request's rights); resumable work that would run
 unallocated backfills held nodes; burst work beyond the share may stop only
 unallocated sessions; a job larger than its team's share is funded from the last
 day's share (`_DayUsage`) and time-sliced; and holds take the nodes that clear
-soonest. Why: on bench.family's 88- and 256-GPU cells the seven rules alone gave
-debug p90 of 1.6-5.2 h on 88 GPUs and occupancy down to 91.2 %, with no cell within
-every bar; with these, debug p90 was 0 s on every one of those cells and seed
-(README, Benchmarks). Nothing is ever stopped in the instant it started: with a zero
-grace or minimum runtime, two rules could otherwise hand the same slices back and
-forth with no time passing.
+soonest. Why: on bench.family's 88- and 256-GPU cells (seeds 1 and 2) the seven
+rules alone gave debug p90 of 28 min to 5.2 h on 88 GPUs and occupancy down to
+91.2 %, with no cell within every bar; with these, debug p90 was 0 s on every one of
+those cells and 3 of the 12 cells were within every bar (README, Benchmarks).
+Nothing is ever stopped in the instant it started: with a zero grace or minimum
+runtime, two rules could otherwise hand the same slices back and forth with no time
+passing.
 
 The cycle runs in phases, as Kueue's ``schedule()`` does, each a function here:
 
