@@ -244,3 +244,23 @@ def test_a_gang_holds_the_nodes_that_clear_soonest() -> None:
     assert records["b0"].nodes[0] == ["n-0"]
     assert records["a1"].starts[0] == pytest.approx(4 * HOUR, abs=60)
     assert records["b3"].starts[0] >= 5 * HOUR
+
+
+def test_a_job_larger_than_its_teams_share_is_not_funded_once_its_day_is_spent() -> None:
+    # a's share is 2 GPUs (48 GPU-h a day) and it was charged 48 GPU-h an hour ago: its
+    # day is spent, though its week's budget (336 GPU-h) is not. Its 8-GPU job, alone,
+    # runs at once on the idle node, but unallocated (preemptible), not funded from
+    # the week's budget.
+    scenario = _scenario(
+        [_request("a1", "a", 0, 8, "batch", resumable=True, duration=2 * HOUR)],
+        nodes=1,
+        gpus=8,
+    )
+    scenario["teams"] = [
+        {"name": "a", "share": {"gpu": 0.25}},
+        {"name": "b", "share": {"gpu": 0.75}},
+    ]
+    scenario["usage"] = [{"team": "a", "pool": "gpu", "gpu_seconds": 48 * HOUR, "ago": HOUR}]
+    records = _run(scenario)
+    assert records["a1"].starts == [0]
+    assert records["a1"].funded == [False]
