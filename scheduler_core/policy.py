@@ -75,7 +75,6 @@ from scheduler_core.ranking import Key, PoolRanking
 from scheduler_core.registry import register
 from scheduler_core.rules import funded_rates, funds, health_preemptions, kept_reservations
 from scheduler_core.snapshot import Admission, Decisions, Preemption, Snapshot
-from scheduler_core.teams import TeamTree
 
 _DAY = 86400.0
 
@@ -129,15 +128,16 @@ class Failures:
 
 
 def choose_reservation(
-    capacity: Capacity, request: Request, clears: Mapping[str, float] | None = None
+    capacity: Capacity, request: Request, clears: Mapping[str, float]
 ) -> tuple[str, ...] | None:
     """Nodes to hold for a starving request: those closest to fitting it.
 
-    Closest means, with ``clears`` (per node, when the last protected window of what
-    runs there ends), the nodes that clear soonest, then most free GPUs now, then most
-    free CPUs: what still runs there ends or becomes preemptible in time, and nothing
-    new lands meanwhile. For a gang of several nodes, the most free GPUs now often
-    means a node kept busy for hours by a notebook's protected window.
+    Closest means the nodes that clear soonest (``clears``: per node, when the last
+    protected window of what runs there ends; a node not listed has none), then most
+    free GPUs now, then most free CPUs: what still runs there ends or becomes
+    preemptible in time, and nothing new lands meanwhile. For a gang of several
+    nodes, the most free GPUs now often means a node kept busy for hours by a
+    notebook's protected window.
     """
     options = [
         nf
@@ -148,12 +148,9 @@ def choose_reservation(
     ]
     if len(options) < request.nodes:
         return None
-    if clears is None:
-        options.sort(key=lambda nf: (-nf.free_whole, -nf.cpus, nf.node.name))
-    else:
-        options.sort(
-            key=lambda nf: (clears.get(nf.node.name, 0.0), -nf.free_whole, -nf.cpus, nf.node.name)
-        )
+    options.sort(
+        key=lambda nf: (clears.get(nf.node.name, 0.0), -nf.free_whole, -nf.cpus, nf.node.name)
+    )
     return tuple(nf.node.name for nf in options[: request.nodes])
 
 
@@ -185,11 +182,6 @@ def queue_heads(
             for team, requests in teams.items()
         }
     return out
-
-
-def _leaf_share(tree: TeamTree, team: str, pool: str) -> float:
-    """The fraction of the pool that funds the team's own requests."""
-    return tree.own_share(team, pool) if tree.has_children(team) else tree.share(team, pool)
 
 
 class _DayUsage:
@@ -237,7 +229,7 @@ class _DayUsage:
                 or allocation.id in stopped
             ):
                 continue
-            share_rate = _leaf_share(tree, allocation.team, pool) * snapshot.capacity.get(pool, 0)
+            share_rate = tree.own_share(allocation.team, pool) * snapshot.capacity.get(pool, 0)
             if allocation.charge_rate <= guaranteed * share_rate + 1e-9:
                 continue
             if self.room(allocation.team, pool, share_rate) <= 1e-6:

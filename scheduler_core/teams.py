@@ -51,7 +51,10 @@ class TeamTree:
         return own * self.share(team.parent, pool)
 
     def own_share(self, name: str, pool: str) -> float:
-        """The fraction of the pool that funds the team's own requests."""
+        """The fraction of the pool that funds the team's own requests (for a team
+        without sub-teams, its share)."""
+        if not self.children[name]:
+            return self.share(name, pool)
         given = sum(self.teams[c].share.get(pool, 0.0) for c in self.children[name])
         return self.share(name, pool) * max(0.0, 1.0 - given)
 
