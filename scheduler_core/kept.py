@@ -123,9 +123,10 @@ def queue_key(request: Request) -> QueueKey:
     return (request.klass is not RequestClass.DEBUG, -request.priority, request.submit, request.id)
 
 
-SearchKey = tuple[int, frozenset[str], frozenset[str] | None, bool]
-"""A victim search: shape number, permitted teams, and for the debug fast lane (the last
-field True) the teams it may stop debug sessions of (`preemption.Lane`)."""
+SearchKey = tuple[int, frozenset[str], frozenset[str] | None, bool, str]
+"""A victim search: shape number, permitted teams, for the debug fast lane (the fourth
+field True) the teams it may stop debug sessions of (`preemption.Lane`), and the id of
+the request if it holds nodes (which only it may use), else ""."""
 
 
 # -- nodes ---------------------------------------------------------------------

@@ -248,6 +248,7 @@ class _Pass:
         "no_victims",
         "no_burst",
         "no_backfill",
+        "no_search",
         "team_keys",
         "team_keys_at",
     )
@@ -265,6 +266,9 @@ class _Pass:
         """Shapes for which no unallocated sessions made room (what burst work may stop)."""
         self.no_backfill = Failures()
         """Shapes with no room on free slices, held nodes' included."""
+        self.no_search: set[SearchKey] = set()
+        """Victim searches that failed in this pass (a debug entry's come back for every
+        entry of its team and shape: without this they were half the steady cycle)."""
         self.team_keys: list[tuple[str, Key]] = []
         """Every team's key, as of ``team_keys_at`` charges of the ranking."""
         self.team_keys_at = -1
@@ -614,25 +618,32 @@ class _Cycle:
         entry, or None (the search remembered as failed, and with ``after``, the key it
         was made at, the shape in ``state.no_victims``). A lane search is remembered
         under its lane's teams as well: its answer depends on them."""
+        request = entry.request
+        # A holder's search also counts its held nodes, so it is remembered apart.
         search: SearchKey = (
             entry.shape_id,
             below,
             None if lane is None else lane.normal,
             lane is not None,
+            request.id if holder else "",
         )
-        request = entry.request
         capacity = self.capacity
         victims = self.victims()
         known_failures = self.known_failures
-        remembered = not holder
-        if remembered and known_failures.fails(
+        if search in state.no_search:
+            # Failed already in this pass: room and victims have only shrunk since.
+            if after is not None and not entry.debug:
+                state.no_victims.add(entry.shape, after, entry.shape_id)
+            return None
+        if known_failures.fails(
             request, search, lambda nf: offers(capacity, victims, request, below, nf, lane)
         ):
             targets, for_want = None, True
         else:
             targets, for_want = search_targets(request, capacity, victims, below, self.now, lane)
         if targets is None:
-            if for_want and remembered:
+            state.no_search.add(search)
+            if for_want:
                 known_failures.failed(search)
             if after is not None and not entry.debug:
                 state.no_victims.add(entry.shape, after, entry.shape_id)
@@ -657,6 +668,7 @@ class _Cycle:
         state.no_fit.clear()
         state.no_victims.clear()
         state.no_burst.clear()
+        state.no_search.clear()
         return grants, tuple(chosen)
 
     def hold(self, entry: Queued, held: set[str]) -> None:
@@ -691,6 +703,7 @@ class _Cycle:
         _drop_hold(self.capacity, request_id, self.known_failures.grown)
         state.held.discard(request_id)
         state.no_burst.clear()
+        state.no_search.clear()
         self.released.append(request_id)
 
     def admit(
