@@ -105,11 +105,18 @@ def demo_teams() -> list[dict[str, Any]]:
     ]
 
 
+HUB_OWNERS: dict[str, str] = {}
+"""Hub name → the test that made it, so a leftover container names its test."""
+
+
 @pytest.fixture
-def make_hub(engine: docker.DockerClient, tmp_path: Path) -> Iterator[Callable[..., Hub]]:
+def make_hub(
+    engine: docker.DockerClient, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Hub]]:
     """Start a Hub; ``make_hub(nodes=[...], teams=[...], groups={...})``."""
     hubs: list[Hub] = []
     hub_name = f"test-{secrets.token_hex(4)}"
+    HUB_OWNERS[hub_name] = request.node.nodeid
     engines: dict[str | None, dict[str, str] | None] = {}
 
     def make(
@@ -142,10 +149,13 @@ def make_hub(engine: docker.DockerClient, tmp_path: Path) -> Iterator[Callable[.
         return hub
 
     yield make
-    for hub in hubs:
-        hub.stop()
-    for url, tls in engines.items():
-        remove_containers(hub_name, url, tls)
+    try:
+        for hub in hubs:
+            hub.stop()
+    finally:
+        killed = any(hub.killed for hub in hubs)
+        for url, tls in engines.items():
+            remove_containers(hub_name, url, tls, stragglers_s=10.0 if killed else 0.0)
 
 
 def local_gpu_node(gpus: int = 2, **extra: Any) -> dict[str, Any]:

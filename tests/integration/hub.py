@@ -100,6 +100,8 @@ class Hub:
         self.config_path.write_text(config)
         self.log_path = directory / "jupyterhub.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.killed = False
+        """Did a stop need SIGKILL? Then a container create it had sent may still land."""
         self.http = requests.Session()
         self.http.headers["Authorization"] = f"token {ADMIN_TOKEN}"
 
@@ -140,6 +142,7 @@ class Hub:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
+            self.killed = True
         self.process = None
 
     def log_tail(self, lines: int = 80) -> str:
@@ -240,7 +243,17 @@ def containers(
 
 
 def remove_containers(
-    hub_name: str, engine: str | None = None, tls: dict[str, str] | None = None
+    hub_name: str,
+    engine: str | None = None,
+    tls: dict[str, str] | None = None,
+    stragglers_s: float = 0.0,
 ) -> None:
-    for container in containers(hub_name, engine, tls):
-        container.remove(force=True)
+    """Remove the Hub's containers; with ``stragglers_s``, keep looking that long for
+    ones an engine was still creating (asked for by a Hub that was killed)."""
+    deadline = time.monotonic() + stragglers_s
+    while True:
+        for container in containers(hub_name, engine, tls):
+            container.remove(force=True)
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(1.0)

@@ -6,7 +6,7 @@ import subprocess
 
 import docker
 
-from tests.integration.conftest import NODE, REPO, cpu_node, local_gpu_node
+from tests.integration.conftest import HUB_OWNERS, NODE, REPO, cpu_node, local_gpu_node
 from tests.integration.hub import containers
 from tests.integration.test_queue import ONE_GPU, positions, queue_events, wait_for
 
@@ -98,4 +98,14 @@ def test_hub_restart_finds_running_sessions_and_keeps_the_queue(make_hub):
 
 def test_engine_fixture_sees_no_leftovers(engine: docker.DockerClient):
     leftovers = engine.containers.list(all=True, filters={"label": "org.budgethub.hub"})
-    assert [c.name for c in leftovers if c.labels["org.budgethub.hub"].startswith("test-")] == []
+    found = [
+        (
+            c.name,
+            HUB_OWNERS.get(c.labels["org.budgethub.hub"], "a Hub of no test in this run"),
+            c.attrs["State"]["Status"],
+            c.attrs["Created"],
+        )
+        for c in leftovers
+        if c.labels["org.budgethub.hub"].startswith("test-")
+    ]
+    assert found == [], "containers left behind (name, test, state, created)"
