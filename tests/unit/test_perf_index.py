@@ -18,8 +18,10 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_fast_lane import _debug, _request, _scenario
 from test_properties import only_placeable
 
+from scheduler_core import policy as policy_module
 from scheduler_core import scheduler as scheduler_module
 from scheduler_core.capacity import Capacity
 from scheduler_core.kept import shape_of
@@ -28,7 +30,7 @@ from scheduler_core.model import Gpu, MigInstance, Node, NodeGrant, Request, Sli
 from scheduler_core.nodefree import NodeFree
 from scheduler_core.policy import Failures
 from scheduler_core.registry import decide
-from scheduler_core.scenario import Scenario
+from scheduler_core.scenario import Scenario, parse_scenario
 from scheduler_core.settings import PlacementStrategy
 from scheduler_core.simulator import Simulation
 from scheduler_core.snapshot import Decisions, Snapshot
@@ -156,6 +158,65 @@ def test_indexes_decide_as_the_bare_snapshot_does(scenario: Scenario) -> None:
     with mock.patch.object(scheduler_module, "decide", both):
         Simulation(scenario).run()
     assert checked or not scenario.requests
+
+
+class _Forgets(set[Any]):
+    """A record of failed searches that remembers nothing."""
+
+    def add(self, item: Any) -> None:
+        pass
+
+
+class _PassThatSearchesAgain(policy_module._Pass):
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.no_search = _Forgets()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(busy_scenarios())
+def test_searches_remembered_in_a_pass_decide_as_searching_again_does(
+    scenario: Scenario,
+) -> None:
+    """A victim search that failed is not made again in the pool's pass (room and
+    victims only shrink until a preemption or a dropped hold clears the record): the
+    same decisions as searching again every time."""
+    checked: list[int] = []
+
+    def both(snapshot: Snapshot, now: float) -> Decisions:
+        remembered = decide(snapshot, now)
+        with mock.patch.object(policy_module, "_Pass", _PassThatSearchesAgain):
+            again = decide(snapshot, now)
+        assert _fields(remembered) == _fields(again)
+        checked.append(1)
+        return remembered
+
+    with mock.patch.object(scheduler_module, "decide", both):
+        Simulation(scenario).run()
+    assert checked or not scenario.requests
+
+
+def test_a_failed_search_is_remembered_with_the_teams_it_could_stop() -> None:
+    """One 2-GPU node: a's notebook protected for 8 h, b's for 10 min. Debug sessions of
+    a and b wait for one GPU; neither is funded. In the cycle at 10 min a's search fails
+    (only a's own work and unallocated work are its to stop, and a's is protected),
+    then b's succeeds in the same pass: it may stop b's own notebook. Remembered by
+    shape alone, a's failure kept b waiting until a's notebook ended at 8 h."""
+    hour = 3600
+    requests = [
+        _request("a1", "a", 0, 1, "interactive", min_runtime=8 * hour, duration=20 * hour),
+        _request("b1", "b", 0, 1, "interactive", min_runtime=600, duration=20 * hour),
+        _debug("da", "a", 300),
+        _debug("db", "b", 301),
+    ]
+    records = (
+        Simulation(parse_scenario(_scenario(requests, nodes=1, gpus=2, usage={"b": 1e6})))
+        .run()
+        .records
+    )
+    assert records["db"].starts == [600]
+    assert records["b1"].ends[0] == 600
+    assert records["a1"].starts[0] == 0 and records["a1"].ends[0] >= 8 * hour
 
 
 class _SameInstantRestart(AssertionError):
