@@ -56,7 +56,10 @@ When the snapshot carries a `CycleIndex` (kept.py) the sorted queues, protected
 sessions and victims come from it instead of being rebuilt from every running
 session, and victim searches that failed in earlier cycles are only re-checked
 on the nodes that grew since (`KnownFailures`): a search's answer is monotone in
-room and victims, so that check is exact, not a heuristic.
+room and victims, so that check is exact, not a heuristic. Within a pool's pass a
+failed search is not made again at all (`_Pass.no_search`) until a preemption or a
+dropped hold gives room back: debug entries and holders skip the shape records, and
+searching again for each of them was half the steady cycle.
 """
 
 from __future__ import annotations
