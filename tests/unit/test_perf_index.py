@@ -200,10 +200,11 @@ def test_searches_remembered_in_a_pass_decide_as_searching_again_does(
 
 def test_a_failed_search_is_remembered_with_the_teams_it_could_stop() -> None:
     """One 2-GPU node: a's notebook protected for 8 h, b's for 10 min. Debug sessions of
-    a and b wait for one GPU; neither is funded. In the cycle at 10 min a's search fails
-    (only a's own work and unallocated work are its to stop, and a's is protected),
-    then b's succeeds in the same pass: it may stop b's own notebook. Remembered by
-    shape alone, a's failure kept b waiting until a's notebook ended at 8 h."""
+    a and b wait for one GPU, neither funded while its team's notebook runs. In the
+    cycle at 10 min a's lane search fails (only a's own work and unallocated work are
+    its to stop, and a's is protected), then b's succeeds in the same pass: it may stop
+    b's own notebook (and is funded in its place). Remembered by shape alone, a's
+    failure kept b waiting until a's notebook ended at 8 h."""
     hour = 3600
     requests = [
         _request("a1", "a", 0, 1, "interactive", min_runtime=8 * hour, duration=20 * hour),
