@@ -401,6 +401,8 @@ class KnownFailures:
         grown = self._capacity_grown
         here = self._here.get(key)
         if here is not None:
+            if here[0] == len(self.grown) and here[1] == len(grown):
+                return True  # failed this cycle, and nothing has grown since
             focus = set(self.grown[here[0] :])
             focus.update(grown[here[1] :])
         else:

@@ -56,10 +56,9 @@ When the snapshot carries a `CycleIndex` (kept.py) the sorted queues, protected
 sessions and victims come from it instead of being rebuilt from every running
 session, and victim searches that failed in earlier cycles are only re-checked
 on the nodes that grew since (`KnownFailures`): a search's answer is monotone in
-room and victims, so that check is exact, not a heuristic. Within a pool's pass a
-failed search is not made again at all (`_Pass.no_search`) until a preemption or a
-dropped hold gives room back: debug entries and holders skip the shape records, and
-searching again for each of them was half the steady cycle.
+room and victims, so that check is exact, not a heuristic. Debug entries and holders
+skip the shape records, so that check is all that stops them searching again; a
+holder's search is remembered under its own id, since its held nodes are its alone.
 """
 
 from __future__ import annotations
@@ -251,7 +250,6 @@ class _Pass:
         "no_victims",
         "no_burst",
         "no_backfill",
-        "no_search",
         "team_keys",
         "team_keys_at",
     )
@@ -269,9 +267,6 @@ class _Pass:
         """Shapes for which no unallocated sessions made room (what burst work may stop)."""
         self.no_backfill = Failures()
         """Shapes with no room on free slices, held nodes' included."""
-        self.no_search: set[SearchKey] = set()
-        """Victim searches that failed in this pass (a debug entry's come back for every
-        entry of its team and shape: without this they were half the steady cycle)."""
         self.team_keys: list[tuple[str, Key]] = []
         """Every team's key, as of ``team_keys_at`` charges of the ranking."""
         self.team_keys_at = -1
@@ -633,11 +628,6 @@ class _Cycle:
         capacity = self.capacity
         victims = self.victims()
         known_failures = self.known_failures
-        if search in state.no_search:
-            # Failed already in this pass: room and victims have only shrunk since.
-            if after is not None and not entry.debug:
-                state.no_victims.add(entry.shape, after, entry.shape_id)
-            return None
         if known_failures.fails(
             request, search, lambda nf: offers(capacity, victims, request, below, nf, lane)
         ):
@@ -645,7 +635,6 @@ class _Cycle:
         else:
             targets, for_want = search_targets(request, capacity, victims, below, self.now, lane)
         if targets is None:
-            state.no_search.add(search)
             if for_want:
                 known_failures.failed(search)
             if after is not None and not entry.debug:
@@ -671,7 +660,6 @@ class _Cycle:
         state.no_fit.clear()
         state.no_victims.clear()
         state.no_burst.clear()
-        state.no_search.clear()
         return grants, tuple(chosen)
 
     def hold(self, entry: Queued, held: set[str]) -> None:
@@ -706,7 +694,6 @@ class _Cycle:
         _drop_hold(self.capacity, request_id, self.known_failures.grown)
         state.held.discard(request_id)
         state.no_burst.clear()
-        state.no_search.clear()
         self.released.append(request_id)
 
     def admit(

@@ -22,10 +22,9 @@ from hypothesis import strategies as st
 from test_fast_lane import _debug, _request, _scenario
 from test_properties import only_placeable
 
-from scheduler_core import policy as policy_module
 from scheduler_core import scheduler as scheduler_module
 from scheduler_core.capacity import Capacity
-from scheduler_core.kept import shape_of
+from scheduler_core.kept import KnownFailures, shape_of
 from scheduler_core.ledger import UsageLedger
 from scheduler_core.model import Gpu, MigInstance, Node, NodeGrant, Request, Slice, SliceKind
 from scheduler_core.nodefree import NodeFree
@@ -169,30 +168,15 @@ def _decided_alike(scenario: Scenario, other: Callable[[Snapshot, float], Decisi
     assert checked or not scenario.requests
 
 
-class _Forgets(set[Any]):
-    """A record of failed searches that remembers nothing."""
-
-    def add(self, item: Any) -> None:
-        pass
-
-
-class _PassThatSearchesAgain(policy_module._Pass):
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.no_search = _Forgets()
-
-
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(busy_scenarios())
-def test_searches_remembered_in_a_pass_decide_as_searching_again_does(
-    scenario: Scenario,
-) -> None:
-    """A victim search that failed is not made again in the pool's pass (room and
-    victims only shrink until a preemption or a dropped hold clears the record): the
-    same decisions as searching again every time."""
+def test_remembered_searches_decide_as_searching_again_does(scenario: Scenario) -> None:
+    """A victim search that failed, in this cycle or an earlier one, is not made again
+    until a node it could use has grown (`KnownFailures`): the same decisions as
+    searching again every time."""
 
     def again(snapshot: Snapshot, now: float) -> Decisions:
-        with mock.patch.object(policy_module, "_Pass", _PassThatSearchesAgain):
+        with mock.patch.object(KnownFailures, "fails", lambda *_: False):
             return decide(snapshot, now)
 
     _decided_alike(scenario, again)
