@@ -68,9 +68,6 @@ def hub_config(
         "c.Authenticator.allow_all = True",
         f"c.JupyterHub.load_groups = {json.dumps({g: {'users': u} for g, u in groups.items()})}",
         f"c.JupyterHub.services.append({{'name': 'tester', 'api_token': {ADMIN_TOKEN!r}}})",
-        # The harness's tokens are 128 random bits, not passwords: checked with one
-        # hash, as the Hub's own tokens are, not 16384 rounds on the Hub's loop per call.
-        "c.JupyterHub.trust_user_provided_tokens = True",
         "c.JupyterHub.load_roles.append({'name': 'tester', 'services': ['tester'], "
         "'scopes': ['admin:users', 'admin:servers', 'access:servers', 'admin:groups', "
         "'tokens', 'read:users']})",
