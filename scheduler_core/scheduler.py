@@ -31,7 +31,16 @@ from typing import Protocol
 
 from scheduler_core.kept import Kept
 from scheduler_core.ledger import UsageLedger
-from scheduler_core.model import Allocation, Health, Node, Pool, PoolKind, Request, Team
+from scheduler_core.model import (
+    Allocation,
+    Health,
+    Node,
+    Pool,
+    PoolKind,
+    Request,
+    RequestClass,
+    Team,
+)
 from scheduler_core.registry import decide
 from scheduler_core.settings import Settings
 from scheduler_core.snapshot import Decisions, Snapshot
@@ -271,6 +280,10 @@ class Scheduler:
         last = self._last_cycle
         if self._changed or starving or last is None or now - last >= self.settings.budget_recheck:
             return self.cycle()
+        if self.settings.own_slice_after > 0 and (expired or self._behind_a_slicing_job(now)):
+            # Whether a team slices itself depends on its waiting jobs and its running
+            # ones' protection, which a cycle over part of the queue does not see.
+            return self.cycle()
         scope = set(self._fresh)
         if expired:
             scope.update(r for r in self.pending if self._funded.get(r))
@@ -278,6 +291,22 @@ class Scheduler:
         if scope or draining:
             return self.cycle(scope)
         return None
+
+    def _behind_a_slicing_job(self, now: float) -> bool:
+        """A new batch request whose team has a request in the same pool waiting longer
+        than ``own_slice_after`` (its funding may depend on that one)."""
+        fresh = [
+            r
+            for r in (self.pending.get(i) for i in self._fresh)
+            if r is not None and r.klass is RequestClass.BATCH
+        ]
+        if not fresh:
+            return False
+        teams = {(r.team, r.pool) for r in fresh}
+        bound = self.settings.own_slice_after
+        return any(
+            (r.team, r.pool) in teams and now - r.submit >= bound for r in self.pending.values()
+        )
 
     def settle(self, observe: Callable[[Decisions], None] | None = None) -> Decisions | None:
         """`step`, then at once the follow-up cycles it calls for.

@@ -142,6 +142,12 @@ class SchedulerConfig(SingletonConfigurable):
         protected window, before a funded request of any team may snapshot and release it
         (0: never). Idle sessions are always the first victims.""",
     ).tag(config=True)
+    own_slice_after = Float(
+        0.0,
+        help="""Seconds a job larger than its team's share must wait beside other funded
+        work of its team before it is funded from the team's day and may stop that work
+        (the team time-slices itself; 0: never).""",
+    ).tag(config=True)
     policy_settings: Dict[str, Any] = Dict(
         help="""Settings of the policy that have no trait of their own (e.g. a baseline's),
         by their scenario names: {'fairshare_half_life': '7d'}."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from scheduler_core.errors import InputError
 from scheduler_core.kept import queue_key
 from scheduler_core.model import Request, RequestClass
 from scheduler_core.scenario import parse_scenario
@@ -264,3 +265,66 @@ def test_a_job_larger_than_its_teams_share_is_not_funded_once_its_day_is_spent()
     records = _run(scenario)
     assert records["a1"].starts == [0]
     assert records["a1"].funded == [False]
+
+
+def _own_slice_scenario(requests: list[dict[str, Any]], after: str = "2h") -> dict[str, Any]:
+    # Two 8-GPU nodes; a's share is 8 GPUs (192 GPU-h a day), b has none waiting.
+    return _scenario(requests, nodes=2, gpus=8, own_slice_after=after)
+
+
+def test_a_job_larger_than_its_share_stops_its_own_teams_work_after_the_bound() -> None:
+    # a runs a 4-GPU job (within its share) and then asks for a 16-GPU gang: beside
+    # that job the gang is funded neither by the share nor by the burst cap, so it
+    # would wait for the job to end at 20 h. Past the starvation bound (2 h), with
+    # a's only funded job resumable and past its protected window, the team slices
+    # itself: the gang is funded from a's day, stops a's own job and starts; it is
+    # stopped once the day's share is charged, and a's job comes back.
+    records = _run(
+        _own_slice_scenario(
+            [
+                _request("a1", "a", 0, 4, "batch", resumable=True),
+                _request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=20 * HOUR),
+            ]
+        )
+    )
+    a1, a2 = records["a1"], records["a2"]
+    assert 2 * HOUR + 60 <= a2.starts[0] <= 2 * HOUR + 660 and a2.funded[0]
+    assert a1.ends[0] == pytest.approx(a2.starts[0]) and a1.preemptions >= 1
+    # The gang ran for a's day (192 GPU-h less what a1 was charged: 8 GPU-h) at 16 GPUs.
+    assert a2.ends[0] == pytest.approx(a2.starts[0] + 11.5 * HOUR, abs=600)
+    assert len(a1.starts) >= 2 and a1.starts[1] >= a2.ends[0]
+
+
+def test_a_teams_new_batch_work_waits_unfunded_behind_its_gang_past_the_bound() -> None:
+    # As above, but a's 4-GPU job is protected until 8 h, so the gang cannot stop it
+    # before then. a's next 4-GPU job (at 3 h, protected 8 h if funded) would be funded
+    # by the share and hold the gang off until 11 h; behind the gang past the bound it
+    # is not funded (it runs unallocated on the free node), and the gang starts at 8 h.
+    records = _run(
+        _own_slice_scenario(
+            [
+                _request("a1", "a", 0, 4, "batch", resumable=True, min_runtime=8 * HOUR),
+                _request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=HOUR),
+                _request("a3", "a", 3 * HOUR, 4, "batch", resumable=True, min_runtime=8 * HOUR),
+            ]
+        )
+    )
+    a1, a2, a3 = records["a1"], records["a2"], records["a3"]
+    assert a3.starts[0] == pytest.approx(3 * HOUR, abs=60) and a3.funded[0] is False
+    assert a2.starts[0] == pytest.approx(8 * HOUR, abs=600) and a2.funded[0]
+    assert a1.preemptions >= 1 and a3.preemptions >= 1
+
+
+def test_a_team_slices_itself_only_when_turned_on() -> None:
+    # The first scenario with own_slice_after off (the default): the gang is funded
+    # neither beside a's job nor by the day, so it waits for that job to end at 20 h.
+    requests = [
+        _request("a1", "a", 0, 4, "batch", resumable=True),
+        _request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=HOUR),
+    ]
+    records = _run(_own_slice_scenario(requests, after="0"))
+    assert records["a1"].preemptions == 0
+    assert records["a2"].starts[0] == pytest.approx(20 * HOUR, abs=600)
+    with pytest.raises(InputError) as error:
+        parse_scenario(_own_slice_scenario(requests, after="soon"))
+    assert "own_slice_after" in error.value.where
