@@ -47,7 +47,8 @@ from typing import Any
 
 from scheduler_core.metrics import result
 from scheduler_core.research.generator import SeedLikeOptions, seed_like
-from scheduler_core.scenario import parse_scenario
+from scheduler_core.scenario import Scenario, parse_scenario
+from scheduler_core.settings import SettingError, settings_from_mapping
 from scheduler_core.simulator import Simulation
 
 BASELINES = ("fairshare", "quota", "fifo")
@@ -77,6 +78,8 @@ class Job:
     policy: str
     days: int
     small_teams: int
+    settings: tuple[tuple[str, float | str], ...] = ()
+    """``--set`` values, laid over the budget policy's settings (scenario names)."""
 
 
 @dataclass(frozen=True)
@@ -106,10 +109,21 @@ def options(job: Job) -> SeedLikeOptions:
     )
 
 
+def scenario_of(job: Job) -> Scenario:
+    """The job's generated scenario under its policy, with its ``--set`` settings if the
+    policy is budget: the baselines run as they do without ``--set``, so that a setting
+    is weighed against the same legacy figures (the scheduler's cycles, which every
+    policy shares, also follow some settings)."""
+    scenario = parse_scenario(seed_like(options(job)))
+    base = scenario.settings.replace(name=job.policy)
+    if job.policy != "budget":
+        return replace(scenario, settings=base)
+    return replace(scenario, settings=settings_from_mapping(dict(job.settings), base))
+
+
 def run(job: Job) -> Outcome:
     """Generate the job's scenario, simulate it under the job's policy, reduce to figures."""
-    scenario = parse_scenario(seed_like(options(job)))
-    scenario = replace(scenario, settings=scenario.settings.replace(name=job.policy))
+    scenario = scenario_of(job)
     started = time.perf_counter()
     metrics = result(Simulation(scenario).run())["metrics"]
     wall = time.perf_counter() - started
@@ -330,6 +344,15 @@ def numbers(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return parse
 
 
+def _number_or_text(value: str) -> float | str:
+    """A ``--set`` value: a number where it reads as one (weights, counts, seconds)."""
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return int(number) if number.is_integer() else number
+
+
 def parser() -> argparse.ArgumentParser:
     out = argparse.ArgumentParser(
         prog="python -m bench.family",
@@ -344,6 +367,13 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--days", type=int, default=7, help="simulated days per scenario (7)")
     out.add_argument("--small-teams", type=int, default=0, help="generator --small-teams (0)")
     out.add_argument("--baselines", action="store_true", help="also run " + ", ".join(BASELINES))
+    out.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a budget policy setting, as in a scenario (own_slice_after=2h; repeatable)",
+    )
     out.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (1)")
     out.add_argument(
         "--plot", type=Path, default=DEFAULT_PLOT, help=f"PNG to write ({DEFAULT_PLOT})"
@@ -361,10 +391,20 @@ def main(argv: list[str] | None = None) -> int:
     for gpus in args.gpus:
         if gpus <= 0 or gpus % 8:
             parser().error(f"--gpus: {gpus} is not a positive multiple of 8")
+    settings: list[tuple[str, float | str]] = []
+    for item in args.set:
+        name, equals, value = item.partition("=")
+        if not equals or not name:
+            parser().error(f"--set: {item!r} is not NAME=VALUE")
+        try:
+            settings_from_mapping({name: _number_or_text(value)})
+        except SettingError as error:
+            parser().error(f"--set: {error}")
+        settings.append((name, _number_or_text(value)))
     cells = [Cell(*point) for point in itertools.product(args.gpus, args.loads, args.shares)]
     policies = ("budget", "legacy", *(BASELINES if args.baselines else ()))
     jobs = [
-        Job(cell, seed, policy, args.days, args.small_teams)
+        Job(cell, seed, policy, args.days, args.small_teams, tuple(settings))
         for cell, seed, policy in itertools.product(cells, args.seeds, policies)
     ]
     for job in jobs[:1]:
@@ -397,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if not args.no_plot:
         title = f"bench.family: seed-like, {args.days} days, seeds {','.join(map(str, args.seeds))}"
+        if settings:
+            title += ", " + ", ".join(f"{k}={v}" for k, v in settings)
         plot(args.plot, cells, outcomes, title)
         print(f"family: plot written to {args.plot}")
     return 0

@@ -114,10 +114,29 @@ def test_the_scenario_is_the_generator_with_the_cell_knobs() -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [["--gpus", "100"], ["--days", "0"], ["--loads", "high"], ["--jobs", "0"]]
+    "args",
+    [
+        ["--gpus", "100"],
+        ["--days", "0"],
+        ["--loads", "high"],
+        ["--jobs", "0"],
+        ["--set", "own_slice_after"],
+        ["--set", "own_slice_after=soon"],
+        ["--set", "no_such_setting=1"],
+    ],
 )
 def test_bad_options_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         family.main(args)
     assert exit_.value.code == 2
     assert capsys.readouterr().err
+
+
+def test_set_lays_a_setting_over_the_budget_policy_only() -> None:
+    laid = (("own_slice_after", "2h"), ("funded_burst", 2))
+    settings = family.scenario_of(Job(CELL, 1, "budget", 1, 0, laid)).settings
+    assert (settings.name, settings.own_slice_after, settings.funded_burst) == ("budget", 7200, 2)
+    legacy = family.scenario_of(Job(CELL, 1, "legacy", 1, 0, laid)).settings
+    plain = family.scenario_of(Job(CELL, 1, "legacy", 1, 0)).settings
+    assert legacy == plain and legacy.name == "legacy" and legacy.own_slice_after == 0
+    assert family.scenario_of(Job(CELL, 1, "budget", 1, 0)).settings.own_slice_after == 0
