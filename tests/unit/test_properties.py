@@ -95,7 +95,12 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     data = {
         "name": "prop",
         "horizon": 40000,
-        "policy": {"name": "budget", "starvation_bound": 3600},
+        "policy": {
+            "name": "budget",
+            "starvation_bound": 3600,
+            # the opt-in rule a team slices itself with must keep every invariant too
+            "own_slice_after": draw(st.sampled_from([0, 0, 3600])),
+        },
         "pools": [{"name": "g", "kind": "gpu"}, {"name": "cpu", "kind": "cpu"}],
         "nodes": nodes,
         "teams": teams,
