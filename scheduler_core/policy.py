@@ -394,7 +394,7 @@ class _Cycle:
         own_slice_after = settings.own_slice_after
         heappush, heappop = heapq.heappush, heapq.heappop
 
-        draining: dict[str, str] = {}  # team -> its job that slices the team
+        draining: set[str] = set()  # teams whose job waits to slice the team
         heads = dict.fromkeys(team_queues, 0)
         heap = [(ranking.key(team), q[0].request.submit, team) for team, q in team_queues.items()]
         heapq.heapify(heap)
@@ -438,7 +438,7 @@ class _Cycle:
                     # later batch work is not funded, so that it does not hold the job off.
                     swap = self.own_swappable(team, pool_name)
                     if not swap:
-                        draining.setdefault(team, request_id)
+                        draining.add(team)
                 if entry.rate > oversize_above and (rates[rate_key] <= 1e-9 or swap) and day_sliced:
                     # Larger than the team's share: funded from a day's share (_DayUsage).
                     if day_room is None:
