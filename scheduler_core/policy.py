@@ -26,11 +26,12 @@ work of teams above their share, and, unfunded, unallocated work, but never anot
 debug session beyond a funded request's rights); resumable work that would run
 unallocated backfills held nodes; burst work beyond the share may stop only
 unallocated sessions; a job larger than its team's share is funded from the last
-day's share (`_DayUsage`) and time-sliced; and holds take the nodes that clear
-soonest. Why: on bench.family's 88- and 256-GPU cells (seeds 1 and 2) the seven
-rules alone gave debug p90 of 28 min to 5.2 h on 88 GPUs and occupancy down to
-91.2 %, with no cell within every bar; with these, debug p90 was 0 s on every one of
-those cells and 3 of the 12 cells were within every bar (README, Benchmarks).
+day's share (`_DayUsage`) and time-sliced, beside the team's other funded work too;
+and holds take the nodes that clear soonest. Why: on bench.family's 88- and 256-GPU
+cells (seeds 1 and 2) the seven rules alone gave debug p90 of 28 min to 5.2 h on 88
+GPUs and occupancy down to 91.2 %, with no cell within every bar; with these, debug
+p90 was 0 s on every one of those cells and 3 of the 12 cells were within every bar
+(README, Benchmarks).
 A sixth, a team that slices itself (`Settings.own_slice_after`), is off by default:
 on the whole grid it put more cells within every bar but let debug p90 rise past
 5 min on an 88-GPU cell, and debug starts are the promise to interactive users.
@@ -192,12 +193,21 @@ def queue_heads(
 class _DayUsage:
     """Time-slicing of jobs larger than their team's share, by the last day's charge.
 
-    Such a job runs funded only as the team's only funded session in the pool (rule 2),
-    and with a week's budget it could run on for days and leave its team nothing the
-    rest of the week. So it is funded from a day's share instead: admitted while the
-    team's charge over the last day leaves room for at least its protected window, and,
-    if it can be resumed, stopped once that charge reaches the day's share while other
-    work waits in the pool; it comes back when the day slides on.
+    Such a job is larger than rule 2's share test allows, and with a week's budget it
+    could run on for days and leave its team nothing the rest of the week. So it is
+    funded from a day's share instead: admitted while the team's charge over the last
+    day leaves room for at least its protected window, with the team's other funded
+    work charged beside it for as long, and, if it can be resumed, stopped once that
+    charge reaches the day's share while other work waits in the pool; it comes back
+    when the day slides on.
+
+    Why beside other work, and then without a hold: funded only as the team's only
+    session, a gang of a team that always has a notebook or a small job running was
+    never funded, and waited days for whole nodes to come free by chance (on
+    bench.family's 88- and 256-GPU cells, nearly all the waiting of the teams under
+    90 % of their daily share). Beside that work it is burst work, which may stop only
+    unallocated sessions; holding nodes for it as well idled them while the team's
+    own notebook still kept it off (README, Benchmarks, "Family").
     """
 
     def __init__(self, snapshot: Snapshot, now: float) -> None:
@@ -439,11 +449,16 @@ class _Cycle:
                     swap = self.own_swappable(team, pool_name)
                     if not swap:
                         draining.add(team)
-                if entry.rate > oversize_above and (rates[rate_key] <= 1e-9 or swap) and day_sliced:
-                    # Larger than the team's share: funded from a day's share (_DayUsage).
+                beside = False
+                if entry.rate > oversize_above and day_sliced:
+                    # Larger than the team's share: funded from a day's share (_DayUsage),
+                    # for as long as that pays for it and the team's other funded work
+                    # (which a swap stops); beside that work it holds no nodes.
                     if day_room is None:
                         day_room = self.day.room(team, pool_name, share_rate)
-                    sliced = day_room / entry.rate
+                    others = 0.0 if swap else rates[rate_key]
+                    beside = others > 1e-9
+                    sliced = day_room / (entry.rate + others)
                     funded = (
                         leaf_budget > 0.0
                         and (leaf_units + entry.rate * min(protect, sliced)) / leaf_budget <= 1.0
@@ -525,6 +540,7 @@ class _Cycle:
                     funded
                     and now - request.submit >= starvation_bound
                     and not holder
+                    and not beside
                     and len(held) < max_reservations
                 ):
                     self.hold(entry, held)

@@ -70,8 +70,10 @@ class Settings:
     funded_burst: float = 1.5
     """Funding from the window budget stops where the team's funded sessions in the
     pool would hold more than this multiple of its share at once (a request bigger
-    than that is funded only while the team has no other funded session there);
-    0: no cap. Work beyond it runs unallocated, on idle capacity."""
+    than that is funded only while the team has no other funded session there; with
+    ``guaranteed_share`` on, the budget policy funds a request larger than the share
+    from the team's last day instead); 0: no cap. Work beyond it runs unallocated, on
+    idle capacity."""
     placement: PlacementStrategy = PlacementStrategy.BEST_FIT
     """Which free slices a request gets."""
     idle_release: float = 0.0

@@ -267,6 +267,63 @@ def test_a_job_larger_than_its_teams_share_is_not_funded_once_its_day_is_spent()
     assert records["a1"].funded == [False]
 
 
+def test_a_job_larger_than_its_share_is_day_sliced_beside_its_teams_other_work() -> None:
+    # Four 8-GPU nodes. a's share is 8 GPUs (192 GPU-h a day) and its notebook runs on
+    # n-0. b (4 GPUs of share, its day spent) runs two jobs unallocated on n-1 and n-2;
+    # c's job on n-3 is protected for 8 h. a's 2-node gang, larger than a's share and
+    # beside a's notebook, is funded from a's day: it stops b's unallocated jobs at
+    # once (burst work may stop only unallocated sessions; it holds no nodes), and is
+    # stopped once the day's share has paid for it and the notebook, 17 GPUs together:
+    # about 11.2 h. Funded only as a team's only session, it waited for the notebook
+    # and c's job to end at 20 h.
+    requests = [
+        _request("a0", "a", 0, 1, "interactive", min_runtime=8 * HOUR, duration=20 * HOUR),
+        _request("b1", "b", 1, 8, "batch", resumable=True),
+        _request("b2", "b", 2, 8, "batch", resumable=True),
+        _request("c1", "c", 3, 8, "batch", resumable=True, min_runtime=8 * HOUR),
+        _request("a1", "a", HOUR, 8, "batch", nodes=2, resumable=True),
+    ]
+    scenario = _scenario(requests, nodes=4, gpus=8)
+    scenario["teams"] = [
+        {"name": "a", "share": {"gpu": 0.25}},
+        {"name": "b", "share": {"gpu": 0.125}},
+        {"name": "c", "share": {"gpu": 0.625}},
+    ]
+    scenario["usage"] = [{"team": "b", "pool": "gpu", "gpu_seconds": 4 * 24 * HOUR, "ago": HOUR}]
+    records = _run(scenario)
+    a1 = records["a1"]
+    assert records["b1"].funded[0] is False and records["b2"].funded[0] is False
+    assert a1.starts[0] == pytest.approx(HOUR, abs=60) and a1.funded[0]
+    assert sorted(a1.nodes[0]) == ["n-1", "n-2"]
+    assert records["c1"].preemptions == 0 and records["a0"].preemptions == 0
+    # (192 GPU-h less the notebook's first hour) / 17 GPUs, then the next cycle.
+    assert 11.1 * HOUR <= a1.ends[0] - HOUR <= 11.3 * HOUR + 300
+
+
+def test_a_job_larger_than_its_share_holds_no_nodes_beside_its_teams_other_work() -> None:
+    # Three 8-GPU nodes: a's notebook on n-0 until 20 h, c's jobs on n-1 (until 4 h) and
+    # n-2 (until 10 h), both protected to their ends. a's 2-node gang, beside the
+    # notebook, is funded from a's day but may stop nothing here. Past the starvation
+    # bound it holds no nodes, so c's next job takes n-1 when it frees at 4 h. (Held,
+    # n-1 sat idle until 10 h, and the gang started no sooner: at 20 h, as here.)
+    requests = [
+        _request("a0", "a", 0, 1, "interactive", min_runtime=8 * HOUR, duration=20 * HOUR),
+        _request("c1", "c", 1, 8, "batch", min_runtime=4 * HOUR, duration=4 * HOUR),
+        _request("c2", "c", 2, 8, "batch", min_runtime=10 * HOUR, duration=10 * HOUR),
+        _request("a1", "a", HOUR / 2, 8, "batch", nodes=2, resumable=True),
+        _request("c3", "c", 3 * HOUR, 8, "batch", resumable=True),
+    ]
+    scenario = _scenario(requests, nodes=3, gpus=8)
+    scenario["teams"] = [
+        {"name": "a", "share": {"gpu": 0.25}},
+        {"name": "c", "share": {"gpu": 0.75}},
+    ]
+    records = _run(scenario)
+    assert records["c3"].starts[0] == pytest.approx(4 * HOUR, abs=60)
+    assert records["c3"].nodes[0] == ["n-1"]
+    assert records["a1"].starts[0] == pytest.approx(20 * HOUR, abs=60)
+
+
 def _own_slice_scenario(requests: list[dict[str, Any]], after: str = "2h") -> dict[str, Any]:
     # Two 8-GPU nodes; a's share is 8 GPUs (192 GPU-h a day), b has none waiting.
     return _scenario(requests, nodes=2, gpus=8, own_slice_after=after)

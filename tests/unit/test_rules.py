@@ -412,11 +412,13 @@ def test_a_request_that_would_run_unallocated_holds_no_nodes() -> None:
 def test_a_hold_ends_when_its_request_would_no_longer_be_funded() -> None:
     # a's own 2-GPU session keeps the node from ever fitting its 8-GPU request and
     # keeps charging a's week: once "big" would run unallocated, its hold must go.
+    # (Funded by the week's budget alone: with the guaranteed share on, a job larger
+    # than the share is funded from the day instead and, beside a0, holds nothing.)
     hour = 3600
     small = [req(f"s{i}", "b", i * 300, gpus=2, duration=1200, resumable=True) for i in range(432)]
     data = scenario(
         horizon=36 * hour,
-        policy={"starvation_bound": 1800, "funded_burst": 0},
+        policy={"starvation_bound": 1800, "funded_burst": 0, "guaranteed_share": 0},
         usage=[heavy_usage("a", 0.97)],
         requests=[
             req("a0", "a", 0, gpus=2, duration=48 * hour),
