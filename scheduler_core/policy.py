@@ -199,7 +199,11 @@ class _DayUsage:
     day leaves room for at least its protected window, with the team's other funded
     work charged beside it for as long, and, if it can be resumed, stopped once that
     charge reaches the day's share while other work waits in the pool; it comes back
-    when the day slides on.
+    when the day slides on. The budget over the window does not gate it: a day slice
+    is the guaranteed share (rule 2) spread over a day, and the guaranteed share is
+    funded whatever that budget. (Gated, a team that had burst beyond its share early
+    in the week had its large jobs unfunded for the rest of it: measured, README,
+    Benchmarks, "Family".)
 
     Why beside other work, and then without a hold: funded only as the team's only
     session, a gang of a team that always has a notebook or a small job running was
@@ -207,7 +211,10 @@ class _DayUsage:
     bench.family's 88- and 256-GPU cells, nearly all the waiting of the teams under
     90 % of their daily share). Beside that work it is burst work, which may stop only
     unallocated sessions; holding nodes for it as well idled them while the team's
-    own notebook still kept it off (README, Benchmarks, "Family").
+    own notebook still kept it off (README, Benchmarks, "Family"). Only beside work
+    within the share, so a team runs one such job at a time: otherwise a team with half
+    a GPU of share had a dozen 1-GPU sessions funded at once, each paid for an hour by
+    the same day.
     """
 
     def __init__(self, snapshot: Snapshot, now: float) -> None:
@@ -453,7 +460,8 @@ class _Cycle:
                 if entry.rate > oversize_above and day_sliced:
                     # Larger than the team's share: funded from a day's share (_DayUsage),
                     # for as long as that pays for it and the team's other funded work
-                    # (which a swap stops); beside that work it holds no nodes.
+                    # (which a swap stops), whatever the week's budget; beside that work
+                    # it holds no nodes.
                     if day_room is None:
                         day_room = self.day.room(team, pool_name, share_rate)
                     others = 0.0 if swap else rates[rate_key]
@@ -461,13 +469,24 @@ class _Cycle:
                     sliced = day_room / (entry.rate + others)
                     funded = (
                         leaf_budget > 0.0
-                        and (leaf_units + entry.rate * min(protect, sliced)) / leaf_budget <= 1.0
+                        and others <= oversize_above
                         and sliced
                         >= min(max(protect, settings.cycle_tick), settings.default_min_runtime)
                         - 1e-9
                     )
                     if funded and sliced < protect:
                         protect, units = sliced, entry.rate * sliced
+                    elif not funded and beside:
+                        # Beside work beyond the share: only the window budget funds it,
+                        # as any request beyond the share (and it may hold, as they may).
+                        beside = False
+                        funded = funds(
+                            leaf_budget > 0.0 and (leaf_units + units) / leaf_budget <= 1.0,
+                            others,
+                            entry.rate,
+                            share_rate,
+                            settings,
+                        )
                 elif team in draining and request.klass is RequestClass.BATCH:
                     funded = False
                 else:

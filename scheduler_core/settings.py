@@ -72,8 +72,8 @@ class Settings:
     pool would hold more than this multiple of its share at once (a request bigger
     than that is funded only while the team has no other funded session there; with
     ``guaranteed_share`` on, the budget policy funds a request larger than the share
-    from the team's last day instead); 0: no cap. Work beyond it runs unallocated, on
-    idle capacity."""
+    from the team's last day instead, beside work within the share); 0: no cap. Work
+    beyond it runs unallocated, on idle capacity."""
     placement: PlacementStrategy = PlacementStrategy.BEST_FIT
     """Which free slices a request gets."""
     idle_release: float = 0.0

@@ -267,15 +267,7 @@ def test_a_job_larger_than_its_teams_share_is_not_funded_once_its_day_is_spent()
     assert records["a1"].funded == [False]
 
 
-def test_a_job_larger_than_its_share_is_day_sliced_beside_its_teams_other_work() -> None:
-    # Four 8-GPU nodes. a's share is 8 GPUs (192 GPU-h a day) and its notebook runs on
-    # n-0. b (4 GPUs of share, its day spent) runs two jobs unallocated on n-1 and n-2;
-    # c's job on n-3 is protected for 8 h. a's 2-node gang, larger than a's share and
-    # beside a's notebook, is funded from a's day: it stops b's unallocated jobs at
-    # once (burst work may stop only unallocated sessions; it holds no nodes), and is
-    # stopped once the day's share has paid for it and the notebook, 17 GPUs together:
-    # about 11.2 h. Funded only as a team's only session, it waited for the notebook
-    # and c's job to end at 20 h.
+def _beside_scenario() -> dict[str, Any]:
     requests = [
         _request("a0", "a", 0, 1, "interactive", min_runtime=8 * HOUR, duration=20 * HOUR),
         _request("b1", "b", 1, 8, "batch", resumable=True),
@@ -290,7 +282,19 @@ def test_a_job_larger_than_its_share_is_day_sliced_beside_its_teams_other_work()
         {"name": "c", "share": {"gpu": 0.625}},
     ]
     scenario["usage"] = [{"team": "b", "pool": "gpu", "gpu_seconds": 4 * 24 * HOUR, "ago": HOUR}]
-    records = _run(scenario)
+    return scenario
+
+
+def test_a_job_larger_than_its_share_is_day_sliced_beside_its_teams_other_work() -> None:
+    # Four 8-GPU nodes. a's share is 8 GPUs (192 GPU-h a day) and its notebook runs on
+    # n-0. b (4 GPUs of share, its day spent) runs two jobs unallocated on n-1 and n-2;
+    # c's job on n-3 is protected for 8 h. a's 2-node gang, larger than a's share and
+    # beside a's notebook, is funded from a's day: it stops b's unallocated jobs at
+    # once (burst work may stop only unallocated sessions; it holds no nodes), and is
+    # stopped once the day's share has paid for it and the notebook, 17 GPUs together:
+    # about 11.2 h. Funded only as a team's only session, it waited for the notebook
+    # and c's job to end at 20 h.
+    records = _run(_beside_scenario())
     a1 = records["a1"]
     assert records["b1"].funded[0] is False and records["b2"].funded[0] is False
     assert a1.starts[0] == pytest.approx(HOUR, abs=60) and a1.funded[0]
@@ -298,6 +302,24 @@ def test_a_job_larger_than_its_share_is_day_sliced_beside_its_teams_other_work()
     assert records["c1"].preemptions == 0 and records["a0"].preemptions == 0
     # (192 GPU-h less the notebook's first hour) / 17 GPUs, then the next cycle.
     assert 11.1 * HOUR <= a1.ends[0] - HOUR <= 11.3 * HOUR + 300
+
+
+def test_a_team_runs_one_job_larger_than_its_share_beside_its_other_work() -> None:
+    # As above, with a second 2-node gang of a's at 2 h. a's funded sessions (the
+    # notebook and the first gang, 17 GPUs) are beyond its share of 8 already, so the
+    # second is no day slice; beyond 1.5 x the share, the window budget does not fund
+    # it either: it would run unallocated, at every cycle that weighs it.
+    scenario = _beside_scenario()
+    scenario["requests"].append(_request("a2", "a", 2 * HOUR, 8, "batch", nodes=2, resumable=True))
+    weighed: list[bool] = []
+
+    def watch(scheduler: Any, decisions: Any, now: float) -> None:
+        if "a2" in decisions.funded and now < 10 * HOUR:
+            weighed.append(decisions.funded["a2"])
+
+    records = Simulation(parse_scenario(scenario), observer=watch).run().records
+    assert records["a1"].funded[0] and records["a1"].starts[0] == pytest.approx(HOUR, abs=60)
+    assert weighed and not any(weighed)
 
 
 def test_a_job_larger_than_its_share_holds_no_nodes_beside_its_teams_other_work() -> None:
@@ -322,6 +344,37 @@ def test_a_job_larger_than_its_share_holds_no_nodes_beside_its_teams_other_work(
     assert records["c3"].starts[0] == pytest.approx(4 * HOUR, abs=60)
     assert records["c3"].nodes[0] == ["n-1"]
     assert records["a1"].starts[0] == pytest.approx(20 * HOUR, abs=60)
+
+
+def test_a_job_larger_than_its_share_is_day_sliced_whatever_its_weeks_budget() -> None:
+    # a's share is 2 GPUs (48 GPU-h a day, 336 a week). Two days ago it was charged
+    # 370 GPU-h (running beyond its share, as burst work may): its week's budget is
+    # spent, its last day's share is not. Its one 8-GPU job is a day slice, funded as
+    # the guaranteed share is, whatever the week's budget: it starts funded and is
+    # stopped once the day's 48 GPU-h are charged (6 h), for b's waiting job (b, at
+    # 1.5 of its week, ranks above a and may not stop it before). Gated by the week,
+    # it ran unallocated, and so did b's, which then could not stop it.
+    scenario = _scenario(
+        [
+            _request("a1", "a", 0, 8, "batch", resumable=True),
+            _request("b1", "b", 1800, 8, "batch", resumable=True),
+        ],
+        nodes=1,
+        gpus=8,
+    )
+    scenario["teams"] = [
+        {"name": "a", "share": {"gpu": 0.25}},
+        {"name": "b", "share": {"gpu": 0.75}},
+    ]
+    scenario["usage"] = [
+        {"team": "a", "pool": "gpu", "gpu_seconds": 370 * HOUR, "ago": 2 * 24 * HOUR},
+        {"team": "b", "pool": "gpu", "gpu_seconds": 1.5 * 6 * WEEK_GPU_S, "ago": 2 * 24 * HOUR},
+    ]
+    records = _run(scenario)
+    a1, b1 = records["a1"], records["b1"]
+    assert a1.starts[0] == 0 and a1.funded[0]
+    assert 6 * HOUR <= a1.ends[0] <= 6 * HOUR + 300
+    assert b1.starts[0] == pytest.approx(a1.ends[0]) and b1.funded[0]
 
 
 def _own_slice_scenario(requests: list[dict[str, Any]], after: str = "2h") -> dict[str, Any]:

@@ -13,6 +13,7 @@ from scheduler_core.scenario import parse_scenario
 from scheduler_core.settings import PlacementStrategy
 from scheduler_core.simulator import Simulation
 
+HOUR = 3600
 DAY = 86400
 WEEK = 7 * DAY
 
@@ -49,10 +50,14 @@ def run(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in outcome["requests"]}
 
 
-def heavy_usage(team: str, ratio: float, gpus: int = 8, share: float = 0.5) -> dict[str, Any]:
+def heavy_usage(
+    team: str, ratio: float, gpus: int = 8, share: float = 0.5, ago: float = 2 * DAY
+) -> dict[str, Any]:
     """Seeded usage that puts ``team`` at ``ratio`` of its allocation: charged two days
-    ago, inside the week's window but not in the last day's (see test_fast_lane.py)."""
-    return {"team": team, "pool": "g", "gpu_seconds": ratio * share * gpus * WEEK, "ago": 2 * DAY}
+    ago, inside the week's window but not in the last day's (see test_fast_lane.py);
+    with ``ago`` an hour, its last day's share is spent too, so that a request larger
+    than its share is not funded as a day slice either."""
+    return {"team": team, "pool": "g", "gpu_seconds": ratio * share * gpus * WEEK, "ago": ago}
 
 
 # Rule 1: order by occupancy ratio; priority only inside a team; then submit time.
@@ -104,10 +109,11 @@ def test_priority_then_submit_time_inside_a_team() -> None:
 
 
 def test_team_over_its_allocation_runs_unallocated() -> None:
-    # a's week is spent and 6 GPUs are more than its share now (4 of 8): unallocated.
+    # a's week and day are spent and 6 GPUs are more than its share now (4 of 8):
+    # unallocated.
     out = run(
         scenario(
-            usage=[heavy_usage("a", 1.2)],
+            usage=[heavy_usage("a", 1.2, ago=HOUR)],
             requests=[req("a1", "a", 0, gpus=6), req("b1", "b", 0, gpus=2)],
         )
     )
@@ -148,8 +154,11 @@ def test_the_window_budget_funds_at_most_the_burst_above_the_share() -> None:
 
 def test_budget_must_cover_the_protected_window() -> None:
     # b has used 99 % of its week; an 8 h protected window on 8 GPUs does not fit in 1 %.
+    # (The window budget alone: with the guaranteed share on, 8 GPUs, more than b's
+    # share, would be a day slice, funded from b's untouched last day.)
     out = run(
         scenario(
+            policy={"guaranteed_share": 0},
             usage=[heavy_usage("b", 0.99)],
             requests=[req("b1", "b", 0, gpus=8, min_runtime=28800, duration=600)],
         )
@@ -228,7 +237,7 @@ def test_multi_node_request_gets_distinct_whole_nodes() -> None:
 def test_funded_request_preempts_unallocated_after_grace() -> None:
     out = run(
         scenario(
-            usage=[heavy_usage("a", 1.5)],
+            usage=[heavy_usage("a", 1.5, ago=HOUR)],
             requests=[
                 req("idle-use", "a", 0, gpus=8, duration=50000),
                 req("funded", "b", 30, gpus=4, min_runtime=3600),
@@ -366,7 +375,10 @@ def test_down_node_ends_its_sessions_and_takes_no_work() -> None:
 
 
 def starvation_case(
-    max_reservations: int, a_ratio: float = 0.5, held: list[float] | None = None
+    max_reservations: int,
+    a_ratio: float = 0.5,
+    held: list[float] | None = None,
+    ago: float = 2 * DAY,
 ) -> dict[str, dict[str, Any]]:
     # b (the lower ratio, so first in line) keeps the one node full of funded,
     # protected 2-GPU sessions; a's 8-GPU request never finds the node empty.
@@ -386,7 +398,7 @@ def starvation_case(
         },
         requests=[req("small0", "b", 0, gpus=2, duration=1200), *small]
         + [req("big", "a", 10, gpus=8, duration=600)],
-        usage=[heavy_usage("a", a_ratio)],
+        usage=[heavy_usage("a", a_ratio, ago=ago)],
     )
     outcome = result(Simulation(parse_scenario(data), observer=watch).run())
     return {r["id"]: r for r in outcome["requests"]}
@@ -401,10 +413,10 @@ def test_a_large_request_gets_a_reservation() -> None:
 
 
 def test_a_request_that_would_run_unallocated_holds_no_nodes() -> None:
-    # The same, but a's week is spent: holding the node would idle it for work
-    # that any funded request may stop at once.
+    # The same, but a's week and day are spent: holding the node would idle it for
+    # work that any funded request may stop at once.
     held: list[float] = []
-    over = starvation_case(2, a_ratio=1.5, held=held)["big"]
+    over = starvation_case(2, a_ratio=1.5, held=held, ago=HOUR)["big"]
     assert over["wait"] is None or over["wait"] > 10000
     assert held == []
 
