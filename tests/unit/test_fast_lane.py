@@ -175,15 +175,13 @@ def test_only_resumable_work_backfills_a_held_node() -> None:
     assert records["b1"].starts[0] > 5 * HOUR
 
 
-def test_a_job_larger_than_its_teams_share_is_time_sliced_by_the_day() -> None:
-    # a's share is 2 GPUs (48 GPU-h a day); its one 8-GPU job may run funded, as a
-    # team's only funded session may be larger than its share, but only until it has
-    # been charged a day's share: 6 h. b ranks below a (it used 90 % of its week two
-    # days ago), so by rank its waiting job could not stop a's until it ends at 20 h.
+def _slice_scenario(b_gpus: int, charged: dict[str, float]) -> dict[str, Any]:
+    """One 8-GPU node; a (2 GPUs of share) asks for all of it at 0, b (6 GPUs) for
+    ``b_gpus`` half an hour later; ``charged`` GPU-seconds per team, two days ago."""
     scenario = _scenario(
         [
             _request("a1", "a", 0, 8, "batch", resumable=True),
-            _request("b1", "b", 1800, 6, "batch", resumable=True),
+            _request("b1", "b", 1800, b_gpus, "batch", resumable=True),
         ],
         nodes=1,
         gpus=8,
@@ -193,9 +191,18 @@ def test_a_job_larger_than_its_teams_share_is_time_sliced_by_the_day() -> None:
         {"name": "b", "share": {"gpu": 0.75}},
     ]
     scenario["usage"] = [
-        {"team": "b", "pool": "gpu", "gpu_seconds": 0.9 * 6 * WEEK_GPU_S, "ago": 2 * 24 * HOUR}
+        {"team": team, "pool": "gpu", "gpu_seconds": seconds, "ago": 2 * 24 * HOUR}
+        for team, seconds in charged.items()
     ]
-    records = _run(scenario)
+    return scenario
+
+
+def test_a_job_larger_than_its_teams_share_is_time_sliced_by_the_day() -> None:
+    # a's share is 2 GPUs (48 GPU-h a day); its one 8-GPU job may run funded, as a
+    # team's only funded session may be larger than its share, but only until it has
+    # been charged a day's share: 6 h. b ranks below a (it used 90 % of its week two
+    # days ago), so by rank its waiting job could not stop a's until it ends at 20 h.
+    records = _run(_slice_scenario(6, {"b": 0.9 * 6 * WEEK_GPU_S}))
     a1, b1 = records["a1"], records["b1"]
     assert a1.starts[0] == 0 and a1.funded[0]
     # Stopped at the first cycle after its day's share is charged (cycles run at least
@@ -354,23 +361,7 @@ def test_a_job_larger_than_its_share_is_day_sliced_whatever_its_weeks_budget() -
     # stopped once the day's 48 GPU-h are charged (6 h), for b's waiting job (b, at
     # 1.5 of its week, ranks above a and may not stop it before). Gated by the week,
     # it ran unallocated, and so did b's, which then could not stop it.
-    scenario = _scenario(
-        [
-            _request("a1", "a", 0, 8, "batch", resumable=True),
-            _request("b1", "b", 1800, 8, "batch", resumable=True),
-        ],
-        nodes=1,
-        gpus=8,
-    )
-    scenario["teams"] = [
-        {"name": "a", "share": {"gpu": 0.25}},
-        {"name": "b", "share": {"gpu": 0.75}},
-    ]
-    scenario["usage"] = [
-        {"team": "a", "pool": "gpu", "gpu_seconds": 370 * HOUR, "ago": 2 * 24 * HOUR},
-        {"team": "b", "pool": "gpu", "gpu_seconds": 1.5 * 6 * WEEK_GPU_S, "ago": 2 * 24 * HOUR},
-    ]
-    records = _run(scenario)
+    records = _run(_slice_scenario(8, {"a": 370 * HOUR, "b": 1.5 * 6 * WEEK_GPU_S}))
     a1, b1 = records["a1"], records["b1"]
     assert a1.starts[0] == 0 and a1.funded[0]
     assert 6 * HOUR <= a1.ends[0] <= 6 * HOUR + 300
