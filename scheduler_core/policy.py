@@ -19,7 +19,7 @@ that only up to `funded_burst` times the share. Holding nodes for a request that
 would run unallocated drained them for work that must yield to the first funded
 request: most idle GPUs sat on such nodes.
 
-At saturation (every team asking for more than its share) five rules change the
+At saturation (every team asking for more than its share) six rules change the
 contract (docs/architecture.md, "At saturation"): debug requests take a fast lane
 (first in their team's queue; they may stop their own team's work past protection,
 work of teams above their share, and, unfunded, unallocated work, but never another
@@ -27,12 +27,13 @@ debug session beyond a funded request's rights); resumable work that would run
 unallocated backfills held nodes; burst work beyond the share may stop only
 unallocated sessions; a job larger than its team's share is funded from the last
 day's share (`_DayUsage`) and time-sliced, beside the team's other funded work too;
-and holds take the nodes that clear soonest. Why: on bench.family's 88- and 256-GPU
-cells (seeds 1 and 2) the seven rules alone gave debug p90 of 28 min to 5.2 h on 88
-GPUs and occupancy down to 91.2 %, with no cell within every bar; with these, debug
-p90 was 0 s on every one of those cells and 3 of the 12 cells were within every bar
-(README, Benchmarks).
-A sixth, a team that slices itself (`Settings.own_slice_after`), is off by default:
+holds take the nodes that clear soonest; and a gang, as a victim, costs its place
+(`preemption.lost_work`; the policy passes ``max_min_runtime`` as its wait). Why: on
+bench.family's 88- and 256-GPU cells (seeds 1 and 2) the seven rules alone gave
+debug p90 of 28 min to 5.2 h on 88 GPUs and occupancy down to 91.2 %, with no
+cell within every bar; with these, debug p90 was 0 s on every one of those cells
+and 3 of the 12 cells were within every bar (README, Benchmarks).
+A seventh, a team that slices itself (`Settings.own_slice_after`), is off by default:
 on the whole grid it put more cells within every bar but let debug p90 rise past
 5 min on an 88-GPU cell, and debug starts are the promise to interactive users.
 Nothing is ever stopped in the instant it started: with a zero grace or minimum
@@ -362,7 +363,7 @@ class _Cycle:
                 if allocation.protected_until <= now
             ]
             if index is not None:
-                found = Victims.of(index.exposed, now, index.reach)
+                found = Victims.of(index.exposed, now, index.reach, self.settings.max_min_runtime)
                 found.note_idle(idle, self.settings.idle_release)
                 for allocation_id in self.stopped:
                     allocation = self._by_id[allocation_id]
@@ -377,6 +378,7 @@ class _Cycle:
                         if a.id not in stopped and a.protected_until <= now
                     ),
                     now,
+                    self.settings.max_min_runtime,
                 )
                 found.note_idle(
                     [(a, since) for a, since in idle if a.id not in stopped],

@@ -7,8 +7,14 @@ and the actuator carries it out. Victims come from one node (or, for a
 multi-node request, a set of nodes): unallocated sessions past their grace
 first, then funded sessions past their protected window whose team ranks below
 the requester's once the requester's protected time is counted. Among the sets
-that work, the one that loses the least work wins. Idle sessions (the actuator's
-or the simulator's `Scheduler.mark_activity`) go before busy ones, and with
+that work, the one that loses the least work wins. A gang (a session over
+several nodes) also counts ``gang_wait`` at its size (the policy passes
+``max_min_runtime``): resumable, it would otherwise look free to stop, yet to
+start again it must find as many whole nodes free together. Measured on
+bench.family's 88- and 256-GPU cells (seeds 1-8, README, Benchmarks, "Family"):
+without it a 1-GPU debug session stopped a 64-GPU gang, which then waited 9 h.
+Idle sessions (the actuator's or the simulator's `Scheduler.mark_activity`) go
+before busy ones, and with
 ``idle_release`` a funded session idle that long counts like an unallocated one:
 any funded request may stop it (it is snapshotted). With nobody idle, nothing of
 this changes a decision.
@@ -40,17 +46,21 @@ class Target:
     slices: tuple[Slice, ...]
     cost: tuple[float, float, float, float]
     """Funded (and not releasable) victims at all, busy victims (when any is idle), work
-    lost, victims."""
+    lost (`lost_work`, a gang's place included), victims."""
 
 
-def lost_work(allocation: Allocation, now: float) -> float:
-    """GPU- or core-seconds of work a preemption throws away.
+def lost_work(allocation: Allocation, now: float, gang_wait: float = 0.0) -> float:
+    """GPU- or core-seconds a preemption costs: the work it throws away, and for a
+    session over several nodes (a gang), ``gang_wait`` seconds of its size as well.
 
     Resumable work is snapshotted and keeps its progress; anything else starts over.
+    A gang keeps its progress too but loses its place: to start again it needs as many
+    whole nodes free at once, which may take until the protected windows on them end.
     """
+    place = allocation.charge_rate * gang_wait if allocation.request.nodes > 1 else 0.0
     if allocation.request.resumable:
-        return 0.0
-    return max(0.0, now - allocation.start) * allocation.charge_rate
+        return place
+    return max(0.0, now - allocation.start) * allocation.charge_rate + place
 
 
 def victim_order(
@@ -58,13 +68,14 @@ def victim_order(
     now: float,
     idle: Mapping[str, float] | None = None,
     releasable: frozenset[str] | set[str] = frozenset(),
+    gang_wait: float = 0.0,
 ) -> tuple[int, int, float, float, str]:
     """Cheapest victim first: unallocated (or idle past ``idle_release``) before funded,
-    then idle before busy, then least work lost."""
+    then idle before busy, then least work lost (`lost_work`)."""
     return (
         int(allocation.funded and allocation.id not in releasable),
         int(idle is None or allocation.id not in idle),
-        lost_work(allocation, now),
+        lost_work(allocation, now, gang_wait),
         -allocation.start,
         allocation.id,
     )
@@ -130,7 +141,7 @@ def _node_target(
     cost = (
         float(max(victims.tier(v) for v in chosen)),
         float(sum(1 for v in chosen if victims.is_busy(v))),
-        sum(lost_work(v, now) for v in chosen),
+        sum(lost_work(v, now, victims.gang_wait) for v in chosen),
         float(len(chosen)),
     )
     return Target(name, tuple(chosen), slices, cost)
@@ -157,7 +168,9 @@ class Victims:
     given to the constructor, or the `ExposedSessions`, are never changed.
     """
 
-    def __init__(self, allocations: Iterable[Allocation], now: float) -> None:
+    def __init__(
+        self, allocations: Iterable[Allocation], now: float, gang_wait: float = 0.0
+    ) -> None:
         by_node: dict[str, list[Allocation]] = {}
         gpus: dict[str, dict[str | None, int]] = {}
         node_gpus: dict[str, dict[str | None, int]] = {}
@@ -169,18 +182,24 @@ class Victims:
                 pool[key] = pool.get(key, 0) + held
                 on_node = node_gpus.setdefault(node, {})
                 on_node[key] = on_node.get(key, 0) + held
-        self._setup(by_node, gpus, node_gpus, None, now)
+        self._setup(by_node, gpus, node_gpus, None, now, gang_wait)
 
     @classmethod
     def of(
-        cls, exposed: ExposedSessions, now: float, reach: Mapping[str, int] | None = None
+        cls,
+        exposed: ExposedSessions,
+        now: float,
+        reach: Mapping[str, int] | None = None,
+        gang_wait: float = 0.0,
     ) -> Victims:
         """The victims of a cycle at ``now`` from the scheduler's exposed sessions.
 
         ``reach``, if given, is each node's free whole GPUs plus what the exposed
         sessions there hold, for the capacity the cycle starts from."""
         victims = cls.__new__(cls)
-        victims._setup(exposed.by_node, exposed.gpus, exposed.node_gpus, exposed.totals, now)
+        victims._setup(
+            exposed.by_node, exposed.gpus, exposed.node_gpus, exposed.totals, now, gang_wait
+        )
         victims._reach = reach
         return victims
 
@@ -191,8 +210,11 @@ class Victims:
         node_gpus: Mapping[str, Tally],
         totals: Mapping[str, tuple[int, int]] | None,
         now: float,
+        gang_wait: float,
     ) -> None:
         self._now = now
+        self.gang_wait = gang_wait
+        """What stopping a gang costs beyond lost work, in seconds of its size."""
         self._base = by_node
         self._base_gpus = gpus
         self._base_node_gpus = node_gpus
@@ -270,9 +292,9 @@ class Victims:
             base = self._base.get(node)
             if not base:
                 return ()
-            now, idle, releasable = self._now, self._idle, self._releasable
+            now, idle, releasable, wait = self._now, self._idle, self._releasable, self.gang_wait
             found = self._sorted[node] = sorted(
-                base, key=lambda a: victim_order(a, now, idle, releasable)
+                base, key=lambda a: victim_order(a, now, idle, releasable, wait)
             )
         return found
 
@@ -526,7 +548,7 @@ def search_targets(
                 bound = (
                     float(victims.tier(first)),
                     float(victims.is_busy(first)),
-                    lost_work(first, now),
+                    lost_work(first, now, victims.gang_wait),
                     1.0,
                 )
                 searched.append((bound, name, node_free))

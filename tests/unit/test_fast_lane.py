@@ -429,3 +429,43 @@ def test_a_team_slices_itself_only_when_turned_on() -> None:
     with pytest.raises(InputError) as error:
         parse_scenario(_own_slice_scenario(requests, after="soon"))
     assert "own_slice_after" in error.value.where
+
+
+def _gang_or_notebook(notebook_hours: float) -> dict[str, RequestRecord]:
+    # a and b have spent their week and only the budget funds (guaranteed_share 0), so
+    # b's resumable 2-node gang and a's notebook (one node) run unallocated on the
+    # three nodes. c's 4-GPU job, funded, comes at ``notebook_hours`` and must stop one.
+    scenario = _scenario(
+        [
+            _request("g", "b", 0, 4, "batch", nodes=2, resumable=True),
+            _request("nb", "a", 0, 4, "interactive"),
+            _request("x", "c", notebook_hours * HOUR, 4, "batch"),
+        ],
+        nodes=3,
+        usage={"a": 10 * WEEK_GPU_S, "b": 10 * WEEK_GPU_S},
+        guaranteed_share=0,
+    )
+    scenario["teams"] = [
+        {"name": "a", "share": {"gpu": 0.3}},
+        {"name": "b", "share": {"gpu": 0.3}},
+        {"name": "c", "share": {"gpu": 0.4}},
+    ]
+    return _run(scenario)
+
+
+def test_a_gang_costs_its_place_as_a_victim() -> None:
+    # Stopping the gang loses no work, but to start again it needs two whole nodes at
+    # once: that costs it up to max_min_runtime (8 h) at its 8 GPUs, 64 GPU-h. So the
+    # notebook, 2 h old (8 GPU-h of work lost), is stopped instead.
+    records = _gang_or_notebook(2)
+    assert records["g"].funded[0] is False and records["nb"].funded[0] is False
+    assert records["x"].starts[0] == pytest.approx(2 * HOUR, abs=60)
+    assert records["nb"].preemptions == 1 and records["g"].preemptions == 0
+
+
+def test_a_gang_is_stopped_when_the_notebook_would_lose_more() -> None:
+    # The same at 17 h: the notebook would lose 68 GPU-h of work, more than the gang's
+    # 64, so the gang goes.
+    records = _gang_or_notebook(17)
+    assert records["x"].starts[0] == pytest.approx(17 * HOUR, abs=60)
+    assert records["g"].preemptions == 1 and records["nb"].preemptions == 0
