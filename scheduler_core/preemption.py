@@ -10,14 +10,14 @@ the requester's once the requester's protected time is counted. Among the sets
 that work, the one that loses the least work wins. A gang (a session over
 several nodes) also counts ``gang_wait`` at its size (the policy passes
 ``max_min_runtime``): resumable, it would otherwise look free to stop, yet to
-start again it must find as many whole nodes free together. Measured on
-bench.family's 88- and 256-GPU cells (seeds 1-8, README, Benchmarks, "Family"):
-without it a 1-GPU debug session stopped a 64-GPU gang, which then waited 9 h.
+start again it must find as many whole nodes free together (without it, a 1-GPU
+debug session stopped a 64-GPU gang, which then waited 9 h). On bench.family's 88-
+and 256-GPU cells, seeds 1-8, it put 64 runs of 96 within every bar instead of 55,
+at the price of 14 % more lost non-resumable work (README, Benchmarks, "Family").
 Idle sessions (the actuator's or the simulator's `Scheduler.mark_activity`) go
-before busy ones, and with
-``idle_release`` a funded session idle that long counts like an unallocated one:
-any funded request may stop it (it is snapshotted). With nobody idle, nothing of
-this changes a decision.
+before busy ones, and with ``idle_release`` a funded session idle that long counts
+like an unallocated one: any funded request may stop it (it is snapshotted). With
+nobody idle, nothing of this changes a decision.
 
 A cycle's `Victims` start from the exposed sessions (past their protected
 window) that the scheduler keeps between cycles (`ExposedSessions`, kept.py),
