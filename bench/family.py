@@ -94,6 +94,9 @@ class Outcome:
     worst_team: str
     worst_daily: float
     wall_s: float
+    lost_gpu_h: float = 0.0
+    """Work lost by preemption (GPU-hours of sessions that could not be resumed)."""
+    preemptions: int = 0
 
 
 def options(job: Job) -> SeedLikeOptions:
@@ -143,6 +146,8 @@ def run(job: Job) -> Outcome:
         worst_team=team,
         worst_daily=float(worst),
         wall_s=wall,
+        lost_gpu_h=float(metrics["lost_gpu_seconds"]) / 3600.0,
+        preemptions=int(metrics["preemptions"]),
     )
 
 
@@ -260,6 +265,72 @@ def baseline_lines(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[s
     return lines
 
 
+def within_budget_bars(outcome: Outcome) -> bool:
+    """The run is within the bars that concern budget alone (debug, occupancy, teams)."""
+    return (
+        outcome.debug_p90_s <= DEBUG_P90_BAR_S
+        and outcome.occupancy >= OCCUPANCY_BAR
+        and outcome.worst_daily >= DAILY_BAR
+    )
+
+
+def paired_lines(
+    cells: Sequence[Cell],
+    base: Sequence[Outcome],
+    variant: Sequence[Outcome],
+    legacy: Sequence[Outcome],
+    label: str,
+) -> list[str]:
+    """``variant`` against ``base``, run by run on the same scenarios (cell and seed): the
+    mean change of the worst team's daily fulfilment with its spread and the count of
+    runs each way, runs and cells within the bars, occupancy, and the price in lost work.
+    A one-sided figure (the best run, or the mean alone) would hide a rule that helps
+    one workload and hurts the next."""
+
+    def by_run(outcomes: Sequence[Outcome]) -> dict[tuple[Cell, int], Outcome]:
+        return {(o.job.cell, o.job.seed): o for o in outcomes}
+
+    before, after, old = by_run(base), by_run(variant), by_run(legacy)
+    runs = sorted(set(before) & set(after), key=lambda k: (k[0].gpus, k[0].load, k[0].share, k[1]))
+    if not runs:
+        return [f"family: {label}: no run to pair"]
+    deltas = [100 * (after[k].worst_daily - before[k].worst_daily) for k in runs]
+    occupancy = [100 * (after[k].occupancy - before[k].occupancy) for k in runs]
+
+    def cells_within(outcomes: dict[tuple[Cell, int], Outcome]) -> int:
+        held = 0
+        for cell in cells:
+            keys = [k for k in runs if k[0] == cell]
+            if (
+                keys
+                and verdict([outcomes[k] for k in keys], [old[k] for k in keys if k in old]).all
+            ):
+                held += 1
+        return held
+
+    def slow(outcomes: dict[tuple[Cell, int], Outcome]) -> int:
+        return sum(1 for k in runs if outcomes[k].debug_p90_s > DEBUG_P90_BAR_S)
+
+    n = len(runs)
+    return [
+        f"family: {label}, paired on {n} runs (the same scenarios):",
+        f"  worst team daily: mean {sum(deltas) / n:+.2f} points (run by run"
+        f" {min(deltas):+.1f}..{max(deltas):+.1f}; {sum(d > 0 for d in deltas)} better,"
+        f" {sum(d < 0 for d in deltas)} worse)",
+        f"  runs within the budget bars (debug, occupancy, teams):"
+        f" {sum(within_budget_bars(before[k]) for k in runs)} ->"
+        f" {sum(within_budget_bars(after[k]) for k in runs)} of {n}",
+        f"  cells within every bar: {cells_within(before)} -> {cells_within(after)} of"
+        f" {len({k[0] for k in runs})}",
+        f"  occupancy: mean {sum(occupancy) / n:+.2f} points; runs with debug p90 over"
+        f" {DEBUG_P90_BAR_S / 60:.0f} min: {slow(before)} -> {slow(after)}",
+        f"  lost work: {sum(before[k].lost_gpu_h for k in runs):,.0f} ->"
+        f" {sum(after[k].lost_gpu_h for k in runs):,.0f} GPU-h; preemptions"
+        f" {sum(before[k].preemptions for k in runs):,} ->"
+        f" {sum(after[k].preemptions for k in runs):,}",
+    ]
+
+
 # --- the plot ------------------------------------------------------------------
 
 
@@ -374,11 +445,34 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="a budget policy setting, as in a scenario (own_slice_after=2h; repeatable)",
     )
+    out.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="also run budget with this setting laid over --set, on the same scenarios, and"
+        " print the change run by run (repeatable: all are laid together)",
+    )
     out.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (1)")
     out.add_argument(
         "--plot", type=Path, default=DEFAULT_PLOT, help=f"PNG to write ({DEFAULT_PLOT})"
     )
     out.add_argument("--no-plot", action="store_true", help="write no plot")
+    return out
+
+
+def _settings(option: str, items: Sequence[str]) -> list[tuple[str, float | str]]:
+    """``NAME=VALUE`` items as settings, each checked as a scenario's would be."""
+    out: list[tuple[str, float | str]] = []
+    for item in items:
+        name, equals, value = item.partition("=")
+        if not equals or not name:
+            parser().error(f"{option}: {item!r} is not NAME=VALUE")
+        try:
+            settings_from_mapping({name: _number_or_text(value)})
+        except SettingError as error:
+            parser().error(f"{option}: {error}")
+        out.append((name, _number_or_text(value)))
     return out
 
 
@@ -391,30 +485,31 @@ def main(argv: list[str] | None = None) -> int:
     for gpus in args.gpus:
         if gpus <= 0 or gpus % 8:
             parser().error(f"--gpus: {gpus} is not a positive multiple of 8")
-    settings: list[tuple[str, float | str]] = []
-    for item in args.set:
-        name, equals, value = item.partition("=")
-        if not equals or not name:
-            parser().error(f"--set: {item!r} is not NAME=VALUE")
-        try:
-            settings_from_mapping({name: _number_or_text(value)})
-        except SettingError as error:
-            parser().error(f"--set: {error}")
-        settings.append((name, _number_or_text(value)))
+    settings = _settings("--set", args.set)
+    against = _settings("--against", args.against)
     cells = [Cell(*point) for point in itertools.product(args.gpus, args.loads, args.shares)]
     policies = ("budget", "legacy", *(BASELINES if args.baselines else ()))
     jobs = [
         Job(cell, seed, policy, args.days, args.small_teams, tuple(settings))
         for cell, seed, policy in itertools.product(cells, args.seeds, policies)
     ]
+    variant = tuple(settings) + tuple(against)
+    if against:
+        jobs += [
+            Job(cell, seed, "budget", args.days, args.small_teams, variant)
+            for cell, seed in itertools.product(cells, args.seeds)
+        ]
     for job in jobs[:1]:
         options(job)  # a bad --small-teams fails here, before any run
     started = time.perf_counter()
     outcomes = list(execute(jobs, args.jobs))
     wall = time.perf_counter() - started
     runs = len(jobs)
+    variants = [o for o in outcomes if against and o.job.settings == variant]
+    outcomes = [o for o in outcomes if not (against and o.job.settings == variant)]
     print(
-        f"family: {len(cells)} cells x {len(args.seeds)} seeds x {len(policies)} policies ="
+        f"family: {len(cells)} cells x {len(args.seeds)} seeds x"
+        f" {len(policies) + (1 if against else 0)} policies ="
         f" {runs} runs of {args.days} simulated days in {wall:.0f} s"
         f" ({args.jobs} at a time; simulation alone {sum(o.wall_s for o in outcomes):.0f} s)"
     )
@@ -435,6 +530,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in baseline_lines(cells, outcomes):
         print(line)
+    if against:
+        label = "budget with " + ", ".join(f"{k}={v}" for k, v in against)
+        for line in paired_lines(
+            cells,
+            [o for o in outcomes if o.job.policy == "budget"],
+            variants,
+            [o for o in outcomes if o.job.policy == "legacy"],
+            label,
+        ):
+            print(line)
     if not args.no_plot:
         title = f"bench.family: seed-like, {args.days} days, seeds {','.join(map(str, args.seeds))}"
         if settings:

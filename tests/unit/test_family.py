@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,61 @@ def test_set_lays_a_setting_over_the_budget_policy_only() -> None:
     plain = family.scenario_of(Job(CELL, 1, "legacy", 1, 0)).settings
     assert legacy == plain and legacy.name == "legacy" and legacy.own_slice_after == 0
     assert family.scenario_of(Job(CELL, 1, "budget", 1, 0)).settings.own_slice_after == 0
+
+
+def test_paired_lines_compare_run_by_run_with_the_spread_and_the_price() -> None:
+    other = Cell(256, 0.8, 0.05)
+
+    def run(cell: Cell, seed: int, worst: float, lost: float, debug: float = 0.0) -> Outcome:
+        return Outcome(
+            job=Job(cell, seed, "budget", 7, 0),
+            requests=10,
+            debug_p90_s=debug,
+            all_p50_s=0.0,
+            occupancy=0.96,
+            worst_team="evals",
+            worst_daily=worst,
+            wall_s=0.1,
+            lost_gpu_h=lost,
+            preemptions=3,
+        )
+
+    base = [run(CELL, 1, 0.92, 10.0), run(CELL, 2, 0.95, 10.0), run(other, 1, 0.85, 5.0)]
+    # Better by 4 points on one run, worse by 3 and by 1 on the others; seed 2 of CELL
+    # now misses the debug bar, so CELL no longer holds every bar.
+    variant = [
+        run(CELL, 1, 0.96, 20.0),
+        run(CELL, 2, 0.92, 20.0, debug=400.0),
+        run(other, 1, 0.84, 5.0),
+    ]
+    legacy = [outcome("legacy", 1), outcome("legacy", 2), legacy_run(other)]
+    lines = family.paired_lines([CELL, other], base, variant, legacy, "budget with x=1")
+    text = "\n".join(lines)
+    assert "paired on 3 runs" in text
+    assert "mean +0.00 points (run by run -3.0..+4.0; 1 better, 2 worse)" in text
+    assert "runs within the budget bars (debug, occupancy, teams): 2 -> 1 of 3" in text
+    assert "cells within every bar: 1 -> 0 of 2" in text
+    assert "debug p90 over 5 min: 0 -> 1" in text
+    assert "lost work: 25 -> 45 GPU-h; preemptions 9 -> 9" in text
+
+
+def legacy_run(cell: Cell) -> Outcome:
+    return replace(outcome("legacy", 1), job=Job(cell, 1, "legacy", 7, 0))
+
+
+def test_against_runs_the_variant_on_the_same_scenarios(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["--gpus", "16", "--loads", "1.0", "--shares", "0.35", "--seeds", "1", "--days", "1"]
+    assert family.main([*args, "--no-plot", "--against", "funded_burst=1"]) == 0
+    out = capsys.readouterr().out
+    assert "1 cells x 1 seeds x 3 policies = 3 runs" in out
+    assert "budget with funded_burst=1, paired on 1 runs" in out
+    assert "worst team daily: mean" in out and "lost work:" in out
+
+
+def test_a_bad_against_setting_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        family.main(["--against", "funded_burst=lots"])
+    assert exit_.value.code == 2
+    assert "--against: funded_burst" in capsys.readouterr().err
