@@ -1,7 +1,8 @@
 """The budget policy and legacy over a family of seed-like workloads, against issue 12's bars.
 
 Run: `.venv/bin/python -m bench.family [--gpus 88,256,1024] [--loads 0.8,1.0,1.2]
-[--shares 0.05,0.35] [--seeds 1,2] [--days 7] [--baselines] [--plot PATH]`.
+[--shares 0.05,0.35] [--seeds 1,2] [--days 7] [--baselines] [--set NAME=VALUE]
+[--against NAME=VALUE] [--plot PATH]`.
 
 Each cell of the grid is a cluster size, an arrival load and a notebook share.
 For each of its seeds it generates `budgethub generate seed-like --gpus G
@@ -24,6 +25,12 @@ on every seed:
   delivered GPU-hours summed per day before capping);
 * legacy's debug p90 >= 5x budget's (taken as held where both are 0 s, and
   shown as ``both 0``).
+
+``--against`` runs budget a second time with the setting laid over, on the same
+scenarios, and prints the change run by run with its spread and its price in lost
+work: a cell's verdict on two seeds flips under a one-second change of the cycle
+tick (README, Benchmarks, "Family"), so a rule is judged on the pairs, over many
+seeds, and not on the table.
 
 The plot (matplotlib, Agg backend; ``--plot``, default ``out/bench/family.png``)
 has one row per notebook share and, across, debug p90, occupancy and the worst
