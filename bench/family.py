@@ -194,13 +194,23 @@ class Verdict:
         return self.debug and self.occupancy and self.teams and self.legacy
 
 
+def budget_bars(budget: Sequence[Outcome]) -> tuple[bool, bool, bool]:
+    """The bars that concern budget alone (debug, occupancy, teams), on every run."""
+    return (
+        all(o.debug_p90_s <= DEBUG_P90_BAR_S for o in budget),
+        all(o.occupancy >= OCCUPANCY_BAR for o in budget),
+        all(o.worst_daily >= DAILY_BAR for o in budget),
+    )
+
+
 def verdict(budget: Sequence[Outcome], legacy: Sequence[Outcome]) -> Verdict:
     """The bars of one cell; each must hold on every seed."""
     by_seed = {o.job.seed: o for o in legacy}
+    debug, occupancy, teams = budget_bars(budget)
     return Verdict(
-        debug=all(o.debug_p90_s <= DEBUG_P90_BAR_S for o in budget),
-        occupancy=all(o.occupancy >= OCCUPANCY_BAR for o in budget),
-        teams=all(o.worst_daily >= DAILY_BAR for o in budget),
+        debug=debug,
+        occupancy=occupancy,
+        teams=teams,
         legacy=all(legacy_ratio_holds(o, by_seed[o.job.seed]) for o in budget),
     )
 
@@ -272,15 +282,6 @@ def baseline_lines(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[s
     return lines
 
 
-def within_budget_bars(outcome: Outcome) -> bool:
-    """The run is within the bars that concern budget alone (debug, occupancy, teams)."""
-    return (
-        outcome.debug_p90_s <= DEBUG_P90_BAR_S
-        and outcome.occupancy >= OCCUPANCY_BAR
-        and outcome.worst_daily >= DAILY_BAR
-    )
-
-
 def paired_lines(
     cells: Sequence[Cell],
     base: Sequence[Outcome],
@@ -325,8 +326,8 @@ def paired_lines(
         f" {min(deltas):+.1f}..{max(deltas):+.1f}; {sum(d > 0 for d in deltas)} better,"
         f" {sum(d < 0 for d in deltas)} worse)",
         f"  runs within the budget bars (debug, occupancy, teams):"
-        f" {sum(within_budget_bars(before[k]) for k in runs)} ->"
-        f" {sum(within_budget_bars(after[k]) for k in runs)} of {n}",
+        f" {sum(all(budget_bars([before[k]])) for k in runs)} ->"
+        f" {sum(all(budget_bars([after[k]])) for k in runs)} of {n}",
         f"  cells within every bar: {cells_within(before)} -> {cells_within(after)} of"
         f" {len({k[0] for k in runs})}",
         f"  occupancy: mean {sum(occupancy) / n:+.2f} points; runs with debug p90 over"
