@@ -2,7 +2,7 @@
 
 Run: `.venv/bin/python -m bench.family [--gpus 88,256,1024] [--loads 0.8,1.0,1.2]
 [--shares 0.05,0.35] [--seeds 1,2] [--days 7] [--baselines] [--set NAME=VALUE]
-[--against NAME=VALUE] [--plot PATH]`.
+[--against NAME=VALUE] [--save PATH] [--paired-with PATH] [--plot PATH]`.
 
 Each cell of the grid is a cluster size, an arrival load and a notebook share.
 For each of its seeds it generates `budgethub generate seed-like --gpus G
@@ -30,7 +30,10 @@ on every seed:
 scenarios, and prints the change run by run with its spread and its price in lost
 work: a cell's verdict on two seeds flips under a one-second change of the cycle
 tick (README, Benchmarks, "Family"), so a rule is judged on the pairs, over many
-seeds, and not on the table.
+seeds, and not on the table. A rule with no setting is judged across two trees:
+``--save PATH`` writes every run's figures as JSON, and ``--paired-with PATH``,
+run in the other tree, prints the same pairs against the budget runs saved there
+(matched on cell, seed, days and ``--small-teams``).
 
 The plot (matplotlib, Agg backend; ``--plot``, default ``out/bench/family.png``)
 has one row per notebook share and, across, debug p90, occupancy and the worst
@@ -43,12 +46,13 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import itertools
+import json
 import math
 import multiprocessing
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +343,58 @@ def paired_lines(
     ]
 
 
+# --- saved runs ----------------------------------------------------------------
+
+SAVED_FORMAT = 1
+
+
+def outcome_record(outcome: Outcome) -> dict[str, Any]:
+    record = asdict(outcome)
+    record["job"]["settings"] = [list(item) for item in outcome.job.settings]
+    return record
+
+
+def outcome_from(record: dict[str, Any]) -> Outcome:
+    job = dict(record["job"])
+    job["cell"] = Cell(**job["cell"])
+    job["settings"] = tuple((str(k), v) for k, v in job["settings"])
+    return Outcome(**{**record, "job": Job(**job)})
+
+
+def save(path: Path, outcomes: Sequence[Outcome], variants: Sequence[Outcome]) -> None:
+    """Every run's figures: ``runs`` (budget, legacy and any baselines) and ``against``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "format": SAVED_FORMAT,
+        "runs": [outcome_record(o) for o in outcomes],
+        "against": [outcome_record(o) for o in variants],
+    }
+    path.write_text(json.dumps(document, indent=1) + "\n")
+
+
+def load_budget(path: Path) -> list[Outcome]:
+    """The budget runs (not ``against``) that ``save`` wrote to ``path``; ValueError says
+    what is wrong with the file."""
+    try:
+        document = json.loads(path.read_text())
+    except OSError as error:
+        raise ValueError(f"{path}: {error.strerror or error}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not JSON ({error.msg}, line {error.lineno})") from None
+    if not isinstance(document, dict) or document.get("format") != SAVED_FORMAT:
+        raise ValueError(f"{path}: not a file that --save wrote (format {SAVED_FORMAT})")
+    try:
+        runs = [outcome_from(record) for record in document["runs"]]
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{path}: runs: a run is malformed ({error})") from None
+    return [o for o in runs if o.job.policy == "budget"]
+
+
+def same_scenarios(saved: Sequence[Outcome], days: int, small_teams: int) -> list[Outcome]:
+    """The saved runs whose scenarios this invocation generates too (days, small teams)."""
+    return [o for o in saved if o.job.days == days and o.job.small_teams == small_teams]
+
+
 # --- the plot ------------------------------------------------------------------
 
 
@@ -461,6 +517,16 @@ def parser() -> argparse.ArgumentParser:
         help="also run budget with this setting laid over --set, on the same scenarios, and"
         " print the change run by run (repeatable: all are laid together)",
     )
+    out.add_argument(
+        "--save", type=Path, metavar="PATH", help="write every run's figures here as JSON"
+    )
+    out.add_argument(
+        "--paired-with",
+        type=Path,
+        metavar="PATH",
+        help="print this run's budget against the budget runs that --save wrote to PATH"
+        " (another tree's rules), run by run on the same scenarios",
+    )
     out.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (1)")
     out.add_argument(
         "--plot", type=Path, default=DEFAULT_PLOT, help=f"PNG to write ({DEFAULT_PLOT})"
@@ -495,6 +561,12 @@ def main(argv: list[str] | None = None) -> int:
             parser().error(f"--gpus: {gpus} is not a positive multiple of 8")
     settings = _settings("--set", args.set)
     against = _settings("--against", args.against)
+    saved: list[Outcome] = []
+    if args.paired_with is not None:
+        try:
+            saved = same_scenarios(load_budget(args.paired_with), args.days, args.small_teams)
+        except ValueError as error:
+            parser().error(f"--paired-with: {error}")
     cells = [Cell(*point) for point in itertools.product(args.gpus, args.loads, args.shares)]
     policies = ("budget", "legacy", *(BASELINES if args.baselines else ()))
     jobs = [
@@ -548,6 +620,18 @@ def main(argv: list[str] | None = None) -> int:
             label,
         ):
             print(line)
+    if args.paired_with is not None:
+        for line in paired_lines(
+            cells,
+            saved,
+            [o for o in outcomes if o.job.policy == "budget"],
+            [o for o in outcomes if o.job.policy == "legacy"],
+            f"budget against the runs saved in {args.paired_with}",
+        ):
+            print(line)
+    if args.save is not None:
+        save(args.save, outcomes, variants)
+        print(f"family: runs written to {args.save}")
     if not args.no_plot:
         title = f"bench.family: seed-like, {args.days} days, seeds {','.join(map(str, args.seeds))}"
         if settings:

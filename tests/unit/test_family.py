@@ -199,3 +199,54 @@ def test_a_bad_against_setting_exits_2(capsys: pytest.CaptureFixture[str]) -> No
         family.main(["--against", "funded_burst=lots"])
     assert exit_.value.code == 2
     assert "--against: funded_burst" in capsys.readouterr().err
+
+
+def test_saved_runs_pair_with_a_later_invocation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "runs.json"
+    args = ["--gpus", "16", "--loads", "1.0", "--shares", "0.35", "--seeds", "1", "--days", "1"]
+    assert family.main([*args, "--no-plot", "--save", str(saved)]) == 0
+    first = capsys.readouterr().out
+    budget = family.load_budget(saved)
+    assert [(o.job.cell, o.job.seed, o.job.policy) for o in budget] == [
+        (Cell(16, 1.0, 0.35), 1, "budget")
+    ]
+    assert f"{budget[0].worst_daily:.1%} {budget[0].worst_team}" in first
+    # The same tree again: every pair is unchanged, which is what a rule with no effect shows.
+    assert family.main([*args, "--no-plot", "--paired-with", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert f"budget against the runs saved in {saved}, paired on 1 runs" in out
+    assert "mean +0.00 points (run by run +0.0..+0.0; 0 better, 0 worse)" in out
+    lost = f"{budget[0].lost_gpu_h:,.0f}"
+    assert f"lost work: {lost} -> {lost} GPU-h" in out
+    # Other days are other scenarios: nothing pairs.
+    assert family.main([*args[:-1], "2", "--no-plot", "--paired-with", str(saved)]) == 0
+    assert "no run to pair" in capsys.readouterr().out
+
+
+def test_saved_runs_round_trip_with_their_settings() -> None:
+    run = replace(outcome("budget", 3), job=Job(CELL, 3, "budget", 7, 1, (("funded_burst", 2),)))
+    assert family.outcome_from(family.outcome_record(run)) == run
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (None, "No such file"),
+        ("{", "not JSON"),
+        ('{"format": 1, "runs": [{"job": {}}]}', "runs: a run is malformed"),
+        ("[]", "not a file that --save wrote"),
+    ],
+)
+def test_a_bad_saved_file_exits_2_and_says_why(
+    tmp_path: Path, content: str | None, reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "runs.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as exit_:
+        family.main(["--paired-with", str(path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--paired-with:" in err and reason in err
