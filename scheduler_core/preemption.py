@@ -12,8 +12,10 @@ several nodes) also counts ``gang_wait`` at its size (the policy passes
 ``max_min_runtime``): resumable, it would otherwise look free to stop, yet to
 start again it must find as many whole nodes free together (without it, a 1-GPU
 debug session stopped a 64-GPU gang, which then waited 9 h). On bench.family's 88-
-and 256-GPU cells, seeds 1-8, it put 64 runs of 96 within every bar instead of 55,
-at the price of 14 % more lost non-resumable work (README, Benchmarks, "Family").
+and 256-GPU cells it raised occupancy by about half a point on seeds 1-8 and on the
+held-out seeds 9-16 alike; its effect on the worst team was within what a change with
+no policy meaning moves; it costs 12-14 % more lost non-resumable work (README,
+Benchmarks, "Family").
 Idle sessions (the actuator's or the simulator's `Scheduler.mark_activity`) go
 before busy ones, and with ``idle_release`` a funded session idle that long counts
 like an unallocated one: any funded request may stop it (it is snapshotted). With
