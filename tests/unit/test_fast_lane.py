@@ -175,6 +175,36 @@ def test_only_resumable_work_backfills_a_held_node() -> None:
     assert records["b1"].starts[0] > 5 * HOUR
 
 
+def test_a_debug_session_takes_a_held_nodes_free_slices() -> None:
+    # As above, but b's later request is a debug session. With every slice outside the
+    # hold taken by protected work, it would wait for the holder's whole run (20 h);
+    # it starts at once on the held node's free GPUs and ends before the holder fits.
+    requests = [
+        _request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
+        _request("a1", "a", 60, 8, "batch", resumable=True),
+        _debug("b1", "b", 3 * HOUR),
+    ]
+    records = _run(_scenario(requests, nodes=1, gpus=8))
+    assert records["b1"].starts == [pytest.approx(3 * HOUR, abs=60)]
+    assert records["b1"].finished and records["b1"].preemptions == 0
+    assert records["a1"].starts[0] == pytest.approx(5 * HOUR, abs=60)
+
+
+def test_a_debug_session_on_a_held_node_yields_to_the_holder_past_its_protection() -> None:
+    # The debug session runs past its 10-minute protection when the notebook ends at
+    # 5 h: b, over its share with it, ranks below a (it has used more), so the holder
+    # stops it then rather than wait for it to end at 8 h.
+    requests = [
+        _request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
+        _request("a1", "a", 60, 8, "batch", resumable=True),
+        _request("b1", "b", 3 * HOUR, 1, "debug", min_runtime=600, duration=5 * HOUR),
+    ]
+    records = _run(_scenario(requests, nodes=1, gpus=8))
+    assert records["b1"].starts[0] == pytest.approx(3 * HOUR, abs=60)
+    assert records["b1"].ends[0] == pytest.approx(5 * HOUR, abs=60)
+    assert records["a1"].starts[0] == pytest.approx(5 * HOUR, abs=60)
+
+
 def _slice_scenario(b_gpus: int, charged: dict[str, float]) -> dict[str, Any]:
     """One 8-GPU node; a (2 GPUs of share) asks for all of it at 0, b (6 GPUs) for
     ``b_gpus`` half an hour later; ``charged`` GPU-seconds per team, two days ago."""
