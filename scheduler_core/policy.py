@@ -518,13 +518,13 @@ class _Cycle:
                     grants = self.fit(entry, holder, no_fit)
                 if (
                     grants is None
-                    and entry.debug
-                    and not holder
                     and self.capacity.reserved
+                    and ((entry.debug and not holder) or (not funded and request.resumable))
                     and not no_backfill.known(entry.shape, (), entry.shape_id)
                 ):
-                    # A debug session takes a held node's free slices before it stops
-                    # anyone's work (see `backfill`).
+                    # Held nodes' free slices (see `backfill`), before any victims: a debug
+                    # session takes them rather than stop someone's work, and resumable
+                    # work that would run unallocated may stop no one anyway.
                     grants = self.backfill(entry, no_backfill)
                 if grants is None and funded:
                     after = afters.get(units)
@@ -556,14 +556,6 @@ class _Cycle:
                             share_rate,
                             settings,
                         )
-                if (
-                    grants is None
-                    and not funded
-                    and self.capacity.reserved
-                    and request.resumable
-                    and not no_backfill.known(entry.shape, (), entry.shape_id)
-                ):
-                    grants = self.backfill(entry, no_backfill)
                 charged = False
                 if grants is not None:
                     charged = self.admit(
