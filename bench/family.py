@@ -610,24 +610,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in baseline_lines(cells, outcomes):
         print(line)
+    budget = [o for o in outcomes if o.job.policy == "budget"]
+    legacy = [o for o in outcomes if o.job.policy == "legacy"]
     if against:
         label = "budget with " + ", ".join(f"{k}={v}" for k, v in against)
-        for line in paired_lines(
-            cells,
-            [o for o in outcomes if o.job.policy == "budget"],
-            variants,
-            [o for o in outcomes if o.job.policy == "legacy"],
-            label,
-        ):
+        for line in paired_lines(cells, budget, variants, legacy, label):
             print(line)
     if args.paired_with is not None:
-        for line in paired_lines(
-            cells,
-            saved,
-            [o for o in outcomes if o.job.policy == "budget"],
-            [o for o in outcomes if o.job.policy == "legacy"],
-            f"budget against the runs saved in {args.paired_with}",
-        ):
+        label = f"budget against the runs saved in {args.paired_with}"
+        for line in paired_lines(cells, saved, budget, legacy, label):
             print(line)
     if args.save is not None:
         save(args.save, outcomes, variants)
