@@ -237,11 +237,11 @@ class _DayUsage:
     def slices_over(self, stopped: set[str]) -> list[Preemption]:
         """Stops for resumable oversize jobs past protection whose team's day is spent."""
         snapshot = self.snapshot
-        if self.usage is None or not snapshot.pending:
-            return []
+        guaranteed = snapshot.settings.guaranteed_share
+        if self.usage is None or not snapshot.pending or guaranteed <= 0:
+            return []  # without a guaranteed share there are no day slices to stop
         waiting = {r.pool for r in snapshot.pending}
         tree = snapshot.teams
-        guaranteed = snapshot.settings.guaranteed_share
         found: list[Preemption] = []
         for allocation in snapshot.allocations:
             pool = allocation.pool

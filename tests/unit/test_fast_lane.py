@@ -136,7 +136,8 @@ def test_a_debug_session_may_take_from_a_team_above_its_share_that_ranks_above()
         _request("a1", "a", 0, 2, "interactive", min_runtime=8 * HOUR),
         _debug("d", "a", 2 * HOUR),
     ]
-    records = _run(_scenario(requests, usage={"a": 2 * WEEK_GPU_S}))
+    # (funded_burst 1.5: b's 6 GPUs are funded, 1.5 times its share.)
+    records = _run(_scenario(requests, usage={"a": 2 * WEEK_GPU_S}, funded_burst=1.5))
     assert records["b1"].funded[0] and records["b2"].funded[0]
     assert records["d"].starts[0] == pytest.approx(2 * HOUR, abs=60)
     assert records["d"].funded == [True]
@@ -240,6 +241,20 @@ def test_a_job_larger_than_its_teams_share_is_time_sliced_by_the_day() -> None:
     assert 6 * HOUR <= a1.ends[0] <= 6 * HOUR + 300
     assert b1.starts[0] == pytest.approx(a1.ends[0])
     assert a1.preemptions >= 1
+
+
+def test_without_a_guaranteed_share_nothing_is_time_sliced() -> None:
+    # guaranteed_share 0: only the window budget funds, so day slices are off, and so
+    # is their stop. a's 8-GPU job is funded as its team's only session and runs to its
+    # end at 20 h; b's job, ranked below, waits for it. (The stop used to take every
+    # funded resumable job whose team had been charged a day's share.)
+    scenario = _slice_scenario(6, {"b": 0.9 * 6 * WEEK_GPU_S})
+    scenario["policy"]["guaranteed_share"] = 0
+    records = _run(scenario)
+    a1, b1 = records["a1"], records["b1"]
+    assert a1.starts == [0] and a1.funded == [True]
+    assert a1.preemptions == 0 and a1.ends == [pytest.approx(20 * HOUR)]
+    assert b1.starts[0] == pytest.approx(20 * HOUR, abs=300)
 
 
 def test_the_fast_lane_never_stops_a_debug_session() -> None:
