@@ -131,7 +131,7 @@ class SchedulerConfig(SingletonConfigurable):
         team's funded sessions in the pool stay within this multiple of its share (0: off).""",
     ).tag(config=True)
     funded_burst = Float(
-        1.5,
+        1.25,
         help="""The window budget funds a team's sessions up to this multiple of its share
         of the pool at once; beyond, they run unallocated (0: no cap).""",
     ).tag(config=True)

@@ -23,7 +23,7 @@ BUDGET_SERVICE = "budget"
 class TeamLine:
     team: str
     line: str
-    """``gpu: holds 2 GPU funded of a 2 GPU share (bursts to 3 GPU); 1% of its 7-day …``."""
+    """``gpu: holds 2 GPU funded of a 2 GPU share (bursts to 2.5 GPU); 1% of its 7-day …``."""
 
 
 @dataclass(frozen=True, slots=True)

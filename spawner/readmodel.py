@@ -80,7 +80,7 @@ class TeamStatus:
 
     def line(self) -> str:
         """One line: ``gpu: holds 2 GPU funded (+1 unallocated) of a 2 GPU share (bursts to
-        3 GPU); 1% of its 7-day budget used``."""
+        2.5 GPU); 1% of its 7-day budget used``."""
         extra = f" (+{self.unallocated:.3g} unallocated)" if self.unallocated > 0 else ""
         if self.share <= 0:
             held = f"holds {self.unallocated:.3g} {self.unit} unallocated" if extra else ""

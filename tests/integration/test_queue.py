@@ -60,7 +60,7 @@ def test_a_full_cluster_queues_with_positions_and_starts_in_turn(make_hub):
     assert "position 2 of 2 in the pool" in message
     assert "1 of 1 in your team" in message
     # nlp's share is half the one GPU and ann's session holds all of it: a second
-    # one would pass 1.5 x the share, so it would run unallocated.
+    # one would pass 1.25 x the share, so it would run unallocated.
     assert (
         "over what your team's allocation funds now (its funded sessions hold 1 GPU, "
         "its share is 0.5 GPU; " in message

@@ -57,7 +57,7 @@ def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path):
     cy.goto(f"{hub.url}/hub/home")
     banner = cy.inner_text(".budgethub-banner")
     assert "nlp" in banner
-    assert "gpu: holds 1 GPU funded of a 1 GPU share (bursts to 1.5 GPU)" in banner
+    assert "gpu: holds 1 GPU funded of a 1 GPU share (bursts to 1.25 GPU)" in banner
     assert "of its 7-day budget used" in banner
     link = cy.get_attribute("#budgethub-my-budget", "href")
     assert link == "/services/budget/"

@@ -139,12 +139,15 @@ def test_a_team_is_funded_within_its_share_now_whatever_its_week() -> None:
 
 
 def test_the_window_budget_funds_at_most_the_burst_above_the_share() -> None:
-    # Shares of 8 GPUs each on 16; a has budget to spare. Within 1.5 x 8 = 12 GPUs
-    # its requests are funded, the fourth 4-GPU one would make 16: unallocated.
+    # Shares of 8 GPUs each on 16; a has budget to spare. Within 1.25 x 8 = 10 GPUs
+    # (the default) its requests are funded: the third 4-GPU one would make 12,
+    # unallocated; within 1.5 x 8 = 12 the fourth would make 16.
     nodes = [{"name": f"n{i}", "pool": "g", "gpus": 8} for i in (1, 2)]
     requests = [req(f"a{i}", "a", i, gpus=4) for i in range(4)]
     out = run(scenario(nodes=nodes, requests=requests))
-    assert [out[f"a{i}"]["funded"] for i in range(4)] == [[True], [True], [True], [False]]
+    assert [out[f"a{i}"]["funded"] for i in range(4)] == [[True], [True], [False], [False]]
+    wider = run(scenario(nodes=nodes, requests=requests, policy={"funded_burst": 1.5}))
+    assert [wider[f"a{i}"]["funded"] for i in range(4)] == [[True], [True], [True], [False]]
     uncapped = run(scenario(nodes=nodes, requests=requests, policy={"funded_burst": 0}))
     assert [uncapped[f"a{i}"]["funded"] for i in range(4)] == [[True]] * 4
     # A request bigger than the cap is funded while it is the team's only funded work.
