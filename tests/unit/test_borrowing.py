@@ -1,0 +1,86 @@
+"""A sub-team's job larger than its share is day-sliced from its parent's day too.
+
+A parent's share is owed to the demand of its whole subtree (the daily figure
+counts it so), but a sub-team's own day is often far smaller than its job. So a
+job larger than the sub-team's share may also be funded from the parent's share
+of the last day, for as long as that pays for the job, the sub-team's other
+funded work and what its relatives claim (what they run funded and, up to their
+own shares, wait for).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler_core.scenario import parse_scenario
+from scheduler_core.simulator import RequestRecord, Simulation
+
+HOUR = 3600
+
+
+def _job(rid: str, team: str, submit: float, gpus: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "user": f"u-{rid}",
+        "team": team,
+        "submit": submit,
+        "pool": "gpu",
+        "gpus": gpus,
+        "cpus": 4,
+        "min_runtime": HOUR,
+        "duration": 20 * HOUR,
+        "class": "batch",
+        "resumable": True,
+        **extra,
+    }
+
+
+def _run(extra: list[dict[str, Any]]) -> dict[str, RequestRecord]:
+    """Two 4-GPU nodes; ``p`` (half) has sub-teams ``p1`` and ``p2`` (a quarter each),
+    ``o`` has the other half. ``o`` fills the cluster at 0 (its second job, beyond its
+    share, runs unallocated). ``p1`` was charged 91 GPU-h an hour ago: far past its own
+    day (48 GPU-h), 5 GPU-h short of p's (96). At 10 min it asks for 4 GPUs."""
+    scenario = {
+        "name": "borrowing",
+        "horizon": 30 * HOUR,
+        "policy": {"name": "budget"},
+        "pools": [{"name": "gpu", "kind": "gpu"}],
+        "nodes": [{"name": "n-{i}", "count": 2, "pool": "gpu", "gpus": 4, "cpus": 64}],
+        "teams": [
+            {"name": "p", "share": {"gpu": 0.5}},
+            {"name": "p1", "share": 0.5, "parent": "p"},
+            {"name": "p2", "share": 0.5, "parent": "p"},
+            {"name": "o", "share": {"gpu": 0.5}},
+        ],
+        "usage": [{"team": "p1", "pool": "gpu", "gpu_seconds": 91 * HOUR, "ago": HOUR}],
+        "requests": [
+            _job("o-1", "o", 0, 4),
+            _job("o-2", "o", 1, 4),
+            _job("p1-big", "p1", 600, 4, duration=3 * HOUR),
+            *extra,
+        ],
+    }
+    return Simulation(parse_scenario(scenario)).run().records
+
+
+def test_a_sub_team_slices_its_parents_day_while_its_sibling_is_idle() -> None:
+    records = _run([])
+    assert records["o-2"].funded[0] is False
+    # p's day pays 4 GPUs for 1.25 h: funded, it stops o's unallocated job at once.
+    # Without the rule p1's own day is spent: unfunded, it may stop no one, and waits
+    # for o's jobs to end at 20 h.
+    big = records["p1-big"]
+    assert big.starts[0] < HOUR and big.funded[0]
+    assert records["o-2"].preemptions >= 1
+
+
+def test_a_waiting_sibling_keeps_its_part_of_the_parents_day() -> None:
+    # p2 waits for 2 GPUs, one on each node (o's funded job holds n-0 for its
+    # protected hour): it runs nothing, but what it waits for, within its share, is
+    # its claim. p's 5 GPU-h over 4 + 2 GPUs pay under an hour, less than the job's
+    # protected window, so p1's job is not funded and does not start before o's
+    # work ends; counted without the claim, it would be funded for 1.25 h.
+    records = _run([_job("p2-gang", "p2", 300, 1, nodes=2, duration=2 * HOUR)])
+    big = records["p1-big"]
+    assert not records["p2-gang"].starts or records["p2-gang"].starts[0] >= HOUR
+    assert not any(f for s, f in zip(big.starts, big.funded, strict=True) if s < HOUR)
