@@ -14,25 +14,12 @@ from typing import Any
 
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.simulator import RequestRecord, Simulation
-
-HOUR = 3600
+from tests.unit.test_fast_lane import HOUR, _request
 
 
 def _job(rid: str, team: str, submit: float, gpus: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "user": f"u-{rid}",
-        "team": team,
-        "submit": submit,
-        "pool": "gpu",
-        "gpus": gpus,
-        "cpus": 4,
-        "min_runtime": HOUR,
-        "duration": 20 * HOUR,
-        "class": "batch",
-        "resumable": True,
-        **extra,
-    }
+    """A resumable batch job (the fast-lane tests' request otherwise)."""
+    return _request(rid, team, submit, gpus, "batch", resumable=True, **extra)
 
 
 def _run(extra: list[dict[str, Any]]) -> dict[str, RequestRecord]:
