@@ -254,13 +254,11 @@ class _DayUsage:
 
     def room(self, team: str, pool: str, share_rate: float) -> float:
         """Units the team may still be charged in the pool before its day's share."""
-        if self.usage is None:
-            return share_rate * _DAY
-        return share_rate * self.span - self.usage.since((team, pool), self.start)
+        return self.subtree_room((team,), pool, share_rate)
 
     def subtree_room(self, members: tuple[str, ...], pool: str, share_rate: float) -> float:
-        """Units a team's whole subtree (``members``) may still be charged in the pool
-        before that team's day share (``share_rate``, children's part included)."""
+        """Units the teams in ``members`` (a team's whole subtree, or the team alone) may
+        still be charged in the pool before that team's day share (``share_rate``)."""
         if self.usage is None:
             return share_rate * _DAY
         usage, start = self.usage, self.start
@@ -289,6 +287,8 @@ class _DayUsage:
             share_rate = tree.own_share(allocation.team, pool) * snapshot.capacity.get(pool, 0)
             if allocation.charge_rate <= guaranteed * share_rate + 1e-9:
                 continue
+            # Its own day spent, and the day of every level it may borrow from (none for
+            # a top-level team).
             if self.room(allocation.team, pool, share_rate) <= 1e-6 and all(
                 self.subtree_room(members, pool, rate) <= 1e-6
                 for members, rate in self.lenders(allocation.team, pool)
