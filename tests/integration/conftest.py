@@ -106,7 +106,16 @@ def demo_teams() -> list[dict[str, Any]]:
 
 
 HUB_OWNERS: dict[str, str] = {}
-"""Hub name → the test that made it, so a leftover container names its test."""
+"""Hub name → the test that made it, so a leftover container names its test. Only
+these Hubs' containers are this run's to clean up: another run on the same engine
+(or one killed before its cleanup) has Hubs of its own."""
+
+
+def new_hub_name(owner: str) -> str:
+    """A fresh Hub name for the test ``owner`` (its node id), recorded in HUB_OWNERS."""
+    hub_name = f"test-{secrets.token_hex(4)}"
+    HUB_OWNERS[hub_name] = owner
+    return hub_name
 
 
 @pytest.fixture
@@ -115,8 +124,7 @@ def make_hub(
 ) -> Iterator[Callable[..., Hub]]:
     """Start a Hub; ``make_hub(nodes=[...], teams=[...], groups={...})``."""
     hubs: list[Hub] = []
-    hub_name = f"test-{secrets.token_hex(4)}"
-    HUB_OWNERS[hub_name] = request.node.nodeid
+    hub_name = new_hub_name(request.node.nodeid)
     engines: dict[str | None, dict[str, str] | None] = {}
 
     def make(

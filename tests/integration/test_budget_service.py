@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
 import threading
@@ -25,7 +24,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler_core.store import Store
-from tests.integration.conftest import local_gpu_node
+from tests.integration.conftest import local_gpu_node, new_hub_name
 from tests.integration.hub import (
     PASSWORD,
     Hub,
@@ -94,7 +93,7 @@ def ctx(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ctx]:
     with Store.create(store_url) as store:  # an hour of nlp usage, ended an hour ago
         store.add_usage("nlp", "gpu", time.time() - 7200, time.time() - 3600, 3600.0)
     port = free_port()
-    hub_name = f"test-{secrets.token_hex(4)}"
+    hub_name = new_hub_name(__name__ + "::ctx")
     config = hub_config(
         directory=directory,
         port=port,

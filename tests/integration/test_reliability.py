@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from scheduler_core.store import Store
-from tests.integration.conftest import NODE, cpu_node, local_gpu_node
+from tests.integration.conftest import HUB_OWNERS, NODE, cpu_node, local_gpu_node
 from tests.integration.hub import Hub, containers, free_port, hub_config, remove_containers
 from tests.integration.test_queue import ONE_GPU, wait_for
 
@@ -262,6 +262,7 @@ def test_two_hubs_on_one_engine_keep_their_own_sessions(make_hub, tmp_path):
     directory.mkdir()
     port = free_port()
     second_name = f"{first.hub_name}-b"  # type: ignore[attr-defined]
+    HUB_OWNERS[second_name] = HUB_OWNERS[first.hub_name]  # type: ignore[attr-defined]
     second = Hub(
         directory,
         hub_config(
