@@ -7,7 +7,6 @@ Without an engine these tests fail, saying so, unless BUDGETHUB_NO_DOCKER=1.
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import docker
 import pytest
 from docker.errors import DockerException, ImageNotFound
 
-from tests.integration.hub import Hub, free_port, hub_config, remove_containers
+from tests.integration.hub import Hub, free_port, hub_config, new_hub_name, remove_containers
 from tests.integration.tlsnode import NetnsUnavailable, TlsNode, start_tls_node, stop_tls_node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,19 +102,6 @@ def demo_teams() -> list[dict[str, Any]]:
         {"name": "nlp", "share": {"gpu": 0.5, "cpu": 0.5}},
         {"name": "vision", "share": {"gpu": 0.5, "cpu": 0.5}},
     ]
-
-
-HUB_OWNERS: dict[str, str] = {}
-"""Hub name → the test that made it, so a leftover container names its test. Only
-these Hubs' containers are this run's to clean up: another run on the same engine
-(or one killed before its cleanup) has Hubs of its own."""
-
-
-def new_hub_name(owner: str) -> str:
-    """A fresh Hub name for the test ``owner`` (its node id), recorded in HUB_OWNERS."""
-    hub_name = f"test-{secrets.token_hex(4)}"
-    HUB_OWNERS[hub_name] = owner
-    return hub_name
 
 
 @pytest.fixture

@@ -28,6 +28,21 @@ ADMIN_TOKEN = secrets.token_hex(16)
 PASSWORD = "budgethub-test"
 
 
+HUB_OWNERS: dict[str, str] = {}
+"""Hub name → the test that made it, so a leftover container names its test. Only
+these Hubs' containers are this run's to clean up: another run on the same engine
+(or one killed before its cleanup) has Hubs of its own. Here, not in conftest.py:
+pytest loads that as a module of its own name, and an import of it by its package
+path gives a second, empty copy."""
+
+
+def new_hub_name(owner: str) -> str:
+    """A fresh Hub name for the test ``owner`` (its node id), recorded in HUB_OWNERS."""
+    hub_name = f"test-{secrets.token_hex(4)}"
+    HUB_OWNERS[hub_name] = owner
+    return hub_name
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

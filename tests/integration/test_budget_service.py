@@ -24,12 +24,13 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler_core.store import Store
-from tests.integration.conftest import local_gpu_node, new_hub_name
+from tests.integration.conftest import local_gpu_node
 from tests.integration.hub import (
     PASSWORD,
     Hub,
     free_port,
     hub_config,
+    new_hub_name,
     remove_containers,
 )
 from tests.integration.test_browser import CHROMIUM, FLAGS

@@ -6,8 +6,8 @@ import subprocess
 
 import docker
 
-from tests.integration.conftest import HUB_OWNERS, NODE, REPO, cpu_node, local_gpu_node
-from tests.integration.hub import containers
+from tests.integration.conftest import NODE, REPO, cpu_node, local_gpu_node
+from tests.integration.hub import HUB_OWNERS, containers
 from tests.integration.test_queue import ONE_GPU, positions, queue_events, wait_for
 
 

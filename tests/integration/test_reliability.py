@@ -20,8 +20,15 @@ from typing import Any
 import pytest
 
 from scheduler_core.store import Store
-from tests.integration.conftest import HUB_OWNERS, NODE, cpu_node, local_gpu_node
-from tests.integration.hub import Hub, containers, free_port, hub_config, remove_containers
+from tests.integration.conftest import NODE, cpu_node, local_gpu_node
+from tests.integration.hub import (
+    HUB_OWNERS,
+    Hub,
+    containers,
+    free_port,
+    hub_config,
+    remove_containers,
+)
 from tests.integration.test_queue import ONE_GPU, wait_for
 
 SMALL = {
