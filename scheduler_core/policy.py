@@ -19,7 +19,7 @@ that only up to `funded_burst` times the share. Holding nodes for a request that
 would run unallocated drained them for work that must yield to the first funded
 request: most idle GPUs sat on such nodes.
 
-At saturation (every team asking for more than its share) six rules change the
+At saturation (every team asking for more than its share) seven rules change the
 contract (docs/architecture.md, "At saturation"): debug requests take a fast lane
 (first in their team's queue; they may stop their own team's work past protection,
 work of teams above their share, and, unfunded, unallocated work, but never another
@@ -30,7 +30,8 @@ and 9-16, and moved nothing else beyond noise); burst work beyond the share may 
 only unallocated sessions; a job larger than its team's share is funded from the last
 day's share (`_DayUsage`; a sub-team's from its parent's day too) and time-sliced,
 beside the team's other funded work too;
-holds take the nodes that clear soonest; and a gang, as a victim, costs its place
+holds take the nodes that clear soonest, and a holder ranks as its team stands (below);
+and a gang, as a victim, costs its place
 (`preemption.lost_work`; the policy passes ``max_min_runtime`` as its wait). Why: on
 bench.family's 88- and 256-GPU cells (seeds 1 and 2) the seven rules alone gave
 debug p90 of 28 min to 5.2 h on 88 GPUs and occupancy down to 91.2 %, with no
@@ -42,6 +43,15 @@ on the whole grid it put more cells within every bar but let debug p90 rise past
 Nothing is ever stopped in the instant it started: with a zero grace or minimum
 runtime, two rules could otherwise hand the same slices back and forth with no time
 passing.
+
+A held request ranks as its team stands: a holder's victims (rule 4) are the sessions
+of teams ranked below its team without its own protected window charged. Charged
+first, a 64-GPU gang of a team with 9 GPUs of share ranked below nearly every team,
+so its hold waited for sessions to end, not for their protection (13 h on a day
+traced: bench.family, 256 GPUs, load 0.8, 5 % notebooks, seed 7). Budget alone,
+paired against its absence on the 88- and 256-GPU cells: the worst team +0.26 / +0.34
+points on average, runs within the bars 76 -> 79 / 73 -> 76 of 96 (seeds 1-8 / 9-16),
+for 0.9-2.6 % more lost work (README, "Family").
 
 The cycle runs in phases, as Kueue's ``schedule()`` does, each a function here:
 
@@ -578,7 +588,9 @@ class _Cycle:
                     # work that would run unallocated may stop no one anyway.
                     grants = self.backfill(entry, no_backfill)
                 if grants is None and funded:
-                    after = afters.get(units)
+                    # A holder ranks as its team stands, before its own charge (see the
+                    # module docstring, "A held request ranks as its team stands").
+                    after = ranking.key(team) if holder else afters.get(units)
                     if after is None:
                         after = afters[units] = ranking.key(team, units)
                     failed_at = no_victims_exact.get(entry.shape_id)

@@ -299,6 +299,25 @@ def test_a_gang_holds_the_nodes_that_clear_soonest() -> None:
     assert records["b3"].starts[0] >= 5 * HOUR
 
 
+def test_a_held_request_ranks_as_its_team_stands_before_its_own_charge() -> None:
+    # Two 4-GPU nodes, both b's jobs (funded, protected for the first hour, charging
+    # 8 GPU-h an hour). a was charged 24 GPU-h an hour ago and asks for 4 GPUs
+    # protected for 4 h (16 GPU-h) at 1 min. Counted with that charge, a ranks below b
+    # until 5 h, and may stop none of b's work before then; but from 2 h (the
+    # starvation bound) it holds nodes, and a holder ranks as its team stands now,
+    # which is below b from 3 h: it stops one of b's jobs then.
+    requests = [
+        _request("b1", "b", 0, 4, "batch"),
+        _request("b2", "b", 1, 4, "batch"),
+        _request("a1", "a", 60, 4, "batch", min_runtime=4 * HOUR, duration=HOUR),
+    ]
+    records = _run(_scenario(requests, usage={"a": 24 * HOUR}, funded_burst=0))
+    assert records["b1"].funded[0] and records["b2"].funded[0]
+    assert 3 * HOUR <= records["a1"].starts[0] <= 3.5 * HOUR
+    assert records["a1"].funded[0]
+    assert records["b1"].preemptions + records["b2"].preemptions == 1
+
+
 def test_a_job_larger_than_its_teams_share_is_not_funded_once_its_day_is_spent() -> None:
     # a's share is 2 GPUs (48 GPU-h a day) and it was charged 48 GPU-h an hour ago: its
     # day is spent, though its week's budget (336 GPU-h) is not. Its 8-GPU job, alone,
