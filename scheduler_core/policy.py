@@ -45,13 +45,14 @@ runtime, two rules could otherwise hand the same slices back and forth with no t
 passing.
 
 A held request ranks as its team stands: a holder's victims (rule 4) are the sessions
-of teams ranked below its team without its own protected window charged. Charged
-first, a 64-GPU gang of a team with 9 GPUs of share ranked below nearly every team,
+of teams ranked behind its team without its own protected window charged. Charged
+first, a 64-GPU gang of a team with 9 GPUs of share ranked behind nearly every team,
 so its hold waited for sessions to end, not for their protection (13 h on a day
 traced: bench.family, 256 GPUs, load 0.8, 5 % notebooks, seed 7). Budget alone,
 paired against its absence on the 88- and 256-GPU cells: the worst team +0.26 / +0.34
 points on average, runs within the bars 76 -> 79 / 73 -> 76 of 96 (seeds 1-8 / 9-16),
-for 0.9-2.6 % more lost work (README, "Family").
+for 0.9-2.6 % more lost work; on 1,024 GPUs -0.79 / +0.31 (seeds 1-2 / 3-4, 12 runs
+each), runs 12 -> 11 / 10 -> 10, lost work +2.1 / +6.1 % (README, "Family").
 
 The cycle runs in phases, as Kueue's ``schedule()`` does, each a function here:
 

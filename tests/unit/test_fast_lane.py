@@ -302,10 +302,10 @@ def test_a_gang_holds_the_nodes_that_clear_soonest() -> None:
 def test_a_held_request_ranks_as_its_team_stands_before_its_own_charge() -> None:
     # Two 4-GPU nodes, both b's jobs (funded, protected for the first hour, charging
     # 8 GPU-h an hour). a was charged 24 GPU-h an hour ago and asks for 4 GPUs
-    # protected for 4 h (16 GPU-h) at 1 min. Counted with that charge, a ranks below b
-    # until 5 h, and may stop none of b's work before then; but from 2 h (the
+    # protected for 4 h (16 GPU-h) at 1 min. Counted with that charge, a ranks behind
+    # b until 5 h, and may stop none of b's work before then; but from 2 h (the
     # starvation bound) it holds nodes, and a holder ranks as its team stands now,
-    # which is below b from 3 h: it stops one of b's jobs then.
+    # which is ahead of b from 3 h: it stops one of b's jobs then.
     requests = [
         _request("b1", "b", 0, 4, "batch"),
         _request("b2", "b", 1, 4, "batch"),
