@@ -29,15 +29,14 @@ part took 5.7-9.0 % off lost work on bench.family's 88- and 256-GPU cells, seeds
 and 9-16, and moved nothing else beyond noise); burst work beyond the share may stop
 only unallocated sessions; a job larger than its team's share is funded from the last
 day's share (`_DayUsage`; a sub-team's from its parent's day too) and time-sliced,
-beside the team's other funded work too;
-holds take the nodes that clear soonest, and a holder ranks as its team stands (below);
-and a gang, as a victim, costs its place
+beside the team's other funded work too; holds take the nodes that clear soonest, and a
+holder ranks as its team stands (below); and a gang, as a victim, costs its place
 (`preemption.lost_work`; the policy passes ``max_min_runtime`` as its wait). Why: on
 bench.family's 88- and 256-GPU cells (seeds 1 and 2) the seven rules alone gave
 debug p90 of 28 min to 5.2 h on 88 GPUs and occupancy down to 91.2 %, with no
 cell within every bar; with these, debug p90 was 0 s on every one of those cells
-and 3 of the 12 cells were within every bar (README, Benchmarks).
-A seventh, a team that slices itself (`Settings.own_slice_after`), is off by default:
+and 3 of the 12 cells were within every bar (README, Benchmarks; measured before the
+holder rule). An eighth, a team that slices itself (`Settings.own_slice_after`), is off by default:
 on the whole grid it put more cells within every bar but let debug p90 rise past
 5 min on an 88-GPU cell, and debug starts are the promise to interactive users.
 Nothing is ever stopped in the instant it started: with a zero grace or minimum
