@@ -36,9 +36,10 @@ bench.family's 88- and 256-GPU cells (seeds 1 and 2) the seven rules alone gave
 debug p90 of 28 min to 5.2 h on 88 GPUs and occupancy down to 91.2 %, with no
 cell within every bar; with these, debug p90 was 0 s on every one of those cells
 and 3 of the 12 cells were within every bar (README, Benchmarks; measured before the
-holder rule). An eighth, a team that slices itself (`Settings.own_slice_after`), is off by default:
-on the whole grid it put more cells within every bar but let debug p90 rise past
-5 min on an 88-GPU cell, and debug starts are the promise to interactive users.
+holder rule). An eighth, a team that slices itself (`Settings.own_slice_after`), is
+off by default: on the whole grid it put more cells within every bar but let debug
+p90 rise past 5 min on an 88-GPU cell, and debug starts are the promise to
+interactive users.
 Nothing is ever stopped in the instant it started: with a zero grace or minimum
 runtime, two rules could otherwise hand the same slices back and forth with no time
 passing.
