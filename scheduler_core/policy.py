@@ -597,11 +597,15 @@ class _Cycle:
                     failed_at = no_victims_exact.get(entry.shape_id)
                     running = rates[rate_key]
                     burst = running > 1e-9 and running + entry.rate > oversize_above
-                    if entry.debug or (
-                        (failed_at is None or after < failed_at)
-                        and not no_victims.known(entry.shape, after, entry.shape_id)
-                        and not (
-                            burst and not holder and no_burst.known(entry.shape, (), entry.shape_id)
+                    # A holder's search counts its own held nodes: no other entry's
+                    # failure speaks for it, nor its failure for them (see `stop_for`).
+                    if (
+                        entry.debug
+                        or holder
+                        or (
+                            (failed_at is None or after < failed_at)
+                            and not no_victims.known(entry.shape, after, entry.shape_id)
+                            and not (burst and no_burst.known(entry.shape, (), entry.shape_id))
                         )
                     ):
                         found = self.evict(
@@ -681,7 +685,8 @@ class _Cycle:
         funded ones past their protected window of teams whose key is above ``after``
         (the team's key with the entry charged). Their slices go to the entry: its grants
         and the victims' ids, or None, with the shape remembered in ``state.no_victims``
-        (and the search in `KnownFailures`), if no set of victims makes room. A
+        unless the entry holds nodes (and the search in `KnownFailures`), if no set of
+        victims makes room. A
         ``burst`` entry (funded beyond its team's share next to other funded work of
         the team) may stop only unallocated sessions; a ``swap`` entry (a job that
         slices its own team) may stop its own team's sessions past protection as well."""
@@ -798,7 +803,8 @@ class _Cycle:
         past their grace and funded ones of the teams in ``below`` past their protected
         window (within the ``lane``'s limit, for a debug entry); their grants go to the
         entry, or None (the search remembered as failed, and with ``after``, the key it
-        was made at, the shape in ``state.no_victims``). A lane search is remembered
+        was made at, the shape in ``state.no_victims``, unless the entry holds nodes:
+        its held nodes are its alone). A lane search is remembered
         under its lane's teams as well: its answer depends on them."""
         request = entry.request
         # A holder's search also counts its held nodes, so it is remembered apart.
@@ -821,7 +827,7 @@ class _Cycle:
         if targets is None:
             if for_want:
                 known_failures.failed(search)
-            if after is not None and not entry.debug:
+            if after is not None and not entry.debug and not holder:
                 state.no_victims.add(entry.shape, after, entry.shape_id)
             return None
         chosen: dict[str, Allocation] = {}

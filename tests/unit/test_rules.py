@@ -454,6 +454,44 @@ def test_a_hold_ends_when_its_request_would_no_longer_be_funded() -> None:
     assert any(t > held[-1] for t in starts)  # b's work lands there again
 
 
+def test_a_holder_searches_for_victims_whatever_another_holder_found() -> None:
+    # p1 and p2 have one shape (a quarter GPU and a whole node's CPUs) and each holds a
+    # node: p1 the one a's own funded a0 keeps, p2 the one b's unallocated b0 keeps
+    # through its two-hour grace. When the grace ends, p1's search still fails (a may
+    # not stop its own funded work); that must not stop p2 from stopping b0, since a
+    # holder's search counts its own held node.
+    held: list[dict[str, tuple[str, ...]]] = []
+
+    def watch(scheduler: Any, decisions: Any, now: float) -> None:
+        if decisions.reservations:
+            held.append(dict(decisions.reservations))
+
+    quarter = {"gpus": 0, "gpu_fraction": 0.25, "cpus": 8}
+    data = scenario(
+        horizon=12 * HOUR,
+        nodes=[
+            {"name": "n1", "pool": "g", "gpus": 1, "cpus": 8, "memory_gib": 64},
+            {"name": "n2", "pool": "g", "gpus": 1, "cpus": 8, "memory_gib": 64},
+        ],
+        teams=[{"name": "a", "share": 0.9}, {"name": "b", "share": 0.1}],
+        policy={"starvation_bound": 1800, "unallocated_grace": 2 * HOUR},
+        usage=[heavy_usage("b", 1.5, gpus=2, share=0.1, ago=HOUR)],
+        requests=[
+            req("a0", "a", 0, **quarter, duration=30000),
+            req("b0", "b", 0, gpus=1, cpus=8, duration=30000),
+            req("p1", "a", 10, **quarter, duration=600),
+            req("p2", "a", 20, **quarter, duration=600),
+        ],
+    )
+    outcome = result(Simulation(parse_scenario(data), observer=watch).run())
+    out = {r["id"]: r for r in outcome["requests"]}
+    assert out["b0"]["funded"][0] is False
+    assert {"p1": ("n1",), "p2": ("n2",)} in held  # the case above, as set up
+    assert out["p2"]["starts"][0] == 2 * HOUR  # not at 30000, when a0 ends
+    assert out["b0"]["ends"][0] == 2 * HOUR
+    assert out["p1"]["starts"][0] < 30000  # then p1 took n2 once p2 was done
+
+
 def test_a_team_without_a_share_of_the_pool_is_never_funded_there() -> None:
     out = run(
         scenario(
