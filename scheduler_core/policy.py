@@ -111,9 +111,10 @@ class Failures:
     """Shapes that found no room this cycle, with the after-swap key they had.
 
     Capacity only shrinks while a cycle places work, so a shape that did not fit
-    keeps not fitting, and so does any larger one; a preemption frees slices and
-    clears the record. For victim searches, a team whose key is no lower may
-    preempt a subset of the sessions, so it fails as well. Answers are also
+    keeps not fitting, and so does any larger one; a preemption frees slices, and a
+    hold that ends gives its nodes back to everyone, and both clear the record. For
+    victim searches, a team whose key is no lower may preempt a subset of the
+    sessions, so it fails as well. Answers are also
     remembered by shape number (`Queued.shape_id`), the common case of a queue
     holding many requests of one shape.
     """
@@ -880,9 +881,12 @@ class _Cycle:
 
     def end_hold(self, request_id: str, state: _Pass) -> None:
         """The nodes held for ``request_id`` go back to everyone (and count as grown): a
-        search of burst work that failed without them may succeed now."""
+        shape that found no room or no victims without them, burst work's included, may
+        find them now, so the pass's shape records are dropped."""
         _drop_hold(self.capacity, request_id, self.known_failures.grown)
         state.held.discard(request_id)
+        state.no_fit.clear()
+        state.no_victims.clear()
         state.no_burst.clear()
         self.released.append(request_id)
 

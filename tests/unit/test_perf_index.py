@@ -182,6 +182,55 @@ def test_remembered_searches_decide_as_searching_again_does(scenario: Scenario) 
     _decided_alike(scenario, again)
 
 
+def _searching_again(snapshot: Snapshot, now: float) -> Decisions:
+    """Decide with no shape records (`Failures`): every entry fits and searches anew."""
+    with mock.patch.object(Failures, "add", lambda *_args, **_kwargs: None):
+        return decide(snapshot, now)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(busy_scenarios())
+def test_shape_records_decide_as_searching_again_does(scenario: Scenario) -> None:
+    """A shape that found no room or no victims in a pass is not tried again in it
+    (`Failures`): the same decisions as trying every entry."""
+    _decided_alike(scenario, _searching_again)
+
+
+def test_a_hold_that_ends_gives_its_node_to_shapes_that_failed_before() -> None:
+    """One node for work (the other drains), full until 601 s; debug sessions of one
+    shape wait, one of them holding the node since the starvation bound (600 s). At
+    601 s the first session fails to fit (the node is held) and backfills; the holder
+    fits and its hold ends, so the node is everyone's again. The next session must fit
+    there too: remembered as failing, it took a new hold instead, on a node where it
+    fitted, and a later session started in its place."""
+    one_cpu = {"pool": "g", "gpus": 0, "cpus": 1, "duration": 60, "min_runtime": 0}
+    requests = [
+        {"id": "full", "team": "a", "submit": 0, "pool": "g", "gpus": 0, "cpus": 8}
+        | {"duration": 601, "min_runtime": 0, "priority": 1},
+        {"id": "first", "team": "a", "submit": 1, "priority": 1} | one_cpu,
+        *({"id": f"d{i:02d}", "team": "a", "submit": 0} | one_cpu for i in range(12)),
+    ]
+    data = {
+        "name": "hold-ends",
+        "horizon": 7200,
+        "policy": {
+            "name": "budget",
+            "starvation_bound": 600,
+            "max_reservations_per_pool": 1,
+            "unallocated_grace": 0,
+        },
+        "pools": [{"name": "g", "kind": "gpu"}],
+        "nodes": [
+            {"name": "g0", "pool": "g", "gpus": 1, "cpus": 8, "memory_gib": 64},
+            {"name": "g1", "pool": "g", "gpus": 1, "cpus": 8, "memory_gib": 64},
+        ],
+        "teams": [{"name": "a", "share": 0.5}, {"name": "b", "share": 0.5}],
+        "events": [{"at": 0, "node": "g0", "state": "draining"}],
+        "requests": [{"user": "u", "class": "debug"} | r for r in requests],
+    }
+    _decided_alike(parse_scenario(data), _searching_again)
+
+
 def test_a_failed_search_is_remembered_with_the_teams_it_could_stop() -> None:
     """One 2-GPU node: a's notebook protected for 8 h, b's for 10 min. Debug sessions of
     a and b wait for one GPU, neither funded while its team's notebook runs. In the
