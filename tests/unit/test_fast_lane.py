@@ -533,3 +533,34 @@ def test_a_gang_is_stopped_when_the_notebook_would_lose_more() -> None:
     records = _gang_or_notebook(17)
     assert records["x"].starts[0] == pytest.approx(17 * HOUR, abs=60)
     assert records["g"].preemptions == 1 and records["nb"].preemptions == 0
+
+
+def test_a_job_within_its_share_is_day_sliced_beside_its_teams_other_work() -> None:
+    # Four 8-GPU nodes. a's share is 8 GPUs and its 4-GPU notebook runs on n-0; b (4 GPUs
+    # of share, its day spent) runs two jobs unallocated on n-1 and n-2; c's job on n-3
+    # is protected for 8 h. At 1 h a asks for an 8-GPU job: within its share, but with
+    # the notebook 12 GPUs, past 1.25 x the share, so the week's budget does not fund
+    # it. a runs below its share, so its day does: beside the notebook it is burst work,
+    # which stops one of b's unallocated jobs at once. Unfunded, it stopped no one and
+    # waited for a node to come free at 20 h.
+    requests = [
+        _request("a0", "a", 0, 4, "interactive", min_runtime=8 * HOUR, duration=20 * HOUR),
+        _request("b1", "b", 1, 8, "batch", resumable=True),
+        _request("b2", "b", 2, 8, "batch", resumable=True),
+        _request("c1", "c", 3, 8, "batch", resumable=True, min_runtime=8 * HOUR),
+        _request("a1", "a", HOUR, 8, "batch", resumable=True),
+    ]
+    scenario = _scenario(requests, nodes=4, gpus=8)
+    scenario["teams"] = [
+        {"name": "a", "share": {"gpu": 0.25}},
+        {"name": "b", "share": {"gpu": 0.125}},
+        {"name": "c", "share": {"gpu": 0.625}},
+    ]
+    scenario["usage"] = [{"team": "b", "pool": "gpu", "gpu_seconds": 4 * 24 * HOUR, "ago": HOUR}]
+    records = _run(scenario)
+    a1 = records["a1"]
+    assert records["b1"].funded[0] is False and records["b2"].funded[0] is False
+    assert a1.starts[0] == pytest.approx(HOUR, abs=60) and a1.funded[0]
+    assert a1.nodes[0][0] in ("n-1", "n-2")
+    assert records["b1"].preemptions + records["b2"].preemptions == 1
+    assert records["c1"].preemptions == 0 and records["a0"].preemptions == 0
