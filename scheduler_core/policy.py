@@ -243,10 +243,10 @@ class _DayUsage:
     9 h while its 32-GPU gang waited unfunded (48 > 1.25 x 35.7), able to start only
     where four nodes came free by chance: it waited 23 h, and the team ended at 89.6 %
     of its daily share (with the rule, 8.3 h and 98.4 %). Budget alone, paired against
-    its absence on the 88- and 256-GPU cells:
-    the worst team +0.58 / +1.09 points on average, runs within the bars 76 -> 80 /
-    73 -> 80 of 96 (seeds 1-8 / 9-16), for 1.3-2.0 % more lost work (README,
-    "Family").
+    its absence: the worst team +0.58 / +1.09 points on average, runs within the bars
+    76 -> 80 / 73 -> 80 of 96 (88 and 256 GPUs, seeds 1-8 / 9-16); on 1,024 GPUs
+    (seeds 1-4) +1.31, but runs within the bars 23 -> 21 of 24; 1.3-3.8 % more lost
+    work (README, "Family").
 
     Why a sub-team's job may be sliced from its parent's day (`_Cycle.lent`): a
     parent's share is owed to its whole subtree, and on bench.family the parent team
