@@ -338,13 +338,15 @@ def test_a_job_larger_than_its_teams_share_is_not_funded_once_its_day_is_spent()
     assert records["a1"].funded == [False]
 
 
-def _beside_scenario() -> dict[str, Any]:
+def _beside_scenario(notebook_gpus: int = 1, job_nodes: int = 2) -> dict[str, Any]:
     requests = [
-        _request("a0", "a", 0, 1, "interactive", min_runtime=8 * HOUR, duration=20 * HOUR),
+        _request(
+            "a0", "a", 0, notebook_gpus, "interactive", min_runtime=8 * HOUR, duration=20 * HOUR
+        ),
         _request("b1", "b", 1, 8, "batch", resumable=True),
         _request("b2", "b", 2, 8, "batch", resumable=True),
         _request("c1", "c", 3, 8, "batch", resumable=True, min_runtime=8 * HOUR),
-        _request("a1", "a", HOUR, 8, "batch", nodes=2, resumable=True),
+        _request("a1", "a", HOUR, 8, "batch", nodes=job_nodes, resumable=True),
     ]
     scenario = _scenario(requests, nodes=4, gpus=8)
     scenario["teams"] = [
@@ -543,20 +545,7 @@ def test_a_job_within_its_share_is_day_sliced_beside_its_teams_other_work() -> N
     # it. a runs below its share, so its day does: beside the notebook it is burst work,
     # which stops one of b's unallocated jobs at once. Unfunded, it stopped no one and
     # waited for a node to come free at 20 h.
-    requests = [
-        _request("a0", "a", 0, 4, "interactive", min_runtime=8 * HOUR, duration=20 * HOUR),
-        _request("b1", "b", 1, 8, "batch", resumable=True),
-        _request("b2", "b", 2, 8, "batch", resumable=True),
-        _request("c1", "c", 3, 8, "batch", resumable=True, min_runtime=8 * HOUR),
-        _request("a1", "a", HOUR, 8, "batch", resumable=True),
-    ]
-    scenario = _scenario(requests, nodes=4, gpus=8)
-    scenario["teams"] = [
-        {"name": "a", "share": {"gpu": 0.25}},
-        {"name": "b", "share": {"gpu": 0.125}},
-        {"name": "c", "share": {"gpu": 0.625}},
-    ]
-    scenario["usage"] = [{"team": "b", "pool": "gpu", "gpu_seconds": 4 * 24 * HOUR, "ago": HOUR}]
+    scenario = _beside_scenario(notebook_gpus=4, job_nodes=1)
     records = _run(scenario)
     a1 = records["a1"]
     assert records["b1"].funded[0] is False and records["b2"].funded[0] is False
