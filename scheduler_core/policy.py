@@ -587,9 +587,9 @@ class _Cycle:
                         and leaf_budget > 0.0
                         and running < oversize_above - 1e-9
                     ):
-                        # Within the share, but not beside the team's work below it: a
-                        # day slice too (_DayUsage, "A job that does not fit beside its
-                        # team's work"), burst work that holds no nodes.
+                        # Within the share, but not funded beside the team's work, which
+                        # is below the share: a day slice too (_DayUsage, "A job that does
+                        # not fit beside its team's work"), burst work that holds no nodes.
                         if day_room is None:
                             day_room = self.day.room(team, pool_name, share_rate)
                         sliced = day_room / (entry.rate + running)
