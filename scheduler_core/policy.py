@@ -97,11 +97,19 @@ from scheduler_core.preemption import Lane, Victims, offers, search_targets
 from scheduler_core.ranking import Key, PoolRanking
 from scheduler_core.registry import register
 from scheduler_core.rules import funded_rates, funds, health_preemptions, kept_reservations
+from scheduler_core.settings import Settings
 from scheduler_core.snapshot import Admission, Decisions, Preemption, Snapshot
 
 _DAY = 86400.0
 
 __all__ = ["Failures", "budget_policy", "choose_reservation", "queue_heads", "queue_order"]
+
+
+def _slice_pays(sliced: float, protect: float, settings: Settings) -> bool:
+    """Does a day slice of ``sliced`` seconds fund a request protected for ``protect``:
+    at least a cycle tick, or its protected window if shorter than
+    ``default_min_runtime``."""
+    return sliced >= min(max(protect, settings.cycle_tick), settings.default_min_runtime) - 1e-9
 
 
 def queue_order(requests: list[Request]) -> list[Request]:
@@ -553,9 +561,7 @@ class _Cycle:
                     funded = (
                         leaf_budget > 0.0
                         and others <= oversize_above
-                        and sliced
-                        >= min(max(protect, settings.cycle_tick), settings.default_min_runtime)
-                        - 1e-9
+                        and _slice_pays(sliced, protect, settings)
                     )
                     if funded and sliced < protect:
                         protect, units = sliced, entry.rate * sliced
@@ -593,11 +599,7 @@ class _Cycle:
                         if day_room is None:
                             day_room = self.day.room(team, pool_name, share_rate)
                         sliced = day_room / (entry.rate + running)
-                        if (
-                            sliced
-                            >= min(max(protect, settings.cycle_tick), settings.default_min_runtime)
-                            - 1e-9
-                        ):
+                        if _slice_pays(sliced, protect, settings):
                             funded = beside = True
                             if sliced < protect:
                                 protect, units = sliced, entry.rate * sliced
