@@ -84,6 +84,11 @@ MAX_FOLLOW_UPS = 5
 `Decisions.follow_up`)."""
 
 
+def _in_hierarchy(tree: TeamTree) -> frozenset[str]:
+    """The teams with a parent or sub-teams."""
+    return frozenset(t for t in tree.teams if len(tree.ancestors(t)) > 1 or tree.has_children(t))
+
+
 class Scheduler:
     """Pending requests and running allocations of one cluster."""
 
@@ -101,6 +106,8 @@ class Scheduler:
         self.pools = {p.name: p for p in pools}
         self.nodes = {n.name: n for n in nodes}
         self.teams = TeamTree.build(teams)
+        self._related = _in_hierarchy(self.teams)
+        """Teams in a hierarchy: their funding may depend on their relatives' queues."""
         self.clock = clock
         self.actuator = actuator
         self.ledger = ledger or UsageLedger()
@@ -228,6 +235,7 @@ class Scheduler:
             self.settings = settings
         if teams is not None:
             self.teams = TeamTree.build(teams)
+            self._related = _in_hierarchy(self.teams)
         if ledger is not None:
             self.ledger = ledger
         self._kept = Kept(self.settings, self.pools, self.nodes.values())
@@ -287,6 +295,12 @@ class Scheduler:
         scope = set(self._fresh)
         if expired:
             scope.update(r for r in self.pending if self._funded.get(r))
+        if self._related and any(
+            (r := self.pending.get(i)) is not None and r.team in self._related for i in scope
+        ):
+            # A sub-team's job may be funded from its parent's day beside what its
+            # relatives wait for, which a cycle over part of the queue does not see.
+            return self.cycle()
         draining = expired and any(n.health is Health.DRAINING for n in self._node_tuple)
         if scope or draining:
             return self.cycle(scope)

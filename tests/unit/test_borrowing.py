@@ -22,7 +22,7 @@ def _job(rid: str, team: str, submit: float, gpus: int, **extra: Any) -> dict[st
     return _request(rid, team, submit, gpus, "batch", resumable=True, **extra)
 
 
-def _run(extra: list[dict[str, Any]]) -> dict[str, RequestRecord]:
+def _run(extra: list[dict[str, Any]], **policy: Any) -> dict[str, RequestRecord]:
     """Two 4-GPU nodes; ``p`` (half) has sub-teams ``p1`` and ``p2`` (a quarter each),
     ``o`` has the other half. ``o`` fills the cluster at 0 (its second job, beyond its
     share, runs unallocated). ``p1`` was charged 91 GPU-h an hour ago: far past its own
@@ -30,7 +30,7 @@ def _run(extra: list[dict[str, Any]]) -> dict[str, RequestRecord]:
     scenario = {
         "name": "borrowing",
         "horizon": 30 * HOUR,
-        "policy": {"name": "budget"},
+        "policy": {"name": "budget", **policy},
         "pools": [{"name": "gpu", "kind": "gpu"}],
         "nodes": [{"name": "n-{i}", "count": 2, "pool": "gpu", "gpus": 4, "cpus": 64}],
         "teams": [
@@ -70,4 +70,14 @@ def test_a_waiting_sibling_keeps_its_part_of_the_parents_day() -> None:
     records = _run([_job("p2-gang", "p2", 300, 1, nodes=2, duration=2 * HOUR)])
     big = records["p1-big"]
     assert not records["p2-gang"].starts or records["p2-gang"].starts[0] >= HOUR
+    assert not any(f for s, f in zip(big.starts, big.funded, strict=True) if s < HOUR)
+
+
+def test_a_cycle_over_new_arrivals_still_counts_the_relatives_claims() -> None:
+    # As above, with no full cycle due when p1's job arrives (the budget is looked at
+    # again only hourly): a cycle over the new request alone would not see p2's
+    # waiting gang, and would fund p1's job for 1.25 h. A sub-team's arrival is
+    # weighed against the whole queue.
+    records = _run([_job("p2-gang", "p2", 300, 1, nodes=2, duration=2 * HOUR)], budget_recheck="1h")
+    big = records["p1-big"]
     assert not any(f for s, f in zip(big.starts, big.funded, strict=True) if s < HOUR)
