@@ -123,9 +123,10 @@ def queue_key(request: Request) -> QueueKey:
     return (request.klass is not RequestClass.DEBUG, -request.priority, request.submit, request.id)
 
 
-SearchKey = tuple[int, frozenset[str], frozenset[str] | None, bool, str]
-"""A victim search: shape number, permitted teams, for the debug fast lane (the fourth
-field True) the teams it may stop debug sessions of (`preemption.Lane`), and the id of
+SearchKey = tuple[int, frozenset[str], frozenset[str] | None, str, str]
+"""A victim search: shape number, permitted teams, for the debug fast lane the teams it
+may stop debug sessions of, the limit on its victims (`preemption.Lane`: "" for none,
+"lane" for the fast lane's, "resumable" for a team's own time slice's), and the id of
 the request if it holds nodes (which only it may use), else ""."""
 
 

@@ -421,15 +421,24 @@ class Victims:
 
 @dataclass(frozen=True, slots=True)
 class Lane:
-    """The fast lane's limit on its victims (policy.py): a debug request stops debug
-    sessions only with the rights a funded request has anyway (``normal``: the teams
-    the rank rule permits; None for a request its budget does not fund, which has no
-    such rights). Every other victim it may stop is work that cannot itself take the
-    lane, so two debug sessions never take turns stopping each other."""
+    """A limit on the victims of one search (policy.py).
+
+    The fast lane's: a debug request stops debug sessions only with the rights a
+    funded request has anyway (``normal``: the teams the rank rule permits; None for a
+    request its budget does not fund, which has no such rights). Every other victim it
+    may stop is work that cannot itself take the lane, so two debug sessions never take
+    turns stopping each other.
+
+    A team's own time slice (``resumable``): a job that slices its own team stops only
+    sessions that are snapshotted and resume where they stopped, so its turn throws
+    no one's work away."""
 
     normal: frozenset[str] | None
+    resumable: bool = False
 
     def may_stop(self, victims: Victims, allocation: Allocation) -> bool:
+        if self.resumable:
+            return allocation.request.resumable
         if allocation.request.klass is not RequestClass.DEBUG:
             return True
         return self.normal is not None and victims.permits(allocation, self.normal)

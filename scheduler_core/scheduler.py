@@ -274,9 +274,14 @@ class Scheduler:
         """
         now = self.clock.now()
         expired = False
+        ended: set[tuple[str, str]] = set()
+        """(team, pool) of the sessions whose protected window ended."""
         while self._expiries and self._expiries[0][0] <= now:
             _, request_id = heapq.heappop(self._expiries)
-            expired = expired or request_id in self.running
+            allocation = self.running.get(request_id)
+            if allocation is not None:
+                expired = True
+                ended.add((allocation.team, allocation.pool))
         while self._idle_due and self._idle_due[0][0] <= now:
             # An idle session became free to release: like a protected window ending.
             _, request_id = heapq.heappop(self._idle_due)
@@ -288,7 +293,7 @@ class Scheduler:
         last = self._last_cycle
         if self._changed or starving or last is None or now - last >= self.settings.budget_recheck:
             return self.cycle()
-        if self.settings.own_slice_after > 0 and (expired or self._behind_a_slicing_job(now)):
+        if self.settings.own_slice_after > 0 and self._may_slice_itself(ended, now):
             # Whether a team slices itself depends on its waiting jobs and its running
             # ones' protection, which a cycle over part of the queue does not see.
             return self.cycle()
@@ -306,21 +311,30 @@ class Scheduler:
             return self.cycle(scope)
         return None
 
-    def _behind_a_slicing_job(self, now: float) -> bool:
-        """A new batch request whose team has a request in the same pool waiting longer
-        than ``own_slice_after`` (its funding may depend on that one)."""
-        fresh = [
-            r
-            for r in (self.pending.get(i) for i in self._fresh)
-            if r is not None and r.klass is RequestClass.BATCH
-        ]
-        if not fresh:
+    def _may_slice_itself(self, ended: set[tuple[str, str]], now: float) -> bool:
+        """Has a team with a job larger than its share waiting longer than
+        ``own_slice_after`` had a session's protected window end, or asked for new batch
+        work? Whether it slices itself, and whether its new batch work is funded, may
+        then have changed. (Asked on every protected window that ends, the whole queue
+        was looked at on nearly every event of a saturated month: 38 s against 24 s.)"""
+        teams = set(ended)
+        for request_id in self._fresh:
+            request = self.pending.get(request_id)
+            if request is not None and request.klass is RequestClass.BATCH:
+                teams.add((request.team, request.pool))
+        if not teams:
             return False
-        teams = {(r.team, r.pool) for r in fresh}
         bound = self.settings.own_slice_after
-        return any(
-            (r.team, r.pool) in teams and now - r.submit >= bound for r in self.pending.values()
-        )
+        guaranteed = self.settings.guaranteed_share
+        for request in self.pending.values():
+            slot = (request.team, request.pool)
+            if slot not in teams or now - request.submit < bound:
+                continue
+            pool = self.pools[request.pool]
+            share = guaranteed * self.teams.own_share(request.team, request.pool)
+            if request.charge_rate(pool.kind) > share * self._capacity.get(request.pool, 0.0):
+                return True
+        return False
 
     def settle(self, observe: Callable[[Decisions], None] | None = None) -> Decisions | None:
         """`step`, then at once the follow-up cycles it calls for.

@@ -85,11 +85,12 @@ class Settings:
     funded request of any team, not only of a team further under its share (its work
     is snapshotted, so little is lost); 0: never. Idle sessions are always the first
     victims among those a request may stop."""
-    own_slice_after: float = 0.0
+    own_slice_after: float = 2 * HOUR
     """A job larger than its team's share that has waited this long beside other funded
     work of its team is funded from the team's day (as its only job would be) and may
     stop that work once all of it is resumable and past protection, while the team's
-    later batch work waits unfunded behind it: the team time-slices itself; 0: never."""
+    later batch work waits unfunded behind it: the team time-slices itself. Its victims
+    are resumable sessions only, its own team's or others' by the usual rules; 0: never."""
     fairshare_half_life: float = 7 * DAY
     """``fairshare`` baseline: usage loses half its weight after this long (Slurm's
     PriorityDecayHalfLife)."""

@@ -143,10 +143,10 @@ class SchedulerConfig(SingletonConfigurable):
         (0: never). Idle sessions are always the first victims.""",
     ).tag(config=True)
     own_slice_after = Float(
-        0.0,
+        7200.0,
         help="""Seconds a job larger than its team's share must wait beside other funded
         work of its team before it is funded from the team's day and may stop that work
-        (the team time-slices itself; 0: never).""",
+        and other resumable work (the team time-slices itself; 0: never).""",
     ).tag(config=True)
     policy_settings: Dict[str, Any] = Dict(
         help="""Settings of the policy that have no trait of their own (e.g. a baseline's),

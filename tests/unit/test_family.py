@@ -134,13 +134,13 @@ def test_bad_options_exit_2(args: list[str], capsys: pytest.CaptureFixture[str])
 
 
 def test_set_lays_a_setting_over_the_budget_policy_only() -> None:
-    laid = (("own_slice_after", "2h"), ("funded_burst", 2))
+    laid = (("own_slice_after", "0"), ("funded_burst", 2))
     settings = family.scenario_of(Job(CELL, 1, "budget", 1, 0, laid)).settings
-    assert (settings.name, settings.own_slice_after, settings.funded_burst) == ("budget", 7200, 2)
+    assert (settings.name, settings.own_slice_after, settings.funded_burst) == ("budget", 0, 2)
     legacy = family.scenario_of(Job(CELL, 1, "legacy", 1, 0, laid)).settings
     plain = family.scenario_of(Job(CELL, 1, "legacy", 1, 0)).settings
-    assert legacy == plain and legacy.name == "legacy" and legacy.own_slice_after == 0
-    assert family.scenario_of(Job(CELL, 1, "budget", 1, 0)).settings.own_slice_after == 0
+    assert legacy == plain and legacy.name == "legacy" and legacy.own_slice_after == 7200
+    assert family.scenario_of(Job(CELL, 1, "budget", 1, 0)).settings.own_slice_after == 7200
 
 
 def test_paired_lines_compare_run_by_run_with_the_spread_and_the_price() -> None:

@@ -483,8 +483,8 @@ def test_a_teams_new_batch_work_waits_unfunded_behind_its_gang_past_the_bound() 
 
 
 def test_a_team_slices_itself_only_when_turned_on() -> None:
-    # The first scenario with own_slice_after off (the default): the gang is funded
-    # neither beside a's job nor by the day, so it waits for that job to end at 20 h.
+    # The first scenario with own_slice_after off (0): the gang is funded neither
+    # beside a's job nor by the day, so it waits for that job to end at 20 h.
     requests = [
         _request("a1", "a", 0, 4, "batch", resumable=True),
         _request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=HOUR),
@@ -495,6 +495,40 @@ def test_a_team_slices_itself_only_when_turned_on() -> None:
     with pytest.raises(InputError) as error:
         parse_scenario(_own_slice_scenario(requests, after="soon"))
     assert "own_slice_after" in error.value.where
+
+
+@pytest.mark.parametrize("resumable", [False, True])
+def test_a_team_slicing_itself_stops_only_resumable_sessions(resumable: bool) -> None:
+    # As the first own-slice scenario, with b's 2-GPU session beside a's job from the
+    # start, b ranking behind a (b was charged its week an hour ago). Past the bound
+    # a's gang may stop a's own job, but b's session only if it resumes where it
+    # stopped: a notebook is left to end at 6 h, and the gang starts then; a resumable
+    # job is stopped at once. With a funded request's usual rights, the gang stopped
+    # the notebook past its protected hour at 2 h and threw away 2 h of its work.
+    requests = [
+        _request("a1", "a", 0, 4, "batch", resumable=True),
+        _request(
+            "b1",
+            "b",
+            1,
+            2,
+            "batch" if resumable else "interactive",
+            resumable=resumable,
+            duration=6 * HOUR,
+        ),
+        _request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=HOUR),
+    ]
+    scenario = _own_slice_scenario(requests)
+    scenario["usage"] = [{"team": "b", "pool": "gpu", "gpu_seconds": 8 * WEEK_GPU_S, "ago": HOUR}]
+    records = _run(scenario)
+    a2, b1 = records["a2"], records["b1"]
+    assert a2.funded[0] and records["a1"].preemptions >= 1
+    if resumable:
+        assert b1.preemptions >= 1
+        assert a2.starts[0] == pytest.approx(2 * HOUR, abs=660)
+    else:
+        assert b1.preemptions == 0 and b1.ends == [pytest.approx(6 * HOUR, abs=5)]
+        assert a2.starts[0] == pytest.approx(6 * HOUR, abs=660)
 
 
 def _gang_or_notebook(notebook_hours: float) -> dict[str, RequestRecord]:

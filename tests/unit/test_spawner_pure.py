@@ -316,6 +316,8 @@ def test_every_core_setting_is_a_trait_of_the_embedded_scheduler():
     )
     with pytest.raises(ConfigError, match="funded_burst"):
         BudgetScheduler(funded_burst=-1.0).core_settings()
+    # Left alone, the Hub runs the core's own defaults.
+    assert BudgetScheduler().core_settings() == Settings()
 
 
 def test_queue_message_says_why_a_request_would_run_unallocated():
