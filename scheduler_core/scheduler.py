@@ -86,7 +86,9 @@ MAX_FOLLOW_UPS = 5
 
 def _in_hierarchy(tree: TeamTree) -> frozenset[str]:
     """The teams with a parent or sub-teams."""
-    return frozenset(t for t in tree.teams if len(tree.ancestors(t)) > 1 or tree.has_children(t))
+    return frozenset(
+        t for t, team in tree.teams.items() if team.parent is not None or tree.has_children(t)
+    )
 
 
 class Scheduler:
@@ -274,8 +276,7 @@ class Scheduler:
         """
         now = self.clock.now()
         expired = False
-        ended: set[tuple[str, str]] = set()
-        """(team, pool) of the sessions whose protected window ended."""
+        ended: set[tuple[str, str]] = set()  # (team, pool) of windows that ended
         while self._expiries and self._expiries[0][0] <= now:
             _, request_id = heapq.heappop(self._expiries)
             allocation = self.running.get(request_id)
