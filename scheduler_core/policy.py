@@ -309,28 +309,35 @@ class _DayUsage:
         guaranteed = snapshot.settings.guaranteed_share
         if self.usage is None or not snapshot.pending or guaranteed <= 0:
             return []  # without a guaranteed share there are no day slices to stop
-        waiting = {r.pool for r in snapshot.pending}
+        index = snapshot.index
+        if index is not None and index.queues is not None and snapshot.queued is None:
+            waiting = {pool for pool, queues in index.queues.items() if any(queues.values())}
+        else:
+            waiting = {r.pool for r in snapshot.pending}
         tree = snapshot.teams
+        now = self.now
         found: list[Preemption] = []
         for allocation in snapshot.allocations:
-            pool = allocation.pool
+            # The cheap tests first: this runs over every session in every cycle.
+            if not allocation.funded or allocation.protected_until > now:
+                continue
+            request = allocation.request
+            pool = request.pool
             if (
-                not allocation.funded
-                or pool not in waiting
-                or allocation.protected_until > self.now
-                or allocation.start >= self.now
-                or not allocation.request.resumable
-                or allocation.id in stopped
+                pool not in waiting
+                or allocation.start >= now
+                or not request.resumable
+                or request.id in stopped
             ):
                 continue
-            share_rate = tree.own_share(allocation.team, pool) * snapshot.capacity.get(pool, 0)
+            share_rate = tree.own_share(request.team, pool) * snapshot.capacity.get(pool, 0)
             if allocation.charge_rate <= guaranteed * share_rate + 1e-9:
                 continue
             # Its own day spent, and the day of every level it may borrow from (none for
             # a top-level team).
-            if self.room(allocation.team, pool, share_rate) <= 1e-6 and all(
+            if self.room(request.team, pool, share_rate) <= 1e-6 and all(
                 self.subtree_room(members, pool, rate) <= 1e-6
-                for members, rate in self.lenders(allocation.team, pool)
+                for members, rate in self.lenders(request.team, pool)
             ):
                 found.append(Preemption(allocation.id, "time-slice"))
         return found
@@ -428,6 +435,9 @@ class _Cycle:
         self.order: list[str] = []
         self.funded: dict[str, bool] = {}
         self._over: dict[str, frozenset[str]] = {}
+        self._blockers: defaultdict[tuple[str, str], list[str]] | None = None
+        """Per (team, pool), its funded sessions that keep it from slicing itself
+        (`own_swappable`), found on first use."""
         self._clears: dict[str, float] | None = None
 
     def victims(self) -> Victims:
@@ -798,18 +808,21 @@ class _Cycle:
 
     def own_swappable(self, team: str, pool: str) -> bool:
         """Every funded session of the team in the pool is resumable and past protection
-        (so a job of the team that slices it may stop them: `Settings.own_slice_after`)."""
-        now, stopped = self.now, self.stopped
-        for allocation in self.snapshot.allocations:
-            if (
-                allocation.team == team
-                and allocation.pool == pool
-                and allocation.funded
-                and allocation.id not in stopped
-                and (allocation.protected_until > now or not allocation.request.resumable)
-            ):
-                return False
-        return True
+        (so a job of the team that slices it may stop them: `Settings.own_slice_after`),
+        or stopped this cycle."""
+        blockers = self._blockers
+        if blockers is None:
+            # Once per cycle: sessions only leave the set (stopped), never join it.
+            now = self.now
+            blockers = self._blockers = defaultdict(list)
+            for allocation in self.snapshot.allocations:
+                if allocation.funded and (
+                    allocation.protected_until > now or not allocation.request.resumable
+                ):
+                    request = allocation.request
+                    blockers[(request.team, request.pool)].append(request.id)
+        stopped = self.stopped
+        return all(i in stopped for i in blockers.get((team, pool), ()))
 
     def over_share(self, state: _Pass) -> frozenset[str]:
         """Teams that hold more of the pool than their share now, funded or unallocated
