@@ -310,7 +310,12 @@ class _DayUsage:
         if self.usage is None or not snapshot.pending or guaranteed <= 0:
             return []  # without a guaranteed share there are no day slices to stop
         index = snapshot.index
-        if index is not None and index.queues is not None and snapshot.queued is None:
+        if (
+            index is not None
+            and index.at == self.now
+            and index.queues is not None
+            and snapshot.queued is None
+        ):
             waiting = {pool for pool, queues in index.queues.items() if any(queues.values())}
         else:
             waiting = {r.pool for r in snapshot.pending}
