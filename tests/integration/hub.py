@@ -43,10 +43,22 @@ def new_hub_name(owner: str) -> str:
     return hub_name
 
 
+_GIVEN: set[int] = set()
+"""Ports `free_port` has handed out in this test run."""
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now and not handed out before in this run. Ports picked one
+    after another can repeat, the kernel handing back the one just released: a Hub whose
+    proxy got the same port for its public and its API side failed to start."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
+    raise RuntimeError("no loopback port that was not handed out already, in 100 tries")
 
 
 def hub_config(
