@@ -309,16 +309,7 @@ class _DayUsage:
         guaranteed = snapshot.settings.guaranteed_share
         if self.usage is None or not snapshot.pending or guaranteed <= 0:
             return []  # without a guaranteed share there are no day slices to stop
-        index = snapshot.index
-        if (
-            index is not None
-            and index.at == self.now
-            and index.queues is not None
-            and snapshot.queued is None
-        ):
-            waiting = {pool for pool, queues in index.queues.items() if any(queues.values())}
-        else:
-            waiting = {r.pool for r in snapshot.pending}
+        waiting = {r.pool for r in snapshot.pending}
         tree = snapshot.teams
         now = self.now
         found: list[Preemption] = []
