@@ -99,7 +99,14 @@ from scheduler_core.model import Allocation, NodeGrant, PoolKind, Request, Reque
 from scheduler_core.preemption import Lane, Victims, offers, search_targets
 from scheduler_core.ranking import Key, PoolRanking
 from scheduler_core.registry import register
-from scheduler_core.rules import funded_rates, funds, health_preemptions, kept_reservations
+from scheduler_core.rules import (
+    funded_rates,
+    funds,
+    health_preemptions,
+    kept_reservations,
+    oversize,
+    oversize_above,
+)
 from scheduler_core.settings import Settings
 from scheduler_core.snapshot import Admission, Decisions, Preemption, Snapshot
 
@@ -327,7 +334,7 @@ class _DayUsage:
             ):
                 continue
             share_rate = tree.own_share(request.team, pool) * snapshot.capacity.get(pool, 0)
-            if allocation.charge_rate <= guaranteed * share_rate + 1e-9:
+            if not oversize(allocation.charge_rate, share_rate, snapshot.settings):
                 continue
             # Its own day spent, and the day of every level it may borrow from (none for
             # a top-level team).
@@ -517,7 +524,7 @@ class _Cycle:
             share_rate = leaf_budget / window if window > 0 else 0.0
             rate_key = (team, pool_name)
             lenders: list[tuple[tuple[str, ...], float, float]] | None = None
-            oversize_above = settings.guaranteed_share * share_rate + 1e-9
+            share_limit = oversize_above(share_rate, settings)
             day_sliced = settings.guaranteed_share > 0 and self.day.usage is not None
             day_room: float | None = None
             afters: dict[float, Key] = {}
@@ -533,7 +540,7 @@ class _Cycle:
                 swap = False
                 if (
                     own_slice_after > 0.0
-                    and entry.rate > oversize_above
+                    and entry.rate > share_limit
                     and day_sliced
                     and rates[rate_key] > 1e-9
                     and now - request.submit >= own_slice_after
@@ -545,7 +552,7 @@ class _Cycle:
                     if not swap:
                         draining.add(team)
                 beside = False
-                if entry.rate > oversize_above and day_sliced:
+                if entry.rate > share_limit and day_sliced:
                     # Larger than the team's share: funded from a day's share (_DayUsage),
                     # for as long as that pays for it and the team's other funded work
                     # (which a swap stops), whatever the week's budget; beside that work
@@ -569,7 +576,7 @@ class _Cycle:
                         )
                     funded = (
                         leaf_budget > 0.0
-                        and others <= oversize_above
+                        and others <= share_limit
                         and _slice_pays(sliced, protect, settings)
                     )
                     if funded and sliced < protect:
@@ -600,7 +607,7 @@ class _Cycle:
                         not funded
                         and day_sliced
                         and leaf_budget > 0.0
-                        and running < oversize_above - 1e-9
+                        and running < share_limit - 1e-9
                     ):
                         # Within the share, but not funded beside the team's work, which
                         # is below the share: a day slice too (_DayUsage, "A job that does
@@ -645,7 +652,7 @@ class _Cycle:
                         after = afters[units] = ranking.key(team, units)
                     failed_at = no_victims_exact.get(entry.shape_id)
                     running = rates[rate_key]
-                    burst = running > 1e-9 and running + entry.rate > oversize_above
+                    burst = running > 1e-9 and running + entry.rate > share_limit
                     # A holder's search counts its own held nodes: no other entry's
                     # failure speaks for it, nor its failure for them (see `stop_for`).
                     if (

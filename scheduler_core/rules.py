@@ -17,7 +17,14 @@ from scheduler_core.model import Health, Node
 from scheduler_core.settings import Settings
 from scheduler_core.snapshot import Preemption, Snapshot
 
-__all__ = ["funded_rates", "funds", "health_preemptions", "kept_reservations"]
+__all__ = [
+    "funded_rates",
+    "funds",
+    "health_preemptions",
+    "kept_reservations",
+    "oversize",
+    "oversize_above",
+]
 
 _all_ready: list[tuple[Node, ...]] = []
 """The last node tuple found all ready (the scheduler keeps one tuple while nothing
@@ -77,6 +84,22 @@ def funds(
         return False
     cap = settings.funded_burst
     return not cap or running <= _EPS or after <= cap * share_rate + _EPS
+
+
+def oversize_above(share_rate: float, settings: Settings) -> float:
+    """The charge rate above which a job is larger than its team's share: the
+    guaranteed part of the team's own share of the pool (``share_rate``, units per
+    second). Such a job runs in day slices (time-slicing) rather than beside the share.
+    The policy, its time-slice stops and the scheduler's cycle trigger all ask here,
+    so that a job exactly the size of its share is never oversize to one and not to
+    another."""
+    return settings.guaranteed_share * share_rate + _EPS
+
+
+def oversize(rate: float, share_rate: float, settings: Settings) -> bool:
+    """Is a job of ``rate`` units per second larger than its team's share? See
+    `oversize_above`."""
+    return rate > oversize_above(share_rate, settings)
 
 
 def funded_rates(

@@ -42,6 +42,7 @@ from scheduler_core.model import (
     Team,
 )
 from scheduler_core.registry import decide
+from scheduler_core.rules import oversize
 from scheduler_core.settings import Settings
 from scheduler_core.snapshot import Decisions, Snapshot
 from scheduler_core.teams import TeamTree
@@ -325,15 +326,17 @@ class Scheduler:
                 teams.add((request.team, request.pool))
         if not teams:
             return False
-        bound = self.settings.own_slice_after
-        guaranteed = self.settings.guaranteed_share
+        settings = self.settings
+        bound = settings.own_slice_after
         for request in self.pending.values():
             slot = (request.team, request.pool)
             if slot not in teams or now - request.submit < bound:
                 continue
             pool = self.pools[request.pool]
-            share = guaranteed * self.teams.own_share(request.team, request.pool)
-            if request.charge_rate(pool.kind) > share * self._capacity.get(request.pool, 0.0):
+            share_rate = self.teams.own_share(request.team, request.pool) * self._capacity.get(
+                request.pool, 0.0
+            )
+            if oversize(request.charge_rate(pool.kind), share_rate, settings):
                 return True
         return False
 

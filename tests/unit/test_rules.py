@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scheduler_core.capacity import Capacity
 from scheduler_core.metrics import result
-from scheduler_core.model import Request, SliceKind
+from scheduler_core.model import Pool, PoolKind, Request, SliceKind, Team
+from scheduler_core.ranking import PoolRanking
+from scheduler_core.rules import oversize
 from scheduler_core.scenario import parse_scenario
-from scheduler_core.settings import PlacementStrategy
+from scheduler_core.settings import PlacementStrategy, Settings
 from scheduler_core.simulator import Simulation
+from scheduler_core.snapshot import Snapshot
+from scheduler_core.teams import TeamTree
 
 HOUR = 3600
 DAY = 86400
@@ -500,3 +507,54 @@ def test_a_team_without_a_share_of_the_pool_is_never_funded_there() -> None:
         )
     )
     assert out["b1"]["funded"] == [False]
+
+
+def test_a_job_the_size_of_its_share_is_never_larger_than_it() -> None:
+    # 0.29 x 100 GPUs is 28.999999999999996 in floating point: a 29-GPU job is the
+    # team's share, not larger, wherever it is asked; the guaranteed part scales it.
+    settings = Settings()
+    assert not oversize(29.0, 0.29 * 100, settings)
+    assert oversize(29.5, 0.29 * 100, settings)
+    assert oversize(15.0, 0.29 * 100, replace(settings, guaranteed_share=0.5))
+    assert not oversize(14.5, 0.29 * 100, replace(settings, guaranteed_share=0.5))
+
+
+@given(
+    top=st.floats(0.05, 0.95),
+    child=st.floats(0.05, 0.95),
+    gpus=st.integers(1, 2048),
+    window=st.sampled_from([DAY, WEEK, 30 * DAY]),
+)
+def test_the_policys_share_figure_and_the_schedulers_agree(
+    top: float, child: float, gpus: int, window: float
+) -> None:
+    # The policy reads a team's share from its ranking (leaf budget over the window);
+    # the time-slice stops and the scheduler's cycle trigger from the team tree (own
+    # share x capacity). A job is larger than its share by both or by neither.
+    tree = TeamTree.build(
+        [
+            Team("parent", {"g": top}),
+            Team("child", {"g": child}, parent="parent"),
+            Team("other", {"g": 1 - top}),
+        ]
+    )
+    snapshot = Snapshot(
+        settings=Settings(),
+        pools={"g": Pool("g", PoolKind.GPU)},
+        nodes=(),
+        allocations=(),
+        pending=(),
+        teams=tree,
+        usage={},
+        window=window,
+        capacity={"g": float(gpus)},
+    )
+    ranking = PoolRanking(snapshot, "g", 0.0)
+    for team in ("parent", "child", "other"):
+        from_ranking = ranking.leaf(team)[1] / window
+        from_tree = tree.own_share(team, "g") * gpus
+        assert from_ranking == pytest.approx(from_tree, rel=1e-12, abs=1e-12)
+        for rate in {round(from_tree), round(from_tree, 3), from_tree}:
+            assert oversize(rate, from_ranking, snapshot.settings) == oversize(
+                rate, from_tree, snapshot.settings
+            )
