@@ -23,6 +23,14 @@ class TeamTree:
 
     teams: Mapping[str, Team]
     children: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    _shares: dict[tuple[str, str], float] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """(team, pool) → share, worked out on first ask: the policy asks about a million
+    times a simulated month, and the tree never changes once built."""
+    _own: dict[tuple[str, str], float] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def build(cls, teams: Iterable[Team]) -> TeamTree:
@@ -44,19 +52,28 @@ class TeamTree:
 
     def share(self, name: str, pool: str) -> float:
         """The team's fraction of the pool's capacity, children's part included."""
-        team = self.teams[name]
-        own = team.share.get(pool, 0.0)
-        if team.parent is None:
-            return own
-        return own * self.share(team.parent, pool)
+        key = (name, pool)
+        found = self._shares.get(key)
+        if found is None:
+            team = self.teams[name]
+            found = team.share.get(pool, 0.0)
+            if team.parent is not None:
+                found *= self.share(team.parent, pool)
+            self._shares[key] = found
+        return found
 
     def own_share(self, name: str, pool: str) -> float:
         """The fraction of the pool that funds the team's own requests (for a team
         without sub-teams, its share)."""
-        if not self.children[name]:
-            return self.share(name, pool)
-        given = sum(self.teams[c].share.get(pool, 0.0) for c in self.children[name])
-        return self.share(name, pool) * max(0.0, 1.0 - given)
+        key = (name, pool)
+        found = self._own.get(key)
+        if found is None:
+            found = self.share(name, pool)
+            if self.children[name]:
+                given = sum(self.teams[c].share.get(pool, 0.0) for c in self.children[name])
+                found *= max(0.0, 1.0 - given)
+            self._own[key] = found
+        return found
 
     def has_children(self, name: str) -> bool:
         return bool(self.children[name])
