@@ -104,7 +104,6 @@ from scheduler_core.rules import (
     funds,
     health_preemptions,
     kept_reservations,
-    oversize,
     oversize_above,
 )
 from scheduler_core.settings import Settings
@@ -318,8 +317,11 @@ class _DayUsage:
             return []  # without a guaranteed share there are no day slices to stop
         waiting = {r.pool for r in snapshot.pending}
         tree = snapshot.teams
+        settings = snapshot.settings
         now = self.now
         found: list[Preemption] = []
+        # (team, pool) → (share rate, the rate above which a job is oversize).
+        limits: dict[tuple[str, str], tuple[float, float]] = {}
         for allocation in snapshot.allocations:
             # The cheap tests first: this runs over every session in every cycle.
             if not allocation.funded or allocation.protected_until > now:
@@ -333,8 +335,13 @@ class _DayUsage:
                 or request.id in stopped
             ):
                 continue
-            share_rate = tree.own_share(request.team, pool) * snapshot.capacity.get(pool, 0)
-            if not oversize(allocation.charge_rate, share_rate, snapshot.settings):
+            slot = (request.team, pool)
+            limit = limits.get(slot)
+            if limit is None:
+                share_rate = tree.own_share(request.team, pool) * snapshot.capacity.get(pool, 0)
+                limit = limits[slot] = (share_rate, oversize_above(share_rate, settings))
+            share_rate, above = limit
+            if allocation.charge_rate <= above:
                 continue
             # Its own day spent, and the day of every level it may borrow from (none for
             # a top-level team).
