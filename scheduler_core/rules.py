@@ -4,8 +4,9 @@ Node health (rule 6: sessions on down nodes stop at once, on draining nodes
 once their protection ends), the holds kept from the last cycle (rule 7), and
 funding (rule 2: `funds`, and the funded charge rates it compares with a
 team's share), and which jobs are larger than their team's share (`oversize`:
-those run in day slices). See docs/architecture.md for the contract. Pure functions of
-the snapshot (and of a cycle's `Capacity`), so every policy reads them alike.
+those run in day slices). See docs/architecture.md for the contract. Pure
+functions of the snapshot (and of a cycle's `Capacity`), so every policy reads
+them alike.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ class TeamTree:
     _own: dict[tuple[str, str], float] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    """(team, pool) → own share, kept as `_shares` is."""
 
     @classmethod
     def build(cls, teams: Iterable[Team]) -> TeamTree:
