@@ -90,6 +90,49 @@ def test_debug_comes_first_in_its_teams_queue_whatever_its_priority_or_submit_ti
     assert records["x"].starts[0] >= HOUR + 1200
 
 
+def test_debug_sessions_of_every_team_come_before_any_teams_other_work() -> None:
+    # One node, full until 1 h with b's protected notebook. a has used far more of its
+    # budget than b, so b's team comes first; still, when the node frees, a's debug
+    # session (submitted after b's batch job) starts, and b's batch job, which no
+    # longer fits, waits for it to end. Without the rule the batch job takes the node
+    # and the debug session waits at least for its hour of protection.
+    requests = [
+        _request("b0", "b", 0, 4, "interactive", min_runtime=HOUR, duration=HOUR),
+        _request("x", "b", 10, 4, "batch", resumable=True),
+        _debug("d", "a", 20),
+    ]
+    records = _run(_scenario(requests, nodes=1, usage={"a": WEEK_GPU_S}))
+    assert records["d"].starts[0] == pytest.approx(HOUR)
+    assert records["x"].starts[0] > HOUR
+
+
+def test_an_unfunded_debug_session_that_stopped_funded_work_keeps_its_place() -> None:
+    # Only the window budget funds (guaranteed_share 0): a has spent its budget, b has
+    # not and runs two funded 2-GPU jobs, twice its share (funded_burst 2). a's debug
+    # session at 2 h runs unallocated; the lane stops one of b's jobs for it (b is above
+    # its share). It then keeps its place for its protected window, not the 60 s grace
+    # of unallocated work: before, b's job came back a minute later and stopped it,
+    # and the lane stopped b's work for it again, over and over.
+    requests = [
+        _request("b1", "b", 0, 2, "batch", resumable=True),
+        _request("b2", "b", 0, 2, "batch", resumable=True),
+        _request("d", "a", 2 * HOUR, 1, "debug", min_runtime=600, duration=600),
+    ]
+    scenario = _scenario(
+        requests,
+        nodes=1,
+        usage={"a": 10 * WEEK_GPU_S},
+        guaranteed_share=0,
+        funded_burst=2,
+    )
+    records = _run(scenario)
+    assert records["b1"].funded[0] and records["b2"].funded[0]
+    assert records["d"].funded == [False]
+    assert records["d"].starts == [pytest.approx(2 * HOUR, abs=60)]
+    assert records["d"].finish_time == pytest.approx(2 * HOUR + 600, abs=60)
+    assert records["b1"].preemptions + records["b2"].preemptions == 1
+
+
 def test_a_debug_session_stops_its_own_teams_work_past_its_protection() -> None:
     # a's batch job holds every GPU, past its 1 h protection from 1 h on; b has nothing
     # running, so no other team's work may go. a's debug session at 2 h stops it (it is
