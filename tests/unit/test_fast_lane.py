@@ -94,16 +94,17 @@ def test_debug_sessions_of_every_team_come_before_any_teams_other_work() -> None
     # One node, full until 1 h with b's protected notebook. a has used far more of its
     # budget than b, so b's team comes first; still, when the node frees, a's debug
     # session (submitted after b's batch job) starts, and b's batch job, which no
-    # longer fits, waits for it to end. Without the rule the batch job takes the node
-    # and the debug session waits at least for its hour of protection.
+    # longer fits, waits the 10 min until it ends. Without the rule the batch job
+    # takes the node and the debug session waits at least for its hour of protection.
     requests = [
         _request("b0", "b", 0, 4, "interactive", min_runtime=HOUR, duration=HOUR),
         _request("x", "b", 10, 4, "batch", resumable=True),
-        _debug("d", "a", 20),
+        _request("d", "a", 20, 1, "debug", min_runtime=600, duration=600),
     ]
     records = _run(_scenario(requests, nodes=1, usage={"a": WEEK_GPU_S}))
-    assert records["d"].starts[0] == pytest.approx(HOUR)
-    assert records["x"].starts[0] > HOUR
+    assert records["d"].starts == [pytest.approx(HOUR)]
+    assert records["d"].finish_time == pytest.approx(HOUR + 600)
+    assert records["x"].starts[0] == pytest.approx(HOUR + 600)
 
 
 def test_an_unfunded_debug_session_that_stopped_funded_work_keeps_its_place() -> None:
