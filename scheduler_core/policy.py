@@ -73,8 +73,9 @@ The cycle runs in phases, as Kueue's ``schedule()`` does, each a function here:
 
 1. start (`_Cycle`): health preemptions, kept holds, funded charge rates;
 2. heads of the queue (`queue_heads`): per pool and team, the queue in order;
-3. team order (`_Cycle.pool`): teams by occupancy ratio, re-ranked after each
-   funded admission; each entry is judged for funding, then
+3. team order (`_Cycle.pool`): every team's debug entries first, then teams by
+   occupancy ratio, re-ranked after each funded admission; each entry is judged
+   for funding, then
 4. fit (`_Cycle.fit`), else victims (`_Cycle.evict`, funded entries only), else
    hold (`_Cycle.hold`, funded entries past the starvation bound); an entry that
    found room is admitted (`_Cycle.admit`);
