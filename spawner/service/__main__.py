@@ -36,6 +36,9 @@ class QuietPageViews(logging.Filter):
 
 
 async def serve() -> None:
+    # The Hub's pid, read first: read after the server listens, a Hub killed in between
+    # was already replaced as parent, and the service never saw it go.
+    hub = os.getppid()
     logging.basicConfig(
         level=logging.INFO, format="[budget %(levelname)1.1s %(asctime)s %(name)s] %(message)s"
     )
@@ -60,7 +63,7 @@ async def serve() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    watcher = asyncio.create_task(_until_orphaned(os.getppid(), stop))
+    watcher = asyncio.create_task(_until_orphaned(hub, stop))
     await stop.wait()
     watcher.cancel()
     server.stop()
