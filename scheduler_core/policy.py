@@ -59,6 +59,19 @@ Nothing is ever stopped in the instant it started: with a zero grace or minimum
 runtime, two rules could otherwise hand the same slices back and forth with no time
 passing.
 
+A debug session stopped before it ran its course is protected, on its next start, twice
+as long as on the last (its minimum runtime times 2 ** stops if funded, 2 ** (stops - 1)
+if not, at most ``max_min_runtime``; the scheduler counts the stops,
+`Snapshot.stops`). Why: a session that runs longer than its protected window was
+stopped by a higher-ranked team's funded work once the window ended, and the lane
+started it again: one started 25 times in 2.8 h, none of them long enough to finish.
+Doubling ends any such loop within a few starts. On bench.family's 88- and 256-GPU
+cells, sessions started five times or more 125 -> 15 (seeds 1-2) and 109 -> 11 (seeds
+9-10), the most starts of one 25 -> 5 and 18 -> 5; debug waits rose (p99 507 -> 555 s
+and 309 -> 396 s); budget alone, paired against its absence, the worst team +0.08 /
++0.51 points on average, runs within the bars 88 -> 83 / 77 -> 88 of 96 (seeds 1-8 /
+9-16), lost work +0.3 / -2.1 % (README, "Family").
+
 A held request ranks as its team stands: a holder's victims (rule 4) are the sessions
 of teams ranked behind its team without its own protected window charged. Charged
 first, a 64-GPU gang of a team with 9 GPUs of share ranked behind nearly every team,
@@ -1005,6 +1018,13 @@ class _Cycle:
             # protected window: else the next funded request took it back, and the lane
             # stopped someone else's work for it again, cycle after cycle.
             protected = protect
+        if entry.debug:
+            stops = self.snapshot.stops.get(request.id, 0)
+            if stops:
+                # Stopped before it ran its course: twice as long each time (module
+                # docstring, "A debug session stopped").
+                doubled = protect * 2.0 ** (stops if funded else stops - 1)
+                protected = max(protected, min(doubled, self.settings.max_min_runtime))
         self.admissions.append(
             Admission(request, grants, funded, self.now + protected, entry.rate, preempts)
         )

@@ -132,6 +132,9 @@ class Scheduler:
         self._last_cycle: float | None = None
         self.idle: dict[str, float] = {}
         """Running request id → when its session went idle (`mark_activity`)."""
+        self.stops: dict[str, int] = {}
+        """Debug request id → times it was preempted before it ran its course
+        (`Snapshot.stops`); forgotten when it ends or is cancelled."""
         self._idle_due: list[tuple[float, str]] = []
         """When idle sessions become free to release (``idle_release``)."""
 
@@ -164,6 +167,7 @@ class Scheduler:
         self._changed = True
         self._fresh.discard(request_id)
         self._funded.pop(request_id, None)
+        self.stops.pop(request_id, None)
         request = self.pending.pop(request_id, None)
         if request is None:
             return False
@@ -174,6 +178,7 @@ class Scheduler:
         """A session ended by itself: free its slices and stop charging."""
         allocation = self.running.pop(request_id)
         self._release(allocation)
+        self.stops.pop(request_id, None)
         return allocation
 
     def launch_failed(self, request_id: str) -> None:
@@ -398,6 +403,7 @@ class Scheduler:
             queued=queued,
             index=index,
             funded_rates=MappingProxyType(dict(kept.funded_rates)),
+            stops=MappingProxyType(dict(self.stops)),
             idle=tuple((self.running[r], since) for r, since in self.idle.items()),
         )
 
@@ -439,6 +445,8 @@ class Scheduler:
             if self.actuator.preempt(allocation, preemption.reason):
                 self.pending[allocation.id] = allocation.request
                 self._kept.enqueue(allocation.request)
+                if allocation.request.klass is RequestClass.DEBUG:
+                    self.stops[allocation.id] = self.stops.get(allocation.id, 0) + 1
         for admission in decisions.admissions:
             request = self.pending.pop(admission.request.id)
             self._kept.dequeue(request)

@@ -60,6 +60,9 @@ class Snapshot:
     idle: tuple[tuple[Allocation, float], ...] = ()
     """Running allocations whose sessions are idle, each with the time it went idle
     (the actuator reads it from the session's agent; the simulator from the scenario)."""
+    stops: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    """Per waiting debug request, the times it was preempted before it ran its course
+    (the policy protects its next start longer: `policy._Cycle.admit`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -190,6 +190,30 @@ def test_a_debug_session_may_take_from_a_team_above_its_share_that_ranks_above()
     assert records["a1"].preemptions == 0
 
 
+def test_a_debug_session_stopped_before_its_end_is_protected_twice_as_long_each_start() -> None:
+    # One node. b has used little and ranks above a; its 4-GPU job is larger than b's
+    # share (2 GPUs), so it is a day slice that may stop a's sessions past protection.
+    # a's funded 30-min debug session at 2 h stops the job (b is above its share) and
+    # runs its 10 min of protection; the job comes back after its 1 h and stops it.
+    # Each start after a stop is protected twice as long (20, then 40 min), so the
+    # session runs 10 min, 20 min, then its whole 30 min (it is not resumable, so
+    # each start begins again). Without the rule the two take
+    # turns until the job ends: 11 starts, the last at 13.7 h.
+    requests = [
+        _request("b1", "b", 0, 4, "batch", resumable=True),
+        _request("d", "a", 2 * HOUR, 1, "debug", min_runtime=600, duration=1800),
+    ]
+    records = _run(_scenario(requests, nodes=1, usage={"a": 2 * WEEK_GPU_S}))
+    d = records["d"]
+    assert d.funded == [True, True, True]
+    assert [end - start for start, end in zip(d.starts, d.ends, strict=True)] == [
+        pytest.approx(600, abs=1),
+        pytest.approx(1200, abs=1),
+        pytest.approx(1800, abs=1),
+    ]
+    assert d.finish_time == pytest.approx(d.starts[2] + 1800, abs=1)
+
+
 def test_held_nodes_are_backfilled_with_resumable_work_that_yields_to_the_holder() -> None:
     # One 8-GPU node. b's notebook holds 4 GPUs, protected until it ends at 5 h. a's
     # funded 8-GPU job waits; at 2 h (the starvation bound) it holds the node. b's
