@@ -64,7 +64,7 @@ as long as on the last (its minimum runtime times 2 ** stops if funded, 2 ** (st
 if not, at most ``max_min_runtime``; the scheduler counts the stops,
 `Snapshot.stops`). Why: a session that runs longer than its protected window was
 stopped by a higher-ranked team's funded work once the window ended, and the lane
-started it again: one started 25 times in 2.8 h, none of them long enough to finish.
+started it again: one started 25 times in 2.8 h, stopped 24 times before a run lasted.
 Doubling ends any such loop within a few starts. On bench.family's 88- and 256-GPU
 cells, sessions started five times or more 125 -> 15 (seeds 1-2) and 109 -> 11 (seeds
 9-10), the most starts of one 25 -> 5 and 18 -> 5; debug waits rose (p99 507 -> 555 s
