@@ -447,6 +447,8 @@ class Scheduler:
                 self._kept.enqueue(allocation.request)
                 if allocation.request.klass is RequestClass.DEBUG:
                     self.stops[allocation.id] = self.stops.get(allocation.id, 0) + 1
+            else:
+                self.stops.pop(allocation.id, None)  # not queued again: it has ended
         for admission in decisions.admissions:
             request = self.pending.pop(admission.request.id)
             self._kept.dequeue(request)
