@@ -134,7 +134,8 @@ class Scheduler:
         """Running request id → when its session went idle (`mark_activity`)."""
         self.stops: dict[str, int] = {}
         """Debug request id → times it was preempted before it ran its course
-        (`Snapshot.stops`); forgotten when it ends or is cancelled."""
+        (`Snapshot.stops`); forgotten when it ends or is cancelled, and counted again
+        from the event log after a restart (`submit`'s ``stops``)."""
         self._idle_due: list[tuple[float, str]] = []
         """When idle sessions become free to release (``idle_release``)."""
 
@@ -147,16 +148,22 @@ class Scheduler:
 
     # -- events ------------------------------------------------------------
 
-    def submit(self, request: Request) -> Request:
-        """Queue a request; its minimum runtime is capped by the settings."""
+    def submit(self, request: Request, stops: int = 0) -> Request:
+        """Queue a request; its minimum runtime is capped by the settings. ``stops``: times
+        a debug request was already stopped before it ran its course (a queue taken back
+        after a restart; see `stops`)."""
         if request.id in self.pending or request.id in self.running:
             raise ValueError(f"request {request.id} is already queued or running")
+        if stops < 0:
+            raise ValueError(f"stops of request {request.id} must be 0 or more, not {stops}")
         capped = self.settings.capped_min_runtime(request.min_runtime, request.klass)
         if capped != request.min_runtime:
             request = replace(request, min_runtime=capped)
         self.pending[request.id] = request
         self._kept.enqueue(request)
         self._fresh.add(request.id)
+        if stops and request.klass is RequestClass.DEBUG:
+            self.stops[request.id] = stops
         heapq.heappush(
             self._starving, (request.submit + self.settings.starvation_bound, request.id)
         )

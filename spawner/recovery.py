@@ -4,8 +4,10 @@ them, taken back into a new core.
 A session the store says runs is adopted when its container runs, or when its node
 does not answer yet (it may well still run); otherwise its slices are released.
 Containers of this Hub that ended while no Hub watched are removed. Waiting
-requests re-enter the queue at their old place; their spawn options and the
-notices users still have to read come back from the event log.
+requests re-enter the queue at their old place; their spawn options, the notices
+users still have to read, and how often a debug session was stopped before it ran
+its course (which sets its protection on its next start) come back from the event
+log.
 """
 
 from __future__ import annotations
@@ -78,15 +80,22 @@ async def recover(
                 reason="its container was gone when the Hub started",
             )
     team_names = {t.name for t in teams}
+    events = store.list_events()
+    # A waiting request was stopped once per preempt event (request ids are new on each
+    # spawn): the count sets a debug session's protection on its next start.
+    stops: dict[str, int] = {}
+    for event in events:
+        if event.kind == "preempt":
+            stopped = str(event.payload.get("request", ""))
+            stops[stopped] = stops.get(stopped, 0) + 1
     for request in store.pending_requests():
         if request.pool not in core.pools or request.team not in team_names:
             store.set_request_state(
                 request.id, RequestState.CANCELLED, "its pool or team is no longer configured"
             )
             continue
-        core.submit(request)
+        core.submit(request, stops.get(request.id, 0))
         _note(recovered, request.id)
-    events = store.list_events()
     # Kept in the event log, so a Hub restart does not forget them.
     recovered.notices = notices_from(e for e in events if e.time >= now - lookback)
     for event in events:
