@@ -12,6 +12,7 @@ log.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,11 +84,7 @@ async def recover(
     events = store.list_events()
     # A waiting request was stopped once per preempt event (request ids are new on each
     # spawn): the count sets a debug session's protection on its next start.
-    stops: dict[str, int] = {}
-    for event in events:
-        if event.kind == "preempt":
-            stopped = str(event.payload.get("request", ""))
-            stops[stopped] = stops.get(stopped, 0) + 1
+    stops = Counter(str(e.payload.get("request", "")) for e in events if e.kind == "preempt")
     for request in store.pending_requests():
         if request.pool not in core.pools or request.team not in team_names:
             store.set_request_state(
