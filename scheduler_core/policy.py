@@ -688,7 +688,10 @@ class _Cycle:
                     after = ranking.key(team) if holder else afters.get(units)
                     if after is None:
                         after = afters[units] = ranking.key(team, units)
-                    failed_at = no_victims_exact.get(entry.shape_id)
+                    # A team with relatives compares with them at its own level: another
+                    # team's failure at a key says nothing of its victims, nor its of theirs.
+                    related = ranking.related(team)
+                    failed_at = None if related else no_victims_exact.get(entry.shape_id)
                     running = rates[rate_key]
                     burst = running > 1e-9 and running + entry.rate > share_limit
                     # A holder's search counts its own held nodes: no other entry's
@@ -698,7 +701,9 @@ class _Cycle:
                         or holder
                         or (
                             (failed_at is None or after < failed_at)
-                            and not no_victims.known(entry.shape, after, entry.shape_id)
+                            and (
+                                related or not no_victims.known(entry.shape, after, entry.shape_id)
+                            )
                             and not (burst and no_burst.known(entry.shape, (), entry.shape_id))
                         )
                     ):
@@ -797,7 +802,7 @@ class _Cycle:
             # its share: that is how a small team runs a large job.
             below: frozenset[str] = frozenset()
         else:
-            below = frozenset(t for t, k in state.team_keys if k > after and t != team)
+            below = ranking.below(team, after, state.team_keys)
         if swap:
             below |= {team}
         lane = None
@@ -809,7 +814,12 @@ class _Cycle:
             lane = Lane(None, resumable=True)
         # A search under a lane's limit speaks for no other entry of its shape.
         found = self.stop_for(
-            entry, below, holder, state, None if burst or lane is not None else after, lane
+            entry,
+            below,
+            holder,
+            state,
+            None if burst or lane is not None or ranking.related(team) else after,
+            lane,
         )
         if found is None and burst and lane is None and not holder:
             state.no_burst.add(entry.shape, (), entry.shape_id)

@@ -1,11 +1,15 @@
-"""Occupancy ratios and the order of teams within a pool (rules 1–2 of the scheduling
-contract, docs/architecture.md).
+"""Occupancy ratios and the order of teams within a pool (rules 1–2, and rule 4's rank
+test, of the scheduling contract, docs/architecture.md).
 
 A team's ratio counts the usage charged in the lookback window plus what its
 running funded sessions are still certain to be charged (the rest of their
 protected windows): a team cannot fund more protected time than its budget
 holds. Keys compare level by level from the root, so two teams are ordered by
-the ratios of the ancestors where their paths split.
+the ratios of the ancestors where their paths split. Rule 4's after-the-swap test
+(`PoolRanking.below`) compares there too: a request's charge raises every level it
+shares with a sibling, so comparing the charged key with the sibling's uncharged
+one put the sibling ahead at the shared level, and a sub-team below its part of the
+parent's share could never stop a sibling far above it (tests/unit/test_rules.py).
 
 The tree's derived facts (levels, subtrees, shares) are worked out once per
 `TeamTree` object and pool, not once per cycle: a tree is frozen, so they cannot change.
@@ -32,6 +36,10 @@ class _TreeFacts:
         self.levels = {name: tree.levels(name) for name in tree.teams}
         self.subtrees = {name: tree.subtree(name) for name in tree.teams}
         self.parents = tuple(name for name in tree.teams if tree.has_children(name))
+        self.shared: dict[str, dict[str, int]] = {
+            a: {b: _common(self.levels[a], self.levels[b]) for b in tree.teams} for a in tree.teams
+        }
+        """Per pair of teams, how many levels their paths share (compared at the next)."""
         self._budgets: dict[tuple[str, float], dict[str, float]] = {}
 
     def budgets(self, pool: str, budget_rate: float) -> dict[str, float]:
@@ -46,6 +54,15 @@ class _TreeFacts:
                 self._budgets.clear()
             self._budgets[(pool, budget_rate)] = found
         return found
+
+
+def _common(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    shared = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        shared += 1
+    return shared
 
 
 _FACTS: dict[int, _TreeFacts] = {}
@@ -79,6 +96,7 @@ class PoolRanking:
         self._budget = facts.budgets(pool, budget_rate)
         """Shared by every ranking of the tree and pool: never changed here."""
         self._levels = facts.levels
+        self._shared = facts.shared
         self._keys: dict[str, Key] = {}
         self.charges = 0
         """How many times `charge` was called (keys change only then)."""
@@ -115,6 +133,21 @@ class PoolRanking:
         if found is None:
             found = self._keys[team] = tuple([self._ratio(level) for level in self._levels[team]])
         return found
+
+    def below(self, team: str, after: Key, keys: Iterable[tuple[str, Key]]) -> frozenset[str]:
+        """The teams of ``keys`` (team, key) that rank below ``team`` with its key at
+        ``after``, each compared at the level where its path and the team's split: the
+        levels they share hold the same charge for both."""
+        shared = self._shared[team]
+        return frozenset(
+            t
+            for t, k in keys
+            if t != team and (k > after if (i := shared[t]) == 0 else k[i:] > after[i:])
+        )
+
+    def related(self, team: str) -> bool:
+        """Does the team share a level with another team (a parent or a sub-team)?"""
+        return len(self._levels[team]) > 1
 
     def leaf(self, team: str) -> tuple[float, float]:
         """Units charged and budget at the team's own (leaf) level, which decides funding."""
