@@ -47,9 +47,10 @@ class Settings:
     max_min_runtime: float = 8 * HOUR
     """Cap on any request's protected minimum runtime."""
     default_min_runtime: float = 1 * HOUR
-    """Minimum runtime of a request that names none (then capped by the class rules)."""
+    """Minimum runtime of a request that names none (then capped by the class rules);
+    a day slice shorter than this stops only sessions that resume (policy.py)."""
     debug_min_runtime: float = 15 * 60
-    """Cap on the minimum runtime of `debug` requests."""
+    """Cap on the minimum runtime of `debug` requests; also the shortest day slice."""
     debug_max_gpus: int = 2
     """A debug request may hold at most this many GPU-equivalents."""
     unallocated_grace: float = 60.0
