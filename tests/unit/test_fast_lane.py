@@ -447,9 +447,9 @@ def test_a_job_larger_than_its_share_is_day_sliced_beside_its_teams_other_work()
 
 def _short_slice_scenario(b1_resumable: bool) -> dict[str, Any]:
     # Two 4-GPU nodes. a's share is 2 GPUs (48 GPU-h a day), 46 of them charged an hour
-    # ago; b (6 GPUs of share, well behind a over the week) runs a funded batch job on
-    # n-0 and a notebook beyond its share (unallocated) on n-1. a's 4-GPU job, larger
-    # than a's share and protected for 1 h, is what a's day can pay for 30 min of.
+    # ago; b (6 GPUs of share, well behind a over the week) runs a batch job on n-0 and
+    # a notebook on n-1, both funded. a's 4-GPU job, larger than a's share and
+    # protected for 1 h, is what a's day can pay for 30 min of.
     requests = [
         _request("b1", "b", 0, 4, "batch", min_runtime=600, resumable=b1_resumable),
         _request("b2", "b", 0, 4, "interactive", min_runtime=600),
@@ -469,12 +469,11 @@ def _short_slice_scenario(b1_resumable: bool) -> dict[str, Any]:
 
 def test_a_day_slice_shorter_than_an_hour_is_funded_and_stops_only_resumable_work() -> None:
     # The 30 min a's day pays for fund a slice (15 min is the shortest): a1 stops b's
-    # resumable job, which ranks below, and runs until the day is spent. b's notebook,
-    # unallocated and so the cheaper victim by rank, is not touched: a short slice
-    # throws no one's work away. With slices of at least an hour, a1 waited unfunded
-    # until b's sessions ended at 20 h.
+    # resumable job, whose team ranks below, and runs until the day is spent. With
+    # slices of at least an hour, a1 waited unfunded until b's sessions ended at 20 h.
     records = _run(_short_slice_scenario(b1_resumable=True))
     a1, b1 = records["a1"], records["b1"]
+    assert b1.funded[0] and records["b2"].funded[0]
     assert a1.starts[0] == pytest.approx(HOUR / 2, abs=60) and a1.funded[0]
     assert a1.nodes[0] == ["n-0"] and b1.preemptions == 1
     assert a1.ends[0] == pytest.approx(HOUR, abs=120)  # the day's 2 GPU-h over 4 GPUs
@@ -483,7 +482,8 @@ def test_a_day_slice_shorter_than_an_hour_is_funded_and_stops_only_resumable_wor
 
 def test_a_day_slice_shorter_than_an_hour_stops_no_session_that_cannot_resume() -> None:
     # The same with b's batch job not resumable: a slice of an hour or more could stop
-    # it (past protection, its team below), a 30-min one may not, and a1 waits.
+    # it or the notebook (past protection, their team below); a 30-min one may stop
+    # neither, and a1 waits.
     records = _run(_short_slice_scenario(b1_resumable=False))
     assert records["b1"].preemptions == 0 and records["b2"].preemptions == 0
     assert records["a1"].starts[0] == pytest.approx(20 * HOUR, abs=60)
