@@ -308,22 +308,18 @@ def test_lower_ranked_funded_session_past_protection_is_preempted() -> None:
     assert out["a1"]["ends"][-1] - out["a1"]["starts"][-1] == pytest.approx(6500)
 
 
-def test_a_sub_team_ranks_against_its_sibling_at_their_own_level() -> None:
-    # Rule 1 compares two teams at the level where their paths split. c2's request,
-    # charged, raises the parent's ratio for c1 as much as for c2, so c1 (heavier than
-    # c2 under the same parent) ranks below c2 after the swap: its session past
-    # protection is a victim. Compared on the whole key, c1's uncharged parent level
-    # sorted first and c2 waited for c1 to end.
-    family = [
-        {"name": "p", "share": 1.0},
-        {"name": "c1", "share": 0.5, "parent": "p"},
-        {"name": "c2", "share": 0.5, "parent": "p"},
-    ]
-    out = run(
+def siblings(c1_ratio: float, c2_ratio: float) -> dict[str, dict[str, Any]]:
+    """Sub-teams c1 and c2 of p, 4 GPUs of share each on one 8-GPU node: c1 runs two
+    funded 4-GPU jobs past protection (``funded_burst`` 2), c2 asks for 4 GPUs at 700 s."""
+    return run(
         scenario(
-            teams=family,
-            policy={"funded_burst": 2.0},  # c1 may run twice its share funded
-            usage=[heavy_usage("c1", 0.6), heavy_usage("c2", 0.1)],
+            teams=[
+                {"name": "p", "share": 1.0},
+                {"name": "c1", "share": 0.5, "parent": "p"},
+                {"name": "c2", "share": 0.5, "parent": "p"},
+            ],
+            policy={"funded_burst": 2.0},
+            usage=[heavy_usage("c1", c1_ratio), heavy_usage("c2", c2_ratio)],
             requests=[
                 req("c1a", "c1", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
                 req("c1b", "c1", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
@@ -331,6 +327,15 @@ def test_a_sub_team_ranks_against_its_sibling_at_their_own_level() -> None:
             ],
         )
     )
+
+
+def test_a_sub_team_ranks_against_its_sibling_at_their_own_level() -> None:
+    # Rule 1 compares two teams at the level where their paths split. c2's request,
+    # charged, raises the parent's ratio for c1 as much as for c2, so c1 (heavier than
+    # c2 under the same parent) ranks below c2 after the swap: its session past
+    # protection is a victim. Compared on the whole key, c1's uncharged parent level
+    # sorted first and c2 waited for c1 to end.
+    out = siblings(0.6, 0.1)
     assert all(out[r]["funded"][0] for r in ("c1a", "c1b"))
     assert out["c2a"]["starts"][0] == 700
     assert out["c1a"]["preemptions"] + out["c1b"]["preemptions"] == 1
@@ -339,23 +344,7 @@ def test_a_sub_team_ranks_against_its_sibling_at_their_own_level() -> None:
 def test_a_sub_team_does_not_stop_a_lighter_sibling() -> None:
     # The other side of the same comparison: the heavier sibling never stops the
     # lighter one's work (no ping-pong).
-    family = [
-        {"name": "p", "share": 1.0},
-        {"name": "c1", "share": 0.5, "parent": "p"},
-        {"name": "c2", "share": 0.5, "parent": "p"},
-    ]
-    out = run(
-        scenario(
-            teams=family,
-            policy={"funded_burst": 2.0},
-            usage=[heavy_usage("c1", 0.1), heavy_usage("c2", 0.6)],
-            requests=[
-                req("c1a", "c1", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
-                req("c1b", "c1", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
-                req("c2a", "c2", 700, gpus=4, min_runtime=600, duration=600),
-            ],
-        )
-    )
+    out = siblings(0.1, 0.6)
     assert out["c2a"]["starts"][0] == 7200
     assert out["c1a"]["preemptions"] + out["c1b"]["preemptions"] == 0
 
