@@ -22,11 +22,14 @@ def _job(rid: str, team: str, submit: float, gpus: int, **extra: Any) -> dict[st
     return _request(rid, team, submit, gpus, "batch", resumable=True, **extra)
 
 
-def _run(extra: list[dict[str, Any]], **policy: Any) -> dict[str, RequestRecord]:
+def _run(
+    extra: list[dict[str, Any]], charged: float = 91.0, **policy: Any
+) -> dict[str, RequestRecord]:
     """Two 4-GPU nodes; ``p`` (half) has sub-teams ``p1`` and ``p2`` (a quarter each),
     ``o`` has the other half. ``o`` fills the cluster at 0 (its second job, beyond its
-    share, runs unallocated). ``p1`` was charged 91 GPU-h an hour ago: far past its own
-    day (48 GPU-h), 5 GPU-h short of p's (96). At 10 min it asks for 4 GPUs."""
+    share, runs unallocated). ``p1`` was charged ``charged`` GPU-h an hour ago: by
+    default 91, far past its own day (48 GPU-h), 5 GPU-h short of p's (96). At 10 min
+    it asks for 4 GPUs."""
     scenario = {
         "name": "borrowing",
         "horizon": 30 * HOUR,
@@ -39,7 +42,7 @@ def _run(extra: list[dict[str, Any]], **policy: Any) -> dict[str, RequestRecord]
             {"name": "p2", "share": 0.5, "parent": "p"},
             {"name": "o", "share": {"gpu": 0.5}},
         ],
-        "usage": [{"team": "p1", "pool": "gpu", "gpu_seconds": 91 * HOUR, "ago": HOUR}],
+        "usage": [{"team": "p1", "pool": "gpu", "gpu_seconds": charged * HOUR, "ago": HOUR}],
         "requests": [
             _job("o-1", "o", 0, 4),
             _job("o-2", "o", 1, 4),
@@ -64,10 +67,12 @@ def test_a_sub_team_slices_its_parents_day_while_its_sibling_is_idle() -> None:
 def test_a_waiting_sibling_keeps_its_part_of_the_parents_day() -> None:
     # p2 waits for 2 GPUs, one on each node (o's funded job holds n-0 for its
     # protected hour): it runs nothing, but what it waits for, within its share, is
-    # its claim. p's 5 GPU-h over 4 + 2 GPUs pay under an hour, less than the job's
-    # protected window, so p1's job is not funded and does not start before o's
-    # work ends; counted without the claim, it would be funded for 1.25 h.
-    records = _run([_job("p2-gang", "p2", 300, 1, nodes=2, duration=2 * HOUR)])
+    # its claim. With p1 charged 94.8 GPU-h, p's 1.2 GPU-h over 4 + 2 GPUs pay 12 min,
+    # less than the shortest slice (15 min, `debug_min_runtime`), so p1's job is not
+    # funded and does not start before o's work ends; counted without the claim, it
+    # would be funded for 18 min.
+    gang = _job("p2-gang", "p2", 300, 1, nodes=2, duration=2 * HOUR)
+    records = _run([gang], charged=94.8)
     big = records["p1-big"]
     assert not records["p2-gang"].starts or records["p2-gang"].starts[0] >= HOUR
     assert not any(f for s, f in zip(big.starts, big.funded, strict=True) if s < HOUR)
@@ -76,8 +81,9 @@ def test_a_waiting_sibling_keeps_its_part_of_the_parents_day() -> None:
 def test_a_cycle_over_new_arrivals_still_counts_the_relatives_claims() -> None:
     # As above, with no full cycle due when p1's job arrives (the budget is looked at
     # again only hourly): a cycle over the new request alone would not see p2's
-    # waiting gang, and would fund p1's job for 1.25 h. A sub-team's arrival is
+    # waiting gang, and would fund p1's job for 18 min. A sub-team's arrival is
     # weighed against the whole queue.
-    records = _run([_job("p2-gang", "p2", 300, 1, nodes=2, duration=2 * HOUR)], budget_recheck="1h")
+    gang = _job("p2-gang", "p2", 300, 1, nodes=2, duration=2 * HOUR)
+    records = _run([gang], charged=94.8, budget_recheck="1h")
     big = records["p1-big"]
     assert not any(f for s, f in zip(big.starts, big.funded, strict=True) if s < HOUR)
