@@ -592,7 +592,6 @@ class _Cycle:
                 units = entry.units
                 protect = entry.min_runtime
                 swap = False
-                short = False  # a day slice shorter than default_min_runtime
                 if (
                     own_slice_after > 0.0
                     and entry.rate > share_limit
@@ -636,8 +635,6 @@ class _Cycle:
                     )
                     if funded and sliced < protect:
                         protect, units = sliced, entry.rate * sliced
-                        # A short slice throws no one's work away (`evict`).
-                        short = sliced < settings.default_min_runtime - 1e-9
                     elif not funded and beside:
                         # Beside work beyond the share: only the window budget funds it,
                         # as any request beyond the share (and it may hold, as they may).
@@ -676,7 +673,6 @@ class _Cycle:
                             funded = beside = True
                             if sliced < protect:
                                 protect, units = sliced, entry.rate * sliced
-                                short = sliced < settings.default_min_runtime - 1e-9
                 funded_now[request_id] = funded
                 holder = bool(held) and request_id in held
                 if holder and not funded:
@@ -727,6 +723,12 @@ class _Cycle:
                             and not (burst and no_burst.known(entry.shape, (), entry.shape_id))
                         )
                     ):
+                        # A day slice (its protection cut to what the day pays) shorter
+                        # than default_min_runtime throws no one's work away (`evict`).
+                        short = (
+                            protect < entry.min_runtime
+                            and protect < settings.default_min_runtime - 1e-9
+                        )
                         found = self.evict(
                             entry, team, after, holder, state, burst and not swap, swap, short
                         )
