@@ -96,6 +96,15 @@ within the bars 84 -> 87 / 87 -> 88 of 96, lost work -1.3 / -1.5 %, preemptions
 +30 / +31 % (of resumable work, which loses nothing in the simulator; README,
 "Family", with the other sizes).
 
+One hold per pool by default (`Settings.max_reservations_per_pool`, 2 before): every
+hold drains nodes, and with debug work backfilling held nodes and day slices a second
+hold cost more than it gave. Budget alone, paired against two holds: the worst team
++0.55 / +0.34 points on average on bench.family's 88- and 256-GPU cells (seeds 1-8 /
+9-16; 57 / 50 runs better, 36 / 44 worse), runs within the bars 87 -> 89 / 88 -> 89
+of 96, lost work -2.8 / -3.5 %; on 128 and 512 GPUs +1.17 (runs 22 -> 24 of 24); on
+1,024 GPUs -0.02 over seeds 1-6 (runs 36 -> 35 of 36); on the five seed-like months
+10.6 % more lost work (README, "Family", "One hold per pool").
+
 The cycle runs in phases, as Kueue's ``schedule()`` does, each a function here:
 
 1. start (`_Cycle`): health preemptions, kept holds, funded charge rates;

@@ -62,8 +62,10 @@ class Settings:
     with no event, only the slow drift of budgets over the window can change a decision."""
     starvation_bound: float = 2 * HOUR
     """A request pending longer than this gets a reservation."""
-    max_reservations_per_pool: int = 2
-    """At most this many reservations hold nodes in one pool at once."""
+    max_reservations_per_pool: int = 1
+    """At most this many reservations hold nodes in one pool at once. One by default:
+    every hold drains nodes, and a second one cost more than it gave on the family of
+    workloads up to 512 GPUs (the policy module's docstring, "One hold per pool")."""
     guaranteed_share: float = 1.0
     """A request is funded, whatever its team's budget over the window, while the
     team's funded sessions in the pool plus the request hold at most this multiple of

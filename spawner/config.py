@@ -123,7 +123,7 @@ class SchedulerConfig(SingletonConfigurable):
         7200.0, help="Seconds a request waits before it gets a reservation."
     ).tag(config=True)
     max_reservations_per_pool = Integer(
-        2, help="Most nodes held at once in a pool for starving requests."
+        1, help="Most reservations (nodes held for one starving request) at once in a pool."
     ).tag(config=True)
     guaranteed_share = Float(
         1.0,

@@ -463,6 +463,40 @@ def test_a_large_request_gets_a_reservation() -> None:
     assert reserved["funded"] == [True]
 
 
+def two_starving(policy: dict[str, Any]) -> set[tuple[str, ...]]:
+    """The holds seen in the first 6 h: c's 16 protected sessions fill both nodes, and
+    a and b, with nothing charged, each wait with a funded 8-GPU request."""
+    seen: set[tuple[str, ...]] = set()
+
+    def watch(scheduler: Any, decisions: Any, now: float) -> None:
+        if now < 6 * HOUR:
+            seen.add(tuple(sorted(decisions.reservations)))
+
+    busy = [req(f"c{i}", "c", 0, duration=8 * HOUR, min_runtime=6 * HOUR) for i in range(16)]
+    data = scenario(
+        horizon=8 * HOUR,
+        nodes=[
+            {"name": f"n{i}", "pool": "g", "gpus": 8, "cpus": 64, "memory_gib": 512} for i in (1, 2)
+        ],
+        teams=[
+            {"name": "a", "share": 0.3},
+            {"name": "b", "share": 0.3},
+            {"name": "c", "share": 0.4},
+        ],
+        policy={"starvation_bound": 1800, "funded_burst": 0, **policy},
+        requests=[*busy, req("ga", "a", 60, gpus=8), req("gb", "b", 60, gpus=8)],
+    )
+    Simulation(parse_scenario(data), observer=watch).run()
+    return seen
+
+
+def test_a_pool_holds_for_one_starving_request_at_a_time() -> None:
+    # By default one hold per pool (Settings.max_reservations_per_pool): the second
+    # starving request waits without draining a node of its own.
+    assert max(len(holds) for holds in two_starving({})) == 1
+    assert ("ga", "gb") in two_starving({"max_reservations_per_pool": 2})
+
+
 def test_a_request_that_would_run_unallocated_holds_no_nodes() -> None:
     # The same, but a's week and day are spent: holding the node would idle it for
     # work that any funded request may stop at once.
@@ -522,7 +556,11 @@ def test_a_holder_searches_for_victims_whatever_another_holder_found() -> None:
             {"name": "n2", "pool": "g", "gpus": 1, "cpus": 8, "memory_gib": 64},
         ],
         teams=[{"name": "a", "share": 0.9}, {"name": "b", "share": 0.1}],
-        policy={"starvation_bound": 1800, "unallocated_grace": 2 * HOUR},
+        policy={
+            "starvation_bound": 1800,
+            "unallocated_grace": 2 * HOUR,
+            "max_reservations_per_pool": 2,
+        },
         usage=[heavy_usage("b", 1.5, gpus=2, share=0.1, ago=HOUR)],
         requests=[
             req("a0", "a", 0, **quarter, duration=30000),
