@@ -105,6 +105,20 @@ of 96, lost work -2.8 / -3.5 %; on 128 and 512 GPUs +1.17 (runs 22 -> 24 of 24);
 1,024 GPUs -0.02 over seeds 1-6 (runs 36 -> 35 of 36); on the five seed-like months
 10.6 % more lost work (README, "Family", "One hold per pool").
 
+The last day in the rank (`ranking.PoolRanking.key`, ``Settings.day_rank_weight``
+0.3): teams are ordered, and rule 4's victims chosen, by 0.7 x their window's ratio +
+0.3 x their last day's; funding keeps the window's. Why: the window ranks a team by its
+week, so one that ran hard earlier in the week stays behind for days, and while it is
+short it may stop no work of the teams ahead of it, even of teams over their share now
+(traced with the window alone on bench.family, 256 GPUs, load 1.2, 35 % notebooks, seed
+5: code's funded 8-GPU notebook waited 6 h while molmo, 13 GPUs over its share and
+ranked ahead of code's parent by the window, 0.064 against 0.160, ran funded 8-GPU
+notebooks past protection). Budget alone, paired against the
+window alone: runs within the bars 89 -> 95 / 89 -> 93 of 96 on the 88- and 256-GPU
+cells (seeds 1-8 / 9-16), the worst team +0.53 / +0.18 points on average, lost work
++1.6 / +3.3 %; the day alone did worse than the window (-0.31, runs 89 -> 86; README,
+"Family", "The last day in the rank").
+
 The cycle runs in phases, as Kueue's ``schedule()`` does, each a function here:
 
 1. start (`_Cycle`): health preemptions, kept holds, funded charge rates;

@@ -4,7 +4,15 @@ test, of the scheduling contract, docs/architecture.md).
 A team's ratio counts the usage charged in the lookback window plus what its
 running funded sessions are still certain to be charged (the rest of their
 protected windows): a team cannot fund more protected time than its budget
-holds. Keys compare level by level from the root, so two teams are ordered by
+holds. Its rank (`key`) weighs in its last day the same way
+(``Settings.day_rank_weight``): (1 - w) x the window's ratio + w x the last day's,
+each over the share of its span; funding (`leaf`, `can_fund`) keeps the window's
+ratio alone. Why: the window ranks a team by its week, so one that ran hard earlier
+in the week stays behind for days, and while it is short it may stop no work of the
+teams ahead of it, even of teams over their share now (README, "Family", "The last
+day in the rank", with the measurements). The day alone as the rank did worse than
+the window: the week is what keeps a team from running over its share day after
+day. Keys compare level by level from the root, so two teams are ordered by
 the ratios of the ancestors where their paths split. Rule 4's after-the-swap test
 (`PoolRanking.below`) compares there too: a request's charge raises every level it
 shares with a sibling, so comparing the charged key with the sibling's uncharged
@@ -22,6 +30,7 @@ from collections.abc import Iterable
 
 from scheduler_core.ledger import WindowUsage
 from scheduler_core.model import Allocation
+from scheduler_core.settings import DAY
 from scheduler_core.snapshot import Snapshot
 from scheduler_core.teams import OWN, TeamTree
 
@@ -77,6 +86,16 @@ def _facts(tree: TeamTree) -> _TreeFacts:
     return found
 
 
+def _by_level(own: dict[str, float], facts: _TreeFacts) -> dict[str, float]:
+    """Every level's units from each team's own: a parent's whole subtree, and its own
+    part as ``parent#own``."""
+    units = dict(own)
+    for name in facts.parents:
+        units[name] = sum(own[t] for t in facts.subtrees[name])
+        units[name + OWN] = own[name]
+    return units
+
+
 class PoolRanking:
     """Ratios of every team level in one pool, updated as the cycle admits funded work."""
 
@@ -105,19 +124,35 @@ class PoolRanking:
             own_units = usage.of_pool(pool, tree.teams)
         else:
             own_units = {name: usage.get((name, pool), 0.0) for name in tree.teams}
-        if protected is None:
-            protected = [a for a in snapshot.allocations if a.funded and a.pool == pool]
+        protected = (
+            [a for a in snapshot.allocations if a.funded and a.pool == pool]
+            if protected is None
+            else tuple(protected)
+        )
         for allocation in protected:
             if allocation.protected_until > now:
                 own_units[allocation.request.team] += allocation.charge_rate * (
                     allocation.protected_until - now
                 )
-        units = dict(own_units)
-        subtrees = facts.subtrees
-        for name in facts.parents:
-            units[name] = sum(own_units[t] for t in subtrees[name])
-            units[name + OWN] = own_units[name]
-        self._units = units
+        self._units = _by_level(own_units, facts)
+        self._weight = 0.0
+        """Weight of the last day in `key` (0 where the usage has no curves to ask)."""
+        self._day_units: dict[str, float] = {}
+        self._day_part = 1.0
+        """The last day's span over the window's: its part of every budget."""
+        weight = snapshot.settings.day_rank_weight
+        if weight > 0.0 and isinstance(usage, WindowUsage) and snapshot.window > 0.0:
+            start = max(usage.start, now - DAY)
+            if now > start:
+                self._weight = weight
+                self._day_part = (now - start) / snapshot.window
+                day = {name: usage.since((name, pool), start) for name in tree.teams}
+                for allocation in protected:
+                    if allocation.protected_until > now:
+                        day[allocation.request.team] += allocation.charge_rate * (
+                            allocation.protected_until - now
+                        )
+                self._day_units = _by_level(day, facts)
 
     def _ratio(self, level: str, extra: float = 0.0) -> float:
         budget = self._budget[level]
@@ -125,13 +160,26 @@ class PoolRanking:
             return math.inf
         return (self._units[level] + extra) / budget
 
+    def _rank(self, level: str, extra: float = 0.0) -> float:
+        """The level's rank ratio: its window's ratio, and its last day's by weight."""
+        budget = self._budget[level]
+        if budget <= 0.0:
+            return math.inf
+        ratio = (self._units[level] + extra) / budget
+        weight = self._weight
+        if not weight:
+            return ratio
+        day = (self._day_units[level] + extra) / (budget * self._day_part)
+        return (1.0 - weight) * ratio + weight * day
+
     def key(self, team: str, extra: float = 0.0) -> Key:
-        """The team's position: ratios root first; ``extra`` units as if already charged."""
+        """The team's position: rank ratios root first; ``extra`` units as if already
+        charged."""
         if extra:
-            return tuple([self._ratio(level, extra) for level in self._levels[team]])
+            return tuple([self._rank(level, extra) for level in self._levels[team]])
         found = self._keys.get(team)
         if found is None:
-            found = self._keys[team] = tuple([self._ratio(level) for level in self._levels[team]])
+            found = self._keys[team] = tuple([self._rank(level) for level in self._levels[team]])
         return found
 
     def below(self, team: str, after: Key, keys: Iterable[tuple[str, Key]]) -> frozenset[str]:
@@ -164,7 +212,10 @@ class PoolRanking:
 
     def charge(self, team: str, units: float) -> None:
         """Count ``units`` against the team and every level above it."""
+        day = self._day_units
         for level in self._levels[team]:
             self._units[level] += units
+            if day:
+                day[level] += units
         self._keys.clear()
         self.charges += 1

@@ -135,6 +135,12 @@ class SchedulerConfig(SingletonConfigurable):
         help="""The window budget funds a team's sessions up to this multiple of its share
         of the pool at once; beyond, they run unallocated (0: no cap).""",
     ).tag(config=True)
+    day_rank_weight = Float(
+        0.3,
+        help="""Weight, from 0 to 1, of a team's last day in its rank against other teams
+        (who goes first, and whose work past protection a request may stop); the rest is
+        its ratio over the window. Funding keeps the window alone (0: the window alone).""",
+    ).tag(config=True)
     placement = Unicode("best-fit", help="best-fit, worst-fit or first-fit.").tag(config=True)
     idle_release = Float(
         0.0,

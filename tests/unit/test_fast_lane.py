@@ -276,7 +276,10 @@ def test_a_debug_session_on_a_held_node_yields_to_the_holder_past_its_protection
 
 def _slice_scenario(b_gpus: int, charged: dict[str, float]) -> dict[str, Any]:
     """One 8-GPU node; a (2 GPUs of share) asks for all of it at 0, b (6 GPUs) for
-    ``b_gpus`` half an hour later; ``charged`` GPU-seconds per team, two days ago."""
+    ``b_gpus`` half an hour later; ``charged`` GPU-seconds per team, two days ago.
+    Teams rank by the window alone (``day_rank_weight`` 0), as these cases were built:
+    with the last day in the rank, a's job, at four times a's share, would put a below
+    b within hours, and b would stop it by rank before the day slice ends."""
     scenario = _scenario(
         [
             _request("a1", "a", 0, 8, "batch", resumable=True),
@@ -284,6 +287,7 @@ def _slice_scenario(b_gpus: int, charged: dict[str, float]) -> dict[str, Any]:
         ],
         nodes=1,
         gpus=8,
+        day_rank_weight=0,
     )
     scenario["teams"] = [
         {"name": "a", "share": {"gpu": 0.25}},
@@ -449,13 +453,14 @@ def _short_slice_scenario(b1_resumable: bool) -> dict[str, Any]:
     # Two 4-GPU nodes. a's share is 2 GPUs (48 GPU-h a day), 46 of them charged an hour
     # ago; b (6 GPUs of share, well behind a over the week) runs a batch job on n-0 and
     # a notebook on n-1, both funded. a's 4-GPU job, larger than a's share and
-    # protected for 1 h, is what a's day can pay for 30 min of.
+    # protected for 1 h, is what a's day can pay for 30 min of. Teams rank by the
+    # window alone (with the last day in the rank, a's spent day puts it below b).
     requests = [
         _request("b1", "b", 0, 4, "batch", min_runtime=600, resumable=b1_resumable),
         _request("b2", "b", 0, 4, "interactive", min_runtime=600),
         _request("a1", "a", HOUR / 2, 4, "batch", resumable=True, duration=10 * HOUR),
     ]
-    scenario = _scenario(requests, nodes=2, gpus=4)
+    scenario = _scenario(requests, nodes=2, gpus=4, day_rank_weight=0)
     scenario["teams"] = [
         {"name": "a", "share": {"gpu": 0.25}},
         {"name": "b", "share": {"gpu": 0.75}},

@@ -10,12 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler_core.capacity import Capacity
+from scheduler_core.errors import InputError
 from scheduler_core.metrics import result
 from scheduler_core.model import Pool, PoolKind, Request, SliceKind, Team
 from scheduler_core.ranking import PoolRanking
 from scheduler_core.rules import oversize
 from scheduler_core.scenario import parse_scenario
-from scheduler_core.settings import PlacementStrategy, Settings
+from scheduler_core.settings import PlacementStrategy, SettingError, Settings, setting_from_text
 from scheduler_core.simulator import Simulation
 from scheduler_core.snapshot import Snapshot
 from scheduler_core.teams import TeamTree
@@ -306,6 +307,48 @@ def test_lower_ranked_funded_session_past_protection_is_preempted() -> None:
     # Resumable: it keeps the 700 s it did and finishes 6500 s after it restarts.
     assert out["a1"]["finished"]
     assert out["a1"]["ends"][-1] - out["a1"]["starts"][-1] == pytest.approx(6500)
+
+
+def short_today(weight: float) -> dict[str, dict[str, Any]]:
+    """a ran hard two days ago (0.6 of its week), b in the last hour (0.3 of its week,
+    2.1 of its day) and runs twice its share now (funded burst); a asks for its share
+    at 700 s, when b's protected windows have ended."""
+    return run(
+        scenario(
+            policy={"funded_burst": 2.0, "day_rank_weight": weight},
+            usage=[heavy_usage("a", 0.6), heavy_usage("b", 0.3, ago=HOUR)],
+            requests=[
+                req("b1", "b", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
+                req("b2", "b", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
+                req("a1", "a", 700, gpus=4, min_runtime=600, duration=600),
+            ],
+        )
+    )
+
+
+def test_a_team_short_today_ranks_ahead_of_one_over_its_share_today() -> None:
+    # The last day weighs in the rank (Settings.day_rank_weight, 0.3 by default):
+    # a's rank 0.7 x 0.6 + 0.3 x 0 is ahead of b's 0.7 x 0.3 + 0.3 x 2.1, so a may
+    # stop b's work past protection.
+    out = short_today(0.3)
+    assert out["b1"]["funded"][0] and out["b2"]["funded"][0]
+    assert out["a1"]["starts"][0] == 700
+    assert out["b1"]["preemptions"] + out["b2"]["preemptions"] == 1
+    # With the window alone b ranks ahead (0.3 < 0.6), and a waits for b's work.
+    out = short_today(0.0)
+    assert out["a1"]["starts"][0] == 7200
+    assert out["b1"]["preemptions"] + out["b2"]["preemptions"] == 0
+
+
+@pytest.mark.parametrize("value", [1.5, -0.1, "a lot", True])
+def test_a_day_rank_weight_outside_0_to_1_is_refused_by_name(value: Any) -> None:
+    with pytest.raises(InputError) as caught:
+        parse_scenario(scenario(policy={"day_rank_weight": value}))
+    assert caught.value.where == "policy.day_rank_weight"
+    assert "from 0 to 1" in str(caught.value)
+    assert setting_from_text("day_rank_weight", "0.5") == 0.5
+    with pytest.raises(SettingError, match="day_rank_weight: 'x' is not a number from 0 to 1"):
+        setting_from_text("day_rank_weight", "x")
 
 
 def siblings(c1_ratio: float, c2_ratio: float) -> dict[str, dict[str, Any]]:
