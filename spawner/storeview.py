@@ -91,7 +91,8 @@ class TeamPool:
     ratio: float
     """Occupancy ratio (the one that decides funding: the team's own level)."""
     rank: int
-    """1: the team that goes first in the pool (lowest ratio)."""
+    """1: the team that goes first in the pool (the lowest rank key: the window's ratio
+    and, by ``day_rank_weight``, the last day's; `ranking.PoolRanking.key`)."""
     pending: int
     would_fund: bool
     """Would a session of one unit, started now, be funded?"""
@@ -525,7 +526,9 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
         capacity = core.capacity[pool_name]
         ranking = PoolRanking(snapshot, pool_name, now)
         ratios = {t: ranking.ratio(t) for t in core.teams.teams}
-        order = sorted(ratios, key=lambda t: (ratios[t], t))
+        # The scheduler's order: the rank key (the window's ratio and, by
+        # day_rank_weight, the last day's), not the funding ratio shown beside it.
+        order = sorted(ratios, key=lambda t: (ranking.key(t), t))
         unallocated: dict[str, float] = {}
         for allocation in core.running.values():
             if allocation.pool == pool_name and not allocation.funded:

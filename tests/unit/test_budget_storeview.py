@@ -98,6 +98,32 @@ def test_owed_per_day_is_the_share_or_what_was_asked_if_less() -> None:
         assert all(o == 0.0 and d == 0.0 for _, o, d in state.teams[("b", "gpu")].daily)
 
 
+def test_rank_is_the_schedulers_order_with_the_last_day_in_it() -> None:
+    """a ran 80 GPU-h three days ago, b 40 GPU-h in the last day (shares 2 GPUs each):
+    by the window a's ratio is the higher (0.24 against 0.12), but with the last day
+    weighed in (0.7 x 0.24 against 0.7 x 0.12 + 0.3 x 0.83) a goes first, as the
+    scheduler takes them; the ratio shown stays the window's, which decides funding."""
+    gpu = model.Pool("gpu", model.PoolKind.GPU)
+    node = model.Node("n1", "gpu", 16.0, 64.0, model.virtual_gpus("n1", 4))
+    with Store.create("sqlite://") as store:
+        store.save_pools([gpu])
+        store.save_teams([model.Team("a", {"gpu": 0.5}), model.Team("b", {"gpu": 0.5})])
+        store.save_nodes([node])
+        slices = tuple(model.Slice(g.uuid, model.SliceKind.WHOLE) for g in node.gpus)
+        for rid, team, start, hours in (
+            ("a1", "a", NOW - 3 * DAY, 20),
+            ("b1", "b", NOW - 11 * 3600, 10),
+        ):
+            ask = model.Request(rid, f"u-{team}", team, "gpu", start, gpus=4)
+            grant = model.NodeGrant("n1", slices, 1.0, 4.0)
+            store.book(model.Allocation(ask, (grant,), start, True, start, 4.0))
+            store.release(rid, start + hours * 3600)
+        state = build_state(store, StoreModel(store).admin, NOW)
+    a, b = state.teams[("a", "gpu")], state.teams[("b", "gpu")]
+    assert a.ratio == pytest.approx(80 / 336) and b.ratio == pytest.approx(40 / 336)
+    assert (a.rank, b.rank) == (1, 2)
+
+
 def test_positions_are_those_of_the_spawn_pages_queue_view(state: Any) -> None:
     view = QueueView(state.core)
     for waiting in state.queue:
