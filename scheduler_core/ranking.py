@@ -124,22 +124,11 @@ class PoolRanking:
             own_units = usage.of_pool(pool, tree.teams)
         else:
             own_units = {name: usage.get((name, pool), 0.0) for name in tree.teams}
-        protected = (
-            [a for a in snapshot.allocations if a.funded and a.pool == pool]
-            if protected is None
-            else tuple(protected)
-        )
-        for allocation in protected:
-            if allocation.protected_until > now:
-                own_units[allocation.request.team] += allocation.charge_rate * (
-                    allocation.protected_until - now
-                )
-        self._units = _by_level(own_units, facts)
         self._weight = 0.0
         """Weight of the last day in `key` (0 where the usage has no curves to ask)."""
-        self._day_units: dict[str, float] = {}
         self._day_part = 1.0
         """The last day's span over the window's: its part of every budget."""
+        day: dict[str, float] = {}
         weight = snapshot.settings.day_rank_weight
         if weight > 0.0 and isinstance(usage, WindowUsage) and snapshot.window > 0.0:
             start = max(usage.start, now - DAY)
@@ -147,12 +136,16 @@ class PoolRanking:
                 self._weight = weight
                 self._day_part = (now - start) / snapshot.window
                 day = {name: usage.since((name, pool), start) for name in tree.teams}
-                for allocation in protected:
-                    if allocation.protected_until > now:
-                        day[allocation.request.team] += allocation.charge_rate * (
-                            allocation.protected_until - now
-                        )
-                self._day_units = _by_level(day, facts)
+        if protected is None:
+            protected = [a for a in snapshot.allocations if a.funded and a.pool == pool]
+        for allocation in protected:
+            if allocation.protected_until > now:
+                still = allocation.charge_rate * (allocation.protected_until - now)
+                own_units[allocation.request.team] += still
+                if day:
+                    day[allocation.request.team] += still
+        self._units = _by_level(own_units, facts)
+        self._day_units = _by_level(day, facts) if day else {}
 
     def _ratio(self, level: str, extra: float = 0.0) -> float:
         budget = self._budget[level]
@@ -162,14 +155,11 @@ class PoolRanking:
 
     def _rank(self, level: str, extra: float = 0.0) -> float:
         """The level's rank ratio: its window's ratio, and its last day's by weight."""
-        budget = self._budget[level]
-        if budget <= 0.0:
-            return math.inf
-        ratio = (self._units[level] + extra) / budget
+        ratio = self._ratio(level, extra)
         weight = self._weight
-        if not weight:
+        if not weight or ratio == math.inf:
             return ratio
-        day = (self._day_units[level] + extra) / (budget * self._day_part)
+        day = (self._day_units[level] + extra) / (self._budget[level] * self._day_part)
         return (1.0 - weight) * ratio + weight * day
 
     def key(self, team: str, extra: float = 0.0) -> Key:
