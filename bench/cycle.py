@@ -2,9 +2,9 @@
 
 Run: `.venv/bin/python -m bench.cycle`. Builds a random but seeded cluster state
 through the real Scheduler (so the running sessions are placed by the policy
-itself), then times `decide(snapshot, now)` on that state, repeatedly, without
+itself), then times `decide(view, now)` on that state, repeatedly, without
 applying the decisions. The scheduler keeps indexes between cycles and hands
-them over in the snapshot, so taking the snapshot is timed too.
+them over in the view, so taking the view is timed too.
 """
 
 from __future__ import annotations
@@ -180,26 +180,26 @@ def build_state(
 def measure(steady: bool, runs: int) -> None:
     scheduler, now = build_state(steady=steady)
     t0 = time.perf_counter()
-    snapshot = scheduler.snapshot(now)
+    view = scheduler.view(now)
     taking = time.perf_counter() - t0
-    gpus_used = sum(len(g.slices) for a in snapshot.allocations for g in a.grants)
+    gpus_used = sum(len(g.slices) for a in view.allocations for g in a.grants)
     timings = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        decisions = decide(snapshot, now)
+        decisions = decide(view, now)
         timings.append(time.perf_counter() - t0)
     timings.sort()
     p95 = timings[max(0, int(round(0.95 * len(timings))) - 1)]
     label = "steady" if steady else "cold start"
     print(
-        f"cycle ({label}): {len(snapshot.nodes)} nodes, {len(snapshot.allocations)} running "
-        f"({gpus_used} slices), {len(snapshot.pending)} pending -> "
+        f"cycle ({label}): {len(view.nodes)} nodes, {len(view.allocations)} running "
+        f"({gpus_used} slices), {len(view.pending)} pending -> "
         f"{len(decisions.admissions)} admitted, {len(decisions.preemptions)} preempted"
     )
     print(
         f"cycle ({label}): decide median {statistics.median(timings) * 1e3:.1f} ms, "
         f"p95 {p95 * 1e3:.1f} ms over {len(timings)} runs "
-        f"(taking the snapshot: {taking * 1e3:.1f} ms)"
+        f"(taking the view: {taking * 1e3:.1f} ms)"
     )
 
 

@@ -27,7 +27,7 @@ from scheduler_core.research.generator import SeedLikeOptions, seed_like
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.simulator import Simulation
-from scheduler_core.snapshot import Decisions
+from scheduler_core.view import Decisions
 
 CAUSES = (
     "MIG-partitioned node",

@@ -1,6 +1,6 @@
 """Free capacity during one cycle, with what-if operations that can be undone.
 
-`Capacity` is built from a snapshot's nodes and allocations (or from the
+`Capacity` is built from a view's nodes and allocations (or from the
 `NodeFree` records the scheduler keeps, copied node by node on first change);
 the policy takes and gives back grants on it as it decides. Placement follows
 rule 3 of the scheduling contract (docs/architecture.md): free slices first,

@@ -9,13 +9,13 @@ costs what changed rather than what is running. All of that data lives here:
   protected and the exposed ones (`ExposedIndex`), nodes by free whole GPUs
   (`WholeIndex`), a log of the nodes where room grew, the victim searches that
   failed, and the last usage window read from the ledger;
-- `CycleIndex`, the frozen copy of it handed to one cycle in the snapshot
+- `CycleIndex`, the frozen copy of it handed to one cycle in the view
   (`Layout`, `WholeBuckets` and `ExposedSessions` are its parts);
 - `KnownFailures`, through which a cycle reads the failed searches and the log;
 - the shape table: equal request shapes get one number across cycles.
 
 It is only a faster road to the same answer: `decide` must decide exactly as it
-would from the rest of the snapshot, and does so when the index is absent or was
+would from the rest of the view, and does so when the index is absent or was
 made for another time (tests/unit/test_perf_index.py decides every cycle both
 ways). Nothing here decides anything, and nothing here does I/O.
 """
@@ -335,18 +335,18 @@ class CycleIndex:
 
     at: float
     layout: Layout
-    """The nodes of every pool (those of the snapshot)."""
+    """The nodes of every pool (those of the view)."""
     whole: WholeBuckets
-    """Nodes by free whole GPUs, as in the snapshot's ``free``."""
+    """Nodes by free whole GPUs, as in the view's ``free``."""
     protected: Mapping[str, tuple[Allocation, ...]]
     """Per pool, the funded allocations whose protected window ends after ``at``,
-    in the order of the snapshot's ``allocations``."""
+    in the order of the view's ``allocations``."""
     exposed: ExposedSessions
     """The allocations whose protected window (or grace) ended at or before ``at``."""
     reach: Mapping[str, int]
     """Per node, free whole GPUs plus the GPUs the exposed sessions there hold."""
     queues: Mapping[str, Mapping[str, tuple[Queued, ...]]] | None = None
-    """Per pool and team, the snapshot's ``pending`` in queue order (`queue_key`);
+    """Per pool and team, the view's ``pending`` in queue order (`queue_key`);
     None: the policy sorts ``pending`` itself."""
     growth: Sequence[str] = ()
     """Nodes where room, eligibility or preemptible sessions may have grown, in the
@@ -456,7 +456,7 @@ class Kept:
         nodes = tuple(nodes)
         self.free: dict[str, NodeFree] = {node.name: NodeFree(node) for node in nodes}
         """What is free on each node with every booked session taken. An entry is
-        replaced, never changed, so a snapshot's copy of the dict stays as it was."""
+        replaced, never changed, so a view's copy of the dict stays as it was."""
         self.funded_rates: dict[tuple[str, str], float] = {}
         """Per (team, pool), the charge rate of its running funded sessions."""
         self._layout = Layout.of(nodes)
@@ -634,10 +634,10 @@ class Kept:
             growth_start=self._growth_start + max(0, len(self._growth) - self.GROWTH_KEPT),
             growth_end=self._growth_start + len(self._growth),
             searches=MappingProxyType(dict(self._searches)),
-            queues=self._queue_snapshot() if scope is None else self._queue_subset(scope),
+            queues=self._queue_all() if scope is None else self._queue_subset(scope),
         )
 
-    def _queue_snapshot(self) -> Mapping[str, Mapping[str, tuple[Queued, ...]]]:
+    def _queue_all(self) -> Mapping[str, Mapping[str, tuple[Queued, ...]]]:
         view = self._queue_view
         for pool, team in self._queue_dirty:
             entries = self._queues.get((pool, team))

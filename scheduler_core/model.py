@@ -1,6 +1,6 @@
 """The scheduler's vocabulary: pools, nodes, GPUs, teams, requests, allocations.
 
-Everything here is a frozen dataclass, so a snapshot handed to the policy
+Everything here is a frozen dataclass, so a view handed to the policy
 cannot be changed behind its back. Times are seconds (floats) on whatever
 clock the caller uses; memory is GiB; GPU fractions are integer milli-GPUs so
 that packing never suffers from float rounding.

@@ -13,22 +13,22 @@ import heapq
 
 from scheduler_core.policy import queue_heads
 from scheduler_core.ranking import PoolRanking
-from scheduler_core.snapshot import Snapshot
+from scheduler_core.view import ClusterView
 
 
-def admission_order(snapshot: Snapshot, now: float) -> list[str]:
-    """Every waiting request of the snapshot, pool by pool, in the order the policy's
+def admission_order(view: ClusterView, now: float) -> list[str]:
+    """Every waiting request of the view, pool by pool, in the order the policy's
     team ranking would reach them if each were admitted in turn (funded ones charged
     to their team as they go)."""
-    index = snapshot.index
-    queues = queue_heads(snapshot, index)
+    index = view.index
+    queues = queue_heads(view, index)
     order: list[str] = []
     for pool in sorted(queues):
         team_queues = {team: q for team, q in queues[pool].items() if q}
         if not team_queues:
             continue
         protected = index.protected.get(pool, ()) if index is not None else None
-        ranking = PoolRanking(snapshot, pool, now, protected)
+        ranking = PoolRanking(view, pool, now, protected)
         heads = dict.fromkeys(team_queues, 0)
         heap = [(ranking.key(team), q[0].request.submit, team) for team, q in team_queues.items()]
         heapq.heapify(heap)

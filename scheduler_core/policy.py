@@ -1,4 +1,4 @@
-"""The budget policy: ``decide(snapshot, now) -> Decisions``, pure.
+"""The budget policy: ``decide(view, now) -> Decisions``, pure.
 
 One cycle handles unhealthy nodes (rule 6) and keeps last cycle's holds (rule
 7), then for each pool takes the pending requests team by team, the team with
@@ -62,7 +62,7 @@ passing.
 A debug session stopped before it ran its course is protected, on its next start, twice
 as long as on the last (its minimum runtime times 2 ** stops if funded, 2 ** (stops - 1)
 if not, at most ``max_min_runtime``; the scheduler counts the stops,
-`Snapshot.stops`). Why: a session that runs longer than its protected window was
+`ClusterView.stops`). Why: a session that runs longer than its protected window was
 stopped by a higher-ranked team's funded work once the window ended, and the lane
 started it again: one started 25 times in 2.8 h, stopped 24 times before a run lasted.
 Doubling ends any such loop within a few starts. On bench.family's 88- and 256-GPU
@@ -137,7 +137,7 @@ cheaper. The loop over entries stays in `_Cycle.pool` with the checks that skip
 hopeless work (shapes that found no room, no victims) inline, so a phase is
 called only when it may find something: in a steady cycle nearly every entry
 stops at those checks, and a call per entry would cost a tenth of the cycle.
-When the snapshot carries a `CycleIndex` (kept.py) the sorted queues, protected
+When the view carries a `CycleIndex` (kept.py) the sorted queues, protected
 sessions and victims come from it instead of being rebuilt from every running
 session, and victim searches that failed in earlier cycles are only re-checked
 on the nodes that grew since (`KnownFailures`): a search's answer is monotone in
@@ -168,7 +168,7 @@ from scheduler_core.rules import (
     oversize_above,
 )
 from scheduler_core.settings import Settings
-from scheduler_core.snapshot import Admission, Decisions, Preemption, Snapshot
+from scheduler_core.view import Admission, ClusterView, Decisions, Preemption
 
 _DAY = 86400.0
 
@@ -266,18 +266,18 @@ def _drop_hold(capacity: Capacity, request_id: str, grown: list[str]) -> None:
 
 
 def queue_heads(
-    snapshot: Snapshot, index: CycleIndex | None = None
+    view: ClusterView, index: CycleIndex | None = None
 ) -> Mapping[str, Mapping[str, tuple[Queued, ...]]]:
-    """Heads of the queue: per pool and team, the snapshot's pending requests in queue
+    """Heads of the queue: per pool and team, the view's pending requests in queue
     order (`queue_key`), with the figures the policy weighs. ``index``, if given and
     holding the queues, answers instead of sorting ``pending`` again."""
     if index is not None and index.queues is not None:
         return index.queues
     grouped: dict[str, dict[str, list[Request]]] = defaultdict(lambda: defaultdict(list))
-    for request in snapshot.pending:
+    for request in view.pending:
         grouped[request.pool][request.team].append(request)
-    settings = snapshot.settings
-    kinds = {name: pool.kind for name, pool in snapshot.pools.items()}
+    settings = view.settings
+    kinds = {name: pool.kind for name, pool in view.pools.items()}
     out: dict[str, dict[str, tuple[Queued, ...]]] = {}
     for pool, teams in grouped.items():
         kind = kinds.get(pool, PoolKind.GPU)
@@ -341,10 +341,10 @@ class _DayUsage:
     more lost work (README, "Family").
     """
 
-    def __init__(self, snapshot: Snapshot, now: float) -> None:
-        self.snapshot = snapshot
+    def __init__(self, view: ClusterView, now: float) -> None:
+        self.view = view
         self.now = now
-        usage = snapshot.usage
+        usage = view.usage
         self.usage = usage if isinstance(usage, WindowUsage) else None
         self.start = max(usage.start, now - _DAY) if isinstance(usage, WindowUsage) else now
         self.span = now - self.start
@@ -352,8 +352,8 @@ class _DayUsage:
     def lenders(self, team: str, pool: str) -> list[tuple[tuple[str, ...], float]]:
         """The levels above the team's own work whose share it may borrow, as (subtree,
         share rate): its ancestors, and itself if it has sub-teams (`_Cycle.lent`)."""
-        tree = self.snapshot.teams
-        capacity = self.snapshot.capacity.get(pool, 0.0)
+        tree = self.view.teams
+        capacity = self.view.capacity.get(pool, 0.0)
         return [
             (tree.subtree(level), tree.share(level, pool) * capacity)
             for level in tree.ancestors(team)
@@ -374,18 +374,18 @@ class _DayUsage:
 
     def slices_over(self, stopped: set[str]) -> list[Preemption]:
         """Stops for resumable oversize jobs past protection whose team's day is spent."""
-        snapshot = self.snapshot
-        guaranteed = snapshot.settings.guaranteed_share
-        if self.usage is None or not snapshot.pending or guaranteed <= 0:
+        view = self.view
+        guaranteed = view.settings.guaranteed_share
+        if self.usage is None or not view.pending or guaranteed <= 0:
             return []  # without a guaranteed share there are no day slices to stop
-        waiting = {r.pool for r in snapshot.pending}
-        tree = snapshot.teams
-        settings = snapshot.settings
+        waiting = {r.pool for r in view.pending}
+        tree = view.teams
+        settings = view.settings
         now = self.now
         found: list[Preemption] = []
         # (team, pool) → (share rate, the rate above which a job is oversize).
         limits: dict[tuple[str, str], tuple[float, float]] = {}
-        for allocation in snapshot.allocations:
+        for allocation in view.allocations:
             # The cheap tests first: this runs over every session in every cycle.
             if not allocation.funded or allocation.protected_until > now:
                 continue
@@ -401,7 +401,7 @@ class _DayUsage:
             slot = (request.team, pool)
             limit = limits.get(slot)
             if limit is None:
-                share_rate = tree.own_share(request.team, pool) * snapshot.capacity.get(pool, 0)
+                share_rate = tree.own_share(request.team, pool) * view.capacity.get(pool, 0)
                 limit = limits[slot] = (share_rate, oversize_above(share_rate, settings))
             share_rate, above = limit
             if allocation.charge_rate <= above:
@@ -456,47 +456,47 @@ class _Cycle:
     """One cycle of the budget policy: its what-if capacity, its charge rates, and what
     it has decided so far."""
 
-    def __init__(self, snapshot: Snapshot, now: float) -> None:
+    def __init__(self, view: ClusterView, now: float) -> None:
         """Start: sessions on unhealthy nodes are stopped and their slices free (rule 6);
         last cycle's holds stay while their requests wait and their nodes are ready
         (rule 7); charge rates are those of the funded sessions left running."""
-        self.snapshot = snapshot
+        self.view = view
         self.now = now
-        self.settings = snapshot.settings
-        index = snapshot.index
+        self.settings = view.settings
+        index = view.index
         if index is not None and index.at != now:
             index = None
         self.index = index
         capacity = self.capacity = Capacity(
-            snapshot.nodes,
-            snapshot.allocations,
-            snapshot.free,
+            view.nodes,
+            view.allocations,
+            view.free,
             index.layout if index else None,
             index.whole if index else None,
         )
-        self.preemptions: list[Preemption] = health_preemptions(snapshot, now)
+        self.preemptions: list[Preemption] = health_preemptions(view, now)
         self.stopped = {p.allocation_id for p in self.preemptions}
-        self.day = _DayUsage(snapshot, now)
+        self.day = _DayUsage(view, now)
         self.preemptions.extend(self.day.slices_over(self.stopped))
         self.stopped = {p.allocation_id for p in self.preemptions}
         self._by_id: dict[str, Allocation] = {}
         if self.stopped:
-            self._by_id = {a.id: a for a in snapshot.allocations}
+            self._by_id = {a.id: a for a in view.allocations}
             for allocation_id in self.stopped:
                 capacity.give(self._by_id[allocation_id].grants)
-        self.rates = funded_rates(snapshot, self.stopped)
+        self.rates = funded_rates(view, self.stopped)
         self.funded_victims: set[str] = set()
         self._victims: Victims | None = None
-        kept_reservations(snapshot, capacity)
+        kept_reservations(view, capacity)
         self.known_failures = KnownFailures(index, capacity.free, capacity.grown)
-        for held_nodes in snapshot.reservations.values():
+        for held_nodes in view.reservations.values():
             self.known_failures.grown.extend(n for n in held_nodes if n not in capacity.reserved)
         release_after = self.settings.idle_release
         if release_after > 0:
             # Victims that idleness made releasable are new since any remembered failure.
             self.known_failures.grown.extend(
                 node
-                for allocation, since in snapshot.idle
+                for allocation, since in view.idle
                 if since + release_after <= now
                 for node in allocation.node_names
             )
@@ -522,7 +522,7 @@ class _Cycle:
             index, now = self.index, self.now
             idle = [
                 (allocation, since)
-                for allocation, since in self.snapshot.idle
+                for allocation, since in self.view.idle
                 if allocation.protected_until <= now
             ]
             if index is not None:
@@ -537,7 +537,7 @@ class _Cycle:
                 found = Victims(
                     (
                         a
-                        for a in self.snapshot.allocations
+                        for a in self.view.allocations
                         if a.id not in stopped and a.protected_until <= now
                     ),
                     now,
@@ -560,14 +560,14 @@ class _Cycle:
         settings = self.settings
         index = self.index
         ranking = PoolRanking(
-            self.snapshot, pool_name, now, index.protected.get(pool_name, ()) if index else None
+            self.view, pool_name, now, index.protected.get(pool_name, ()) if index else None
         )
         held = self.held[pool_name]
         state = _Pass(pool_name, ranking, held)
         no_fit, no_victims, no_backfill = state.no_fit, state.no_victims, state.no_backfill
         no_burst = state.no_burst
         no_fit_exact, no_victims_exact = no_fit.exact, no_victims.exact
-        window = self.snapshot.window
+        window = self.view.window
         rates = self.rates
         order_append = self.order.append
         funded_now = self.funded
@@ -841,7 +841,7 @@ class _Cycle:
         stops only sessions that resume."""
         ranking = state.ranking
         if not state.team_keys or state.team_keys_at != ranking.charges:
-            state.team_keys = [(t, ranking.key(t)) for t in self.snapshot.teams.teams]
+            state.team_keys = [(t, ranking.key(t)) for t in self.view.teams.teams]
             state.team_keys_at = ranking.charges
         if burst:
             # Funded beyond its share next to other funded work: like unallocated work,
@@ -890,8 +890,8 @@ class _Cycle:
         those claims together: a parent's share is owed to the demand of its whole
         subtree, and a sub-team's own day is often far smaller than its job."""
         out: list[tuple[tuple[str, ...], float, float]] = []
-        tree = self.snapshot.teams
-        capacity = self.snapshot.capacity.get(pool, 0.0)
+        tree = self.view.teams
+        capacity = self.view.capacity.get(pool, 0.0)
         rates, waiting = self.rates, state.waiting
         for members, share_rate in self.day.lenders(team, pool):
             claimed = 0.0
@@ -917,7 +917,7 @@ class _Cycle:
             # Once per cycle: sessions only leave the set (stopped), never join it.
             now = self.now
             blockers = self._blockers = defaultdict(list)
-            for allocation in self.snapshot.allocations:
+            for allocation in self.view.allocations:
                 if allocation.funded and (
                     allocation.protected_until > now or not allocation.request.resumable
                 ):
@@ -933,10 +933,10 @@ class _Cycle:
         if found is None:
             held: defaultdict[str, float] = defaultdict(float)
             stopped = self.stopped
-            for allocation in self.snapshot.allocations:
+            for allocation in self.view.allocations:
                 if allocation.pool == state.name and allocation.id not in stopped:
                     held[allocation.team] += allocation.charge_rate
-            window = self.snapshot.window
+            window = self.view.window
             found = frozenset(
                 t
                 for t, rate in held.items()
@@ -1035,7 +1035,7 @@ class _Cycle:
         if found is None:
             found = self._clears = {}
             now, stopped = self.now, self.stopped
-            for allocation in self.snapshot.allocations:
+            for allocation in self.view.allocations:
                 until = allocation.protected_until
                 if until > now and allocation.id not in stopped:
                     for node in allocation.node_names:
@@ -1078,7 +1078,7 @@ class _Cycle:
             # stopped someone else's work for it again, cycle after cycle.
             protected = protect
         if entry.debug:
-            stops = self.snapshot.stops.get(request.id, 0)
+            stops = self.view.stops.get(request.id, 0)
             if stops:
                 # Stopped before it ran its course: twice as long each time (module
                 # docstring, "A debug session stopped").
@@ -1112,11 +1112,11 @@ class _Cycle:
 
 
 @register("budget")
-def budget_policy(snapshot: Snapshot, now: float) -> Decisions:
+def budget_policy(view: ClusterView, now: float) -> Decisions:
     """The scheduling contract of docs/architecture.md: start the cycle, take the heads
     of the queue, then each pool in name order, and return what was decided."""
-    cycle = _Cycle(snapshot, now)
-    queues = queue_heads(snapshot, cycle.index)
+    cycle = _Cycle(view, now)
+    queues = queue_heads(view, cycle.index)
     for pool_name in sorted(queues):
         team_queues = queues[pool_name]
         if team_queues:

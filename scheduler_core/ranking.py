@@ -31,8 +31,8 @@ from collections.abc import Iterable
 from scheduler_core.ledger import WindowUsage
 from scheduler_core.model import Allocation
 from scheduler_core.settings import DAY
-from scheduler_core.snapshot import Snapshot
 from scheduler_core.teams import OWN, TeamTree
+from scheduler_core.view import ClusterView
 
 Key = tuple[float, ...]
 
@@ -101,17 +101,17 @@ class PoolRanking:
 
     def __init__(
         self,
-        snapshot: Snapshot,
+        view: ClusterView,
         pool: str,
         now: float,
         protected: Iterable[Allocation] | None = None,
     ) -> None:
-        """``protected``, when given, holds (in the order of the snapshot's allocations)
+        """``protected``, when given, holds (in the order of the view's allocations)
         every funded allocation of the pool still inside its protected window at
         ``now``, and perhaps others of them."""
-        tree = snapshot.teams
+        tree = view.teams
         facts = _facts(tree)
-        budget_rate = snapshot.capacity.get(pool, 0.0) * snapshot.window
+        budget_rate = view.capacity.get(pool, 0.0) * view.window
         self._budget = facts.budgets(pool, budget_rate)
         """Shared by every ranking of the tree and pool: never changed here."""
         self._levels = facts.levels
@@ -119,7 +119,7 @@ class PoolRanking:
         self._keys: dict[str, Key] = {}
         self.charges = 0
         """How many times `charge` was called (keys change only then)."""
-        usage = snapshot.usage
+        usage = view.usage
         if isinstance(usage, WindowUsage):
             own_units = usage.of_pool(pool, tree.teams)
         else:
@@ -129,15 +129,15 @@ class PoolRanking:
         self._day_part = 1.0
         """The last day's span over the window's: its part of every budget."""
         day: dict[str, float] = {}
-        weight = snapshot.settings.day_rank_weight
-        if weight > 0.0 and isinstance(usage, WindowUsage) and snapshot.window > 0.0:
+        weight = view.settings.day_rank_weight
+        if weight > 0.0 and isinstance(usage, WindowUsage) and view.window > 0.0:
             start = max(usage.start, now - DAY)
             if now > start:
                 self._weight = weight
-                self._day_part = (now - start) / snapshot.window
+                self._day_part = (now - start) / view.window
                 day = {name: usage.since((name, pool), start) for name in tree.teams}
         if protected is None:
-            protected = [a for a in snapshot.allocations if a.funded and a.pool == pool]
+            protected = [a for a in view.allocations if a.funded and a.pool == pool]
         for allocation in protected:
             if allocation.protected_until > now:
                 still = allocation.charge_rate * (allocation.protected_until - now)

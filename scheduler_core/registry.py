@@ -1,19 +1,19 @@
-"""Policies by name: `register` adds one, `decide` runs the one a snapshot's settings name.
+"""Policies by name: `register` adds one, `decide` runs the one a view's settings name.
 
 The budget policy (policy.py) and the baselines (baselines/) register themselves
 when imported; importing `scheduler_core` imports them all. A policy is a pure
-function ``(snapshot, now) -> Decisions``.
+function ``(view, now) -> Decisions``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from scheduler_core.snapshot import Decisions, Snapshot
+from scheduler_core.view import ClusterView, Decisions
 
 __all__ = ["POLICIES", "Policy", "decide", "register"]
 
-Policy = Callable[[Snapshot, float], Decisions]
+Policy = Callable[[ClusterView, float], Decisions]
 
 POLICIES: dict[str, Policy] = {}
 """Policy name → decide function."""
@@ -29,11 +29,11 @@ def register(name: str) -> Callable[[Policy], Policy]:
     return add
 
 
-def decide(snapshot: Snapshot, now: float) -> Decisions:
-    """Run the policy the snapshot's settings name."""
+def decide(view: ClusterView, now: float) -> Decisions:
+    """Run the policy the view's settings name."""
     try:
-        policy = POLICIES[snapshot.settings.name]
+        policy = POLICIES[view.settings.name]
     except KeyError:
         known = ", ".join(sorted(POLICIES))
-        raise ValueError(f"unknown policy {snapshot.settings.name!r} (known: {known})") from None
-    return policy(snapshot, now)
+        raise ValueError(f"unknown policy {view.settings.name!r} (known: {known})") from None
+    return policy(view, now)

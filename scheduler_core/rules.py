@@ -5,7 +5,7 @@ once their protection ends), the holds kept from the last cycle (rule 7), and
 funding (rule 2: `funds`, and the funded charge rates it compares with a
 team's share), and which jobs are larger than their team's share (`oversize`:
 those run in day slices). See docs/architecture.md for the contract. Pure
-functions of the snapshot (and of a cycle's `Capacity`), so every policy reads
+functions of the view (and of a cycle's `Capacity`), so every policy reads
 them alike.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Collection
 from scheduler_core.capacity import Capacity
 from scheduler_core.model import Health, Node
 from scheduler_core.settings import Settings
-from scheduler_core.snapshot import Preemption, Snapshot
+from scheduler_core.view import ClusterView, Preemption
 
 __all__ = [
     "funded_rates",
@@ -33,17 +33,17 @@ _all_ready: list[tuple[Node, ...]] = []
 changes): a memo of `health_preemptions`' answer, not state."""
 
 
-def health_preemptions(snapshot: Snapshot, now: float) -> list[Preemption]:
+def health_preemptions(view: ClusterView, now: float) -> list[Preemption]:
     """Sessions on down nodes end now; on draining nodes, once their protection ends."""
-    nodes = snapshot.nodes
+    nodes = view.nodes
     if _all_ready and _all_ready[0] is nodes:
         return []
     if all(n.health is Health.READY for n in nodes):
         _all_ready[:] = [nodes]
         return []
-    health = {n.name: n.health for n in snapshot.nodes}
+    health = {n.name: n.health for n in view.nodes}
     found: list[Preemption] = []
-    for allocation in snapshot.allocations:
+    for allocation in view.allocations:
         states = {health.get(node, Health.DOWN) for node in allocation.node_names}
         if Health.DOWN in states:
             found.append(Preemption(allocation.id, "node-down"))
@@ -52,12 +52,12 @@ def health_preemptions(snapshot: Snapshot, now: float) -> list[Preemption]:
     return found
 
 
-def kept_reservations(snapshot: Snapshot, capacity: Capacity) -> None:
+def kept_reservations(view: ClusterView, capacity: Capacity) -> None:
     """Carry last cycle's holds over while their request waits and their nodes are ready."""
-    if not snapshot.reservations:
+    if not view.reservations:
         return
-    pending = snapshot.queued if snapshot.queued is not None else {r.id for r in snapshot.pending}
-    for request_id, nodes in snapshot.reservations.items():
+    pending = view.queued if view.queued is not None else {r.id for r in view.pending}
+    for request_id, nodes in view.reservations.items():
         if request_id not in pending:
             continue
         if all(n in capacity.free and capacity.free[n].node.health is Health.READY for n in nodes):
@@ -105,19 +105,19 @@ def oversize(rate: float, share_rate: float, settings: Settings) -> bool:
 
 
 def funded_rates(
-    snapshot: Snapshot, stopped: Collection[str] = ()
+    view: ClusterView, stopped: Collection[str] = ()
 ) -> defaultdict[tuple[str, str], float]:
-    """Per (team, pool), the charge rate of the snapshot's funded allocations, less
+    """Per (team, pool), the charge rate of the view's funded allocations, less
     those in ``stopped`` (this cycle's health preemptions)."""
     rates: defaultdict[tuple[str, str], float] = defaultdict(float)
-    if snapshot.funded_rates is None:
-        for allocation in snapshot.allocations:
+    if view.funded_rates is None:
+        for allocation in view.allocations:
             if allocation.funded and allocation.id not in stopped:
                 rates[(allocation.team, allocation.pool)] += allocation.charge_rate
         return rates
-    rates.update(snapshot.funded_rates)
+    rates.update(view.funded_rates)
     if stopped:  # rare: only health preemptions
-        for allocation in snapshot.allocations:
+        for allocation in view.allocations:
             if allocation.funded and allocation.id in stopped:
                 rates[(allocation.team, allocation.pool)] -= allocation.charge_rate
     return rates

@@ -2,7 +2,7 @@
 
 The same class runs live (wall clock, Docker actuator) and in the simulator
 (virtual clock, simulated actuator); only the injected Clock and Actuator
-differ. Each cycle copies its state into a frozen snapshot, asks the policy for
+differ. Each cycle copies its state into a frozen view, asks the policy for
 decisions and carries them out: preemptions first (so their slices are free),
 then admissions, booked here before the actuator's slow start ("reserve, then
 confirm"); a start that fails hands its slices back and requeues the request.
@@ -44,8 +44,8 @@ from scheduler_core.model import (
 from scheduler_core.registry import decide
 from scheduler_core.rules import oversize
 from scheduler_core.settings import Settings
-from scheduler_core.snapshot import Decisions, Snapshot
 from scheduler_core.teams import TeamTree
+from scheduler_core.view import ClusterView, Decisions
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class CycleStats:
     """Timings of the last cycles, for logs and metrics."""
 
     cycles: int = 0
-    last_snapshot_s: float = 0.0
+    last_view_s: float = 0.0
     last_decide_s: float = 0.0
     last_apply_s: float = 0.0
 
@@ -134,7 +134,7 @@ class Scheduler:
         """Running request id → when its session went idle (`mark_activity`)."""
         self.stops: dict[str, int] = {}
         """Debug request id → times it was preempted before it ran its course
-        (`Snapshot.stops`); forgotten when it ends or is cancelled, and counted again
+        (`ClusterView.stops`); forgotten when it ends or is cancelled, and counted again
         from the event log after a restart (`submit`'s ``stops``)."""
         self._idle_due: list[tuple[float, str]] = []
         """When idle sessions become free to release (``idle_release``)."""
@@ -383,7 +383,7 @@ class Scheduler:
 
     # -- one cycle ---------------------------------------------------------
 
-    def snapshot(self, now: float, scope: Iterable[str] | None = None) -> Snapshot:
+    def view(self, now: float, scope: Iterable[str] | None = None) -> ClusterView:
         """The frozen state the policy sees; ``scope`` limits which waiting requests it weighs."""
         start = now - self.settings.lookback
         if scope is None:
@@ -395,7 +395,7 @@ class Scheduler:
         kept = self._kept
         index = kept.index(now, self.running, None if scope is None else pending)
         usage = kept.usage(self.ledger, start, now)
-        return Snapshot(
+        return ClusterView(
             settings=self.settings,
             pools=self.pools,
             nodes=self._node_tuple,
@@ -418,23 +418,23 @@ class Scheduler:
         """Decide and carry out one scheduling cycle (over ``scope`` only, if given)."""
         now = self.clock.now()
         t0 = time.perf_counter()
-        snapshot = self.snapshot(now, scope)
+        view = self.view(now, scope)
         if scope is None:
             self._last_cycle = now
             self._changed = False
         self._fresh.clear()
         t1 = time.perf_counter()
-        decisions = decide(snapshot, now)
+        decisions = decide(view, now)
         t2 = time.perf_counter()
         self.apply(decisions, now)
         t3 = time.perf_counter()
         stats = self.stats
         stats.cycles += 1
-        stats.last_snapshot_s, stats.last_decide_s, stats.last_apply_s = t1 - t0, t2 - t1, t3 - t2
+        stats.last_view_s, stats.last_decide_s, stats.last_apply_s = t1 - t0, t2 - t1, t3 - t2
         if decisions.admissions or decisions.preemptions:
             log.debug(
                 "cycle %d: %d admitted, %d preempted, %d pending "
-                "(snapshot %.1f ms, decide %.1f ms, apply %.1f ms)",
+                "(view %.1f ms, decide %.1f ms, apply %.1f ms)",
                 stats.cycles,
                 len(decisions.admissions),
                 len(decisions.preemptions),

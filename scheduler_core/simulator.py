@@ -21,7 +21,7 @@ from typing import Any
 from scheduler_core.model import Allocation, PoolKind
 from scheduler_core.scenario import Scenario
 from scheduler_core.scheduler import Scheduler
-from scheduler_core.snapshot import Decisions
+from scheduler_core.view import Decisions
 
 _SUBMIT, _FINISH, _NODE, _WAKE, _TICK, _IDLE = range(6)
 """Event kinds; at equal times, submissions are seen before sessions end."""

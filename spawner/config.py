@@ -3,7 +3,7 @@ cluster it declares, parsed once into the core's frozen objects.
 
 The traits live on a base class of `BudgetScheduler` (traitlets reads a class's
 config under each of its classes' names), so the facade in embedded.py holds no
-trait definitions and this room holds nothing but configuration.
+trait definitions and this module holds nothing but configuration.
 """
 
 from __future__ import annotations

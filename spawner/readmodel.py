@@ -19,8 +19,8 @@ from scheduler_core.outlook import admission_order
 from scheduler_core.ranking import PoolRanking
 from scheduler_core.rules import funds
 from scheduler_core.scheduler import Scheduler
-from scheduler_core.snapshot import Snapshot
 from scheduler_core.store import EventRecord
+from scheduler_core.view import ClusterView
 from spawner.hubapi import split_request_id
 
 NOTICE_EVENTS = ("submit", "preempt", "exit")
@@ -177,7 +177,7 @@ class QueueView:
             return None
         if self._stale:
             now = time.time()
-            self._order = dict.fromkeys(admission_order(core.snapshot(now), now))
+            self._order = dict.fromkeys(admission_order(core.view(now), now))
             self._stale = False
         same_pool = [
             r for r in self._order if r in core.pending and core.pending[r].pool == request.pool
@@ -267,13 +267,13 @@ class QueueView:
         admission order, how many of its shape fit on free slices, and the estimate."""
         core = self.core
         now = time.time()
-        snapshot = core.snapshot(now)
+        view = core.view(now)
         pool = request.pool
         kind = core.pools[pool].kind
         entry = Queued.of(request, core.settings, kind)
-        ranking_units, ranking_budget = _leaf(snapshot, pool, request.team, now)
+        ranking_units, ranking_budget = _leaf(view, pool, request.team, now)
         status = self.team_status(request.team, pool)
-        window = snapshot.window
+        window = view.window
         funded = funds(
             ranking_budget > 0.0 and (ranking_units + entry.units) / ranking_budget <= 1.0,
             status.funded,
@@ -281,7 +281,7 @@ class QueueView:
             ranking_budget / window if window > 0 else 0.0,
             core.settings,
         )
-        asked = dataclasses.replace(snapshot, pending=(*snapshot.pending, request), index=None)
+        asked = dataclasses.replace(view, pending=(*view.pending, request), index=None)
         order = [
             r
             for r in admission_order(asked, now)
@@ -289,7 +289,7 @@ class QueueView:
         ]
         position = order.index(request.id) + 1 if request.id in order else len(order) + 1
         ahead = [core.pending[r] for r in order[: position - 1]]
-        free_now = self.free_count(request, snapshot)
+        free_now = self.free_count(request, view)
         if free_now and not ahead:
             estimated: float | None = now
         else:
@@ -305,11 +305,11 @@ class QueueView:
             team_status=status,
         )
 
-    def free_count(self, request: Request, snapshot: Snapshot | None = None, most: int = 99) -> int:
+    def free_count(self, request: Request, view: ClusterView | None = None, most: int = 99) -> int:
         """How many sessions shaped like ``request`` the pool's free slices hold now, on
         nodes that take new work (held nodes count too: a hint, not a promise)."""
-        snap = snapshot if snapshot is not None else self.core.snapshot(time.time())
-        free = snap.free or {}
+        view = view if view is not None else self.core.view(time.time())
+        free = view.free or {}
         count = 0
         for node in self.core.nodes.values():
             if node.pool != request.pool or node.health is not Health.READY:
@@ -347,7 +347,7 @@ class QueueView:
         return f"({'; '.join(parts)})" if parts else ""
 
 
-def _leaf(snapshot: Snapshot, pool: str, team: str, now: float) -> tuple[float, float]:
+def _leaf(view: ClusterView, pool: str, team: str, now: float) -> tuple[float, float]:
     """The team's charged units and budget at its own level in the pool (what funding
     is decided on), as the policy's ranking counts them."""
-    return PoolRanking(snapshot, pool, now).leaf(team)
+    return PoolRanking(view, pool, now).leaf(team)

@@ -38,7 +38,6 @@ from scheduler_core.registry import decide
 from scheduler_core.rules import funds
 from scheduler_core.scheduler import Scheduler, WallClock
 from scheduler_core.settings import SETTING_NAMES, Settings, settings_from_mapping
-from scheduler_core.snapshot import Decisions
 from scheduler_core.store import SnapshotRecord, Store
 from scheduler_core.store.admin import AdminStore, AuditEntry, SchedulerStatus
 from scheduler_core.store.models import (
@@ -49,6 +48,7 @@ from scheduler_core.store.models import (
     UsageRow,
 )
 from scheduler_core.store.records import WAITING_STATES
+from scheduler_core.view import Decisions
 from spawner import admin
 from spawner.readmodel import QueueStatus, QueueView
 
@@ -494,8 +494,8 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
     for request in pending:
         if request.id not in core.running:
             core.submit(request)
-    snapshot = core.snapshot(now)
-    decisions = decide(snapshot, now)
+    view = core.view(now)
+    decisions = decide(view, now)
     # What the live core keeps of a cycle, without its admissions or preemptions:
     # the funding of each waiting request and the holds (public `apply`, nothing run).
     core.apply(Decisions(reservations=decisions.reservations, funded=decisions.funded), now)
@@ -505,7 +505,7 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
     for node in core.nodes.values():
         pool_nodes.setdefault(node.pool, []).append(node)
     queue = []
-    for status_ in bulk_positions(core, admission_order(snapshot, now)):
+    for status_ in bulk_positions(core, admission_order(view, now)):
         request = core.pending[status_.request_id]
         queue.append(
             Waiting(
@@ -524,7 +524,7 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
         kind = pool.kind
         unit = "CPU" if kind is PoolKind.CPU else "GPU"
         capacity = core.capacity[pool_name]
-        ranking = PoolRanking(snapshot, pool_name, now)
+        ranking = PoolRanking(view, pool_name, now)
         ratios = {t: ranking.ratio(t) for t in core.teams.teams}
         # The scheduler's order: the rank key (the window's ratio and, by
         # day_rank_weight, the last day's), not the funding ratio shown beside it.

@@ -16,8 +16,8 @@ from scheduler_core.capacity import Capacity
 from scheduler_core.model import Allocation, NodeGrant, PoolKind, Request
 from scheduler_core.preemption import Victims, find_targets
 from scheduler_core.rules import health_preemptions
-from scheduler_core.snapshot import Admission, Decisions, Preemption, Snapshot
 from scheduler_core.teams import TeamTree
+from scheduler_core.view import Admission, ClusterView, Decisions, Preemption
 
 
 def funding_share(tree: TeamTree, team: str, pool: str) -> float:
@@ -90,21 +90,21 @@ def _permitted(
 class GreedyCycle:
     """One baseline cycle: node health handled, then requests placed one by one."""
 
-    def __init__(self, snapshot: Snapshot, now: float) -> None:
-        self.snapshot = snapshot
+    def __init__(self, view: ClusterView, now: float) -> None:
+        self.view = view
         self.now = now
-        self.settings = snapshot.settings
-        self.capacity = Capacity(snapshot.nodes, snapshot.allocations, snapshot.free)
-        self.preemptions: list[Preemption] = health_preemptions(snapshot, now)
+        self.settings = view.settings
+        self.capacity = Capacity(view.nodes, view.allocations, view.free)
+        self.preemptions: list[Preemption] = health_preemptions(view, now)
         self.stopped = {p.allocation_id for p in self.preemptions}
         if self.stopped:
-            for allocation in snapshot.allocations:
+            for allocation in view.allocations:
                 if allocation.id in self.stopped:
                     self.capacity.give(allocation.grants)
         self.admissions: list[Admission] = []
         self.order: list[str] = []
         self.funded: dict[str, bool] = {}
-        self.kinds = {name: pool.kind for name, pool in snapshot.pools.items()}
+        self.kinds = {name: pool.kind for name, pool in view.pools.items()}
         self._no_room = NoRoom()
         self._no_victims: dict[int | None, NoRoom] = {}
         self._victims: dict[int | None, Victims] = {}
@@ -114,7 +114,7 @@ class GreedyCycle:
     @property
     def running(self) -> Iterable[Allocation]:
         """Allocations still running after this cycle's health preemptions."""
-        return (a for a in self.snapshot.allocations if a.id not in self.stopped)
+        return (a for a in self.view.allocations if a.id not in self.stopped)
 
     def rate(self, request: Request) -> float:
         """Units per second the request holds: GPU-equivalents, or cores in a CPU pool."""

@@ -8,7 +8,7 @@ each placed if it fits (backfill without reservations: no runtimes are known);
 nothing is ever preempted. Settings: ``fairshare_half_life``,
 ``fairshare_max_age``, ``fairshare_age_weight``.
 
-The policy is pure, so decayed usage comes from what the snapshot holds:
+The policy is pure, so decayed usage comes from what the view holds:
 running sessions decay exactly from their start; the rest of the usage charged
 in the lookback window is taken as spread evenly over it; older usage is
 forgotten (its weight is at most 2^(-lookback / half-life)).
@@ -22,7 +22,7 @@ from collections import defaultdict
 from scheduler_core.baselines.common import GreedyCycle, funding_share
 from scheduler_core.model import Request
 from scheduler_core.registry import register
-from scheduler_core.snapshot import Decisions, Snapshot
+from scheduler_core.view import ClusterView, Decisions
 
 LN2 = math.log(2.0)
 
@@ -34,32 +34,32 @@ def decayed(units_per_s: float, span: float, half_life: float) -> float:
     return units_per_s * half_life / LN2 * (1.0 - math.pow(2.0, -span / half_life))
 
 
-def decayed_usage(snapshot: Snapshot, now: float) -> dict[tuple[str, str], float]:
-    """(team, pool) → usage with exponential decay, as far as the snapshot can tell."""
-    half_life = snapshot.settings.fairshare_half_life
-    window = snapshot.window
+def decayed_usage(view: ClusterView, now: float) -> dict[tuple[str, str], float]:
+    """(team, pool) → usage with exponential decay, as far as the view can tell."""
+    half_life = view.settings.fairshare_half_life
+    window = view.window
     running: dict[tuple[str, str], float] = defaultdict(float)
     out: dict[tuple[str, str], float] = defaultdict(float)
-    for allocation in snapshot.allocations:
+    for allocation in view.allocations:
         if not allocation.funded:
             continue
         span = min(max(0.0, now - allocation.start), window)
         key = (allocation.team, allocation.pool)
         running[key] += allocation.charge_rate * span
         out[key] += decayed(allocation.charge_rate, span, half_life)
-    for key, units in snapshot.usage.items():
+    for key, units in view.usage.items():
         rest = max(0.0, units - running.get(key, 0.0))
         if rest > 0.0 and window > 0.0:
             out[key] += decayed(rest / window, window, half_life)
     return out
 
 
-def fairshare_factors(snapshot: Snapshot, now: float) -> dict[tuple[str, str], float]:
+def fairshare_factors(view: ClusterView, now: float) -> dict[tuple[str, str], float]:
     """(team, pool) → 2^(-U/S); 0 for a team with no share of the pool."""
-    tree = snapshot.teams
-    usage = decayed_usage(snapshot, now)
+    tree = view.teams
+    usage = decayed_usage(view, now)
     factors: dict[tuple[str, str], float] = {}
-    for pool in snapshot.pools:
+    for pool in view.pools:
         shares = {name: funding_share(tree, name, pool) for name in tree.teams}
         total_share = sum(shares.values())
         total_usage = sum(usage.get((name, pool), 0.0) for name in tree.teams)
@@ -73,11 +73,11 @@ def fairshare_factors(snapshot: Snapshot, now: float) -> dict[tuple[str, str], f
 
 
 @register("fairshare")
-def fairshare_policy(snapshot: Snapshot, now: float) -> Decisions:
+def fairshare_policy(view: ClusterView, now: float) -> Decisions:
     """Highest multifactor priority first; no preemption."""
-    settings = snapshot.settings
-    cycle = GreedyCycle(snapshot, now)
-    factors = fairshare_factors(snapshot, now)
+    settings = view.settings
+    cycle = GreedyCycle(view, now)
+    factors = fairshare_factors(view, now)
     max_age = settings.fairshare_max_age
     weight = settings.fairshare_age_weight
 
@@ -86,7 +86,7 @@ def fairshare_policy(snapshot: Snapshot, now: float) -> Decisions:
         age_factor = min(age / max_age, 1.0) if max_age > 0.0 else 1.0
         return factors.get((request.team, request.pool), 0.0) + weight * age_factor
 
-    ranked = sorted(snapshot.pending, key=lambda r: (-priority(r), -r.priority, r.submit, r.id))
+    ranked = sorted(view.pending, key=lambda r: (-priority(r), -r.priority, r.submit, r.id))
     for request in ranked:
         cycle.consider(request, True)
         grants = cycle.place(request)

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from scheduler_core.baselines.common import GreedyCycle
 from scheduler_core.registry import register
-from scheduler_core.snapshot import Decisions, Snapshot
+from scheduler_core.view import ClusterView, Decisions
 
 
 @register("fifo")
-def fifo_policy(snapshot: Snapshot, now: float) -> Decisions:
+def fifo_policy(view: ClusterView, now: float) -> Decisions:
     """Oldest request first, placed if it fits; no preemption."""
-    cycle = GreedyCycle(snapshot, now)
-    for request in sorted(snapshot.pending, key=lambda r: (r.submit, r.id)):
+    cycle = GreedyCycle(view, now)
+    for request in sorted(view.pending, key=lambda r: (r.submit, r.id)):
         cycle.consider(request, True)
         grants = cycle.place(request)
         if grants is not None:

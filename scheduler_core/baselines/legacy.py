@@ -23,30 +23,30 @@ from scheduler_core.baselines.common import GreedyCycle, funding_share
 from scheduler_core.registry import register
 from scheduler_core.rules import funded_rates
 from scheduler_core.settings import LegacyPreemption
-from scheduler_core.snapshot import Decisions, Snapshot
+from scheduler_core.view import ClusterView, Decisions
 
 
-def team_limits(snapshot: Snapshot) -> dict[tuple[str, str], float]:
+def team_limits(view: ClusterView) -> dict[tuple[str, str], float]:
     """(team, pool) → the most non-preemptible units the team may hold at once."""
-    tree = snapshot.teams
+    tree = view.teams
     return {
         (name, pool): funding_share(tree, name, pool) * capacity
-        for pool, capacity in snapshot.capacity.items()
+        for pool, capacity in view.capacity.items()
         for name in tree.teams
     }
 
 
 @register("legacy")
-def legacy_policy(snapshot: Snapshot, now: float) -> Decisions:
+def legacy_policy(view: ClusterView, now: float) -> Decisions:
     """Priority across the cluster; per-team limits on non-preemptible work."""
-    cycle = GreedyCycle(snapshot, now)
-    limits = team_limits(snapshot)
-    held = funded_rates(snapshot, cycle.stopped)
+    cycle = GreedyCycle(view, now)
+    limits = team_limits(view)
+    held = funded_rates(view, cycle.stopped)
     cycle.victims_may_be(lambda allocation: allocation.protected_until <= now)
-    grace = snapshot.settings.unallocated_grace
-    by_priority = snapshot.settings.legacy_preemption is LegacyPreemption.PRIORITY
+    grace = view.settings.unallocated_grace
+    by_priority = view.settings.legacy_preemption is LegacyPreemption.PRIORITY
 
-    for request in sorted(snapshot.pending, key=lambda r: (-r.priority, r.submit, r.id)):
+    for request in sorted(view.pending, key=lambda r: (-r.priority, r.submit, r.id)):
         key = (request.team, request.pool)
         rate = cycle.rate(request)
         protected = held[key] + rate <= limits.get(key, 0.0) + 1e-9

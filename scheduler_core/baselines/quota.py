@@ -23,14 +23,14 @@ from scheduler_core.baselines.common import GreedyCycle
 from scheduler_core.baselines.legacy import team_limits
 from scheduler_core.model import Allocation
 from scheduler_core.registry import register
-from scheduler_core.snapshot import Decisions, Snapshot
+from scheduler_core.view import ClusterView, Decisions
 
 
 @register("quota")
-def quota_policy(snapshot: Snapshot, now: float) -> Decisions:
+def quota_policy(view: ClusterView, now: float) -> Decisions:
     """Admit within nominal quota (reclaiming borrowed capacity), then lend what is idle."""
-    cycle = GreedyCycle(snapshot, now)
-    nominal = team_limits(snapshot)
+    cycle = GreedyCycle(view, now)
+    nominal = team_limits(view)
     used: dict[tuple[str, str], float] = defaultdict(float)
     for allocation in cycle.running:
         used[(allocation.team, allocation.pool)] += allocation.charge_rate
@@ -41,7 +41,7 @@ def quota_policy(snapshot: Snapshot, now: float) -> Decisions:
 
     cycle.victims_may_be(reclaimable)
 
-    queue = sorted(snapshot.pending, key=lambda r: (-r.priority, r.submit, r.id))
+    queue = sorted(view.pending, key=lambda r: (-r.priority, r.submit, r.id))
     lend: list[str] = []
     by_id = {r.id: r for r in queue}
     for request in queue:

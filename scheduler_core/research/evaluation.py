@@ -25,7 +25,7 @@ from scheduler_core.metrics import CLASSES, result
 from scheduler_core.scenario import Scenario, load_scenario
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.simulator import Simulation
-from scheduler_core.snapshot import Decisions
+from scheduler_core.view import Decisions
 
 Axis = tuple[str, list[str], list[Any]]
 """A swept setting: its name, the values as written, and as parsed."""

@@ -25,7 +25,7 @@ from scheduler_core.scenario import Scenario, parse_scenario
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.settings import LegacyPreemption
 from scheduler_core.simulator import Simulation
-from scheduler_core.snapshot import Decisions
+from scheduler_core.view import Decisions
 
 WEEK = 7 * 86400
 

@@ -16,7 +16,7 @@ def order_of(data: dict) -> list[str]:
         core.ledger.add(seeded.team, seeded.pool, seeded.at, seeded.units)
     for request in parsed.requests:
         core.submit(request)
-    return admission_order(core.snapshot(10.0), 10.0)
+    return admission_order(core.view(10.0), 10.0)
 
 
 def test_teams_take_turns_as_each_funded_admission_is_charged() -> None:

@@ -3,7 +3,7 @@
 Between cycles the scheduler keeps the queue sorted, the protected and exposed
 sessions, nodes by free whole GPUs, and victim searches known to fail (a
 `CycleIndex`). Every cycle of random runs is decided twice here: with those
-indexes, and from the snapshot without them (what is free on each node, the
+indexes, and from the view without them (what is free on each node, the
 allocations and the pending requests); the two must agree in every field.
 Smaller tests pin the pieces the indexes rely on: failed multi-node
 placements, the ledger's window, failure records.
@@ -33,7 +33,7 @@ from scheduler_core.registry import decide
 from scheduler_core.scenario import Scenario, parse_scenario
 from scheduler_core.settings import PlacementStrategy
 from scheduler_core.simulator import Simulation
-from scheduler_core.snapshot import Decisions, Snapshot
+from scheduler_core.view import ClusterView, Decisions
 
 TEAMS = ["a", "b", "c", "d", "e"]
 
@@ -145,21 +145,21 @@ def _fields(decisions: Decisions) -> tuple[Any, ...]:
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(busy_scenarios())
 def test_indexes_decide_as_the_bare_snapshot_does(scenario: Scenario) -> None:
-    def bare(snapshot: Snapshot, now: float) -> Decisions:
-        assert snapshot.index is not None
-        return decide(dataclasses.replace(snapshot, index=None), now)
+    def bare(view: ClusterView, now: float) -> Decisions:
+        assert view.index is not None
+        return decide(dataclasses.replace(view, index=None), now)
 
     _decided_alike(scenario, bare)
 
 
-def _decided_alike(scenario: Scenario, other: Callable[[Snapshot, float], Decisions]) -> None:
+def _decided_alike(scenario: Scenario, other: Callable[[ClusterView, float], Decisions]) -> None:
     """Run the scenario; every cycle is decided by ``decide`` and by ``other`` too, and
     the two must agree in every field."""
     checked: list[int] = []
 
-    def both(snapshot: Snapshot, now: float) -> Decisions:
-        decisions = decide(snapshot, now)
-        assert _fields(decisions) == _fields(other(snapshot, now))
+    def both(view: ClusterView, now: float) -> Decisions:
+        decisions = decide(view, now)
+        assert _fields(decisions) == _fields(other(view, now))
         checked.append(1)
         return decisions
 
@@ -175,17 +175,17 @@ def test_remembered_searches_decide_as_searching_again_does(scenario: Scenario) 
     until a node it could use has grown (`KnownFailures`): the same decisions as
     searching again every time."""
 
-    def again(snapshot: Snapshot, now: float) -> Decisions:
+    def again(view: ClusterView, now: float) -> Decisions:
         with mock.patch.object(KnownFailures, "fails", lambda *_: False):
-            return decide(snapshot, now)
+            return decide(view, now)
 
     _decided_alike(scenario, again)
 
 
-def _searching_again(snapshot: Snapshot, now: float) -> Decisions:
+def _searching_again(view: ClusterView, now: float) -> Decisions:
     """Decide with no shape records (`Failures`): every entry fits and searches anew."""
     with mock.patch.object(Failures, "add", lambda *_args, **_kwargs: None):
-        return decide(snapshot, now)
+        return decide(view, now)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -268,8 +268,8 @@ def test_no_request_starts_twice_in_one_instant(scenario: Scenario) -> None:
     fails at the first such restart, so a regression fails fast rather than hangs."""
     started: dict[str, float] = {}
 
-    def watch(snapshot: Snapshot, now: float) -> Decisions:
-        decisions = decide(snapshot, now)
+    def watch(view: ClusterView, now: float) -> Decisions:
+        decisions = decide(view, now)
         for admission in decisions.admissions:
             request_id = admission.request.id
             if started.get(request_id) == now:

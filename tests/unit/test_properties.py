@@ -24,7 +24,7 @@ from scheduler_core.registry import decide
 from scheduler_core.scenario import Scenario, parse_scenario
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.simulator import Simulation
-from scheduler_core.snapshot import Decisions
+from scheduler_core.view import Decisions
 
 TEAMS = ["a", "b", "c", "d"]
 
@@ -169,7 +169,7 @@ def check_no_double_booking(scheduler: Scheduler) -> None:
 def check_free_matches_allocations(scheduler: Scheduler) -> None:
     """The scheduler's running tally of free capacity equals a recount."""
     recount = Capacity(scheduler.nodes.values(), scheduler.running.values())
-    tally = scheduler.snapshot(0.0).free
+    tally = scheduler.view(0.0).free
     assert tally is not None
     for name, fresh in recount.free.items():
         kept = tally[name]
@@ -266,7 +266,7 @@ def test_priority_never_moves_work_between_teams(
     assert decisions_of(scenario) == decisions_of(shifted)
 
 
-def test_decide_does_not_change_its_snapshot() -> None:
+def test_decide_does_not_change_its_view() -> None:
     data = parse_scenario(
         {
             "name": "pure",
@@ -283,9 +283,9 @@ def test_decide_does_not_change_its_snapshot() -> None:
     simulation = Simulation(data)
     for request in data.requests:
         simulation.scheduler.submit(request)
-    snapshot = simulation.scheduler.snapshot(0.0)
-    before = repr(snapshot)
-    first = decide(snapshot, 0.0)
-    second = decide(snapshot, 0.0)
-    assert repr(snapshot) == before
+    view = simulation.scheduler.view(0.0)
+    before = repr(view)
+    first = decide(view, 0.0)
+    second = decide(view, 0.0)
+    assert repr(view) == before
     assert first == second

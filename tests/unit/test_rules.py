@@ -18,8 +18,8 @@ from scheduler_core.rules import oversize
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.settings import PlacementStrategy, SettingError, Settings, setting_from_text
 from scheduler_core.simulator import Simulation
-from scheduler_core.snapshot import Snapshot
 from scheduler_core.teams import TeamTree
+from scheduler_core.view import ClusterView
 
 HOUR = 3600
 DAY = 86400
@@ -660,7 +660,7 @@ def test_the_policys_share_figure_and_the_schedulers_agree(
             Team("other", {"g": 1 - top}),
         ]
     )
-    snapshot = Snapshot(
+    view = ClusterView(
         settings=Settings(),
         pools={"g": Pool("g", PoolKind.GPU)},
         nodes=(),
@@ -671,12 +671,12 @@ def test_the_policys_share_figure_and_the_schedulers_agree(
         window=window,
         capacity={"g": float(gpus)},
     )
-    ranking = PoolRanking(snapshot, "g", 0.0)
+    ranking = PoolRanking(view, "g", 0.0)
     for team in ("parent", "child", "other"):
         from_ranking = ranking.leaf(team)[1] / window
         from_tree = tree.own_share(team, "g") * gpus
         assert from_ranking == pytest.approx(from_tree, rel=1e-12, abs=1e-12)
         for rate in {round(from_tree), round(from_tree, 3), from_tree}:
-            assert oversize(rate, from_ranking, snapshot.settings) == oversize(
-                rate, from_tree, snapshot.settings
+            assert oversize(rate, from_ranking, view.settings) == oversize(
+                rate, from_tree, view.settings
             )

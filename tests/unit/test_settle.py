@@ -9,7 +9,7 @@ import pytest
 from scheduler_core.model import Allocation
 from scheduler_core.scheduler import MAX_FOLLOW_UPS, Scheduler
 from scheduler_core.settings import Settings
-from scheduler_core.snapshot import Decisions, Preemption
+from scheduler_core.view import Decisions, Preemption
 
 FREED = Decisions(released=("r",))
 """A cycle that freed room it had passed over (a hold ended)."""

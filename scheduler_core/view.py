@@ -1,15 +1,15 @@
-"""The per-cycle snapshot the policy reads, and the decisions it returns.
+"""The per-cycle view the policy reads, and the decisions it returns.
 
-The snapshot is frozen: nodes, running allocations, pending requests, each
+The view is frozen: nodes, running allocations, pending requests, each
 team's charged usage in the lookback window, and the reservations kept from the
 previous cycle. The policy does its what-if work on a `Capacity` built from it
-(capacity.py) and never changes the snapshot itself.
+(capacity.py) and never changes the view itself.
 
 A scheduler may also hand over a `CycleIndex` (kept.py): the queue already
 sorted per team, the funded sessions still protected and the exposed ones, all
 kept up to date event by event, so a cycle costs what changed rather than what
 is running. It is only a faster road to the same answer; `decide` must decide
-exactly as it would from the rest of the snapshot, and falls back to that when
+exactly as it would from the rest of the view, and falls back to that when
 it is absent.
 """
 
@@ -29,7 +29,7 @@ _EMPTY: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class ClusterView:
     """Everything the policy may look at in one cycle."""
 
     settings: Settings
