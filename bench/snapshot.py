@@ -44,7 +44,7 @@ import websocket
 from budgethub_session.harness import execute_request
 
 from bench.snapshot_cells import IMAGES, extension_present, session_image
-from tests.integration.hub import ADMIN_TOKEN, Hub, containers, free_port, hub_config
+from harness.hub import ADMIN_TOKEN, Hub, containers, start_hub
 
 NOTEBOOK = "bench.ipynb"
 HUB_NAME = f"bench-snap-{uuid.uuid4().hex[:6]}"
@@ -181,13 +181,9 @@ def disk_bandwidth(directory: Path, mib: int = 1024) -> tuple[float, float]:
     return write, read
 
 
-def start_hub(directory: Path, homes: Path, snapshots: Path, image: str) -> Hub:
-    port = free_port()
-    config = hub_config(
-        directory=directory,
-        port=port,
-        hub_port=free_port(),
-        proxy_api_port=free_port(),
+def start_bench_hub(directory: Path, homes: Path, snapshots: Path, image: str) -> Hub:
+    return start_hub(
+        directory,
         hub_name=HUB_NAME,
         nodes=[{"name": "gpu-1", "pool": "gpu", "gpus": 1, "cpus": 8, "memory_gib": 16}],
         teams=[
@@ -207,9 +203,6 @@ def start_hub(directory: Path, homes: Path, snapshots: Path, image: str) -> Hub:
             ]
         ),
     )
-    hub = Hub(directory, config, port)
-    hub.start()
-    return hub
 
 
 def wait(predicate: Any, timeout: float, what: str, step: float = 0.05) -> float:
@@ -379,7 +372,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     load_before = os.getloadavg()[0]
     write, read = disk_bandwidth(snapshots)
     print(f"preempt/restore: {ARRAYS} arrays of {args.array_mib} MiB in {image}", flush=True)
-    hub = start_hub(root, homes, snapshots, image)
+    hub = start_bench_hub(root, homes, snapshots, image)
     results = []
     try:
         for hot in (False, True):

@@ -32,7 +32,7 @@ from typing import Any
 import docker
 import requests
 
-from tests.integration.hub import Hub, free_port, hub_config, remove_containers
+from harness.hub import Hub, free_port, remove_containers, start_hub
 
 IMAGE = "budgethub/gpu:latest"
 DEBUG = {"profile": "debug", "slices": "gpu-250m"}
@@ -142,20 +142,14 @@ def start_hubs(directory: Path, users: list[str]) -> tuple[Hub, Hub]:
     ):
         home = directory / name
         home.mkdir()
-        port = free_port()
-        config = hub_config(
-            directory=home,
-            port=port,
-            hub_port=free_port(),
-            proxy_api_port=free_port(),
+        hub = start_hub(
+            home,
             hub_name=f"bench-{name}",
             nodes=nodes,
             teams=teams,
             groups=groups,
             extra=extra + "c.JupyterHub.log_level = 'INFO'\n",
         )
-        hub = Hub(home, config, port)
-        hub.start()
         hubs.append(hub)
     return hubs[0], hubs[1]
 

@@ -16,13 +16,11 @@ import docker
 import pytest
 from docker.errors import DockerException, ImageNotFound
 
-from tests.integration.hub import Hub, free_port, hub_config, new_hub_name, remove_containers
-from tests.integration.tlsnode import NetnsUnavailable, TlsNode, start_tls_node, stop_tls_node
+from harness.browser import CHROMIUM, FLAGS
+from harness.hub import Hub, new_hub_name, remove_containers, start_hub
+from harness.nodes import NODE, REPO, demo_teams
+from harness.tlsnode import NetnsUnavailable, TlsNode, start_tls_node, stop_tls_node
 
-REPO = Path(__file__).resolve().parents[2]
-NODE = "bhprep"
-"""The second engine's name (scripts/engine node NAME; its pid file is
-/var/run/budgethub/NAME.pid)."""
 IMAGES = ("budgethub/base:latest", "budgethub/gpu:latest", "budgethub/dataprep:latest")
 
 
@@ -97,13 +95,6 @@ def tls_node(
         assert not left, f"the TLS node left {left} behind"
 
 
-def demo_teams() -> list[dict[str, Any]]:
-    return [
-        {"name": "nlp", "share": {"gpu": 0.5, "cpu": 0.5}},
-        {"name": "vision", "share": {"gpu": 0.5, "cpu": 0.5}},
-    ]
-
-
 @pytest.fixture
 def make_hub(
     engine: docker.DockerClient, tmp_path: Path, request: pytest.FixtureRequest
@@ -122,23 +113,16 @@ def make_hub(
     ) -> Hub:
         for node in nodes:
             engines[node.get("engine")] = node.get("tls")
-        port = free_port()
         directory = tmp_path / f"hub{len(hubs)}"
         directory.mkdir(exist_ok=True)
-        config = hub_config(
-            directory=tmp_path,
-            port=port,
-            hub_port=free_port(),
-            proxy_api_port=free_port(),
+        hub = start_hub(
+            tmp_path,
             hub_name=hub_name,
             nodes=nodes,
             teams=teams if teams is not None else demo_teams(),
             groups=groups if groups is not None else {"nlp": ["ann", "cy"], "vision": ["bo"]},
             **kwargs,
         )
-        hub = Hub(tmp_path, config, port)
-        hub.hub_name = hub_name  # type: ignore[attr-defined]
-        hub.start()
         hubs.append(hub)
         return hub
 
@@ -152,29 +136,9 @@ def make_hub(
             remove_containers(hub_name, url, tls, stragglers_s=10.0 if killed else 0.0)
 
 
-def local_gpu_node(gpus: int = 2, **extra: Any) -> dict[str, Any]:
-    node = {"name": "gpu-1", "pool": "gpu", "gpus": gpus, "cpus": 8, "memory_gib": 16}
-    node.update(extra)
-    return node
-
-
-def cpu_node(storage_path: str, **extra: Any) -> dict[str, Any]:
-    node = {
-        "name": "prep-1",
-        "pool": "cpu",
-        "cpus": 8,
-        "memory_gib": 16,
-        "storage": {"weka-a": storage_path},
-    }
-    node.update(extra)
-    return node
-
-
 @pytest.fixture
 def browser() -> Iterator[Any]:
     """Headless Chromium (Debian's, driven by Playwright)."""
-    from tests.integration.test_browser import CHROMIUM, FLAGS
-
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is missing: make test installs it (apt-get install chromium)")
     from playwright.sync_api import sync_playwright

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from tests.integration.conftest import REPO
+from harness.nodes import REPO
 
 
 def test_bench_spawn_prints_as_it_goes_and_can_skip_the_queued_load(engine):

@@ -7,32 +7,8 @@ the queued session starting when the first one stops.
 
 from __future__ import annotations
 
-import shutil
-from typing import Any
-
-from tests.integration.conftest import local_gpu_node
-from tests.integration.hub import PASSWORD, Hub
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def log_in(browser: Any, hub: Hub, user: str) -> Any:
-    page = browser.new_context().new_page()
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("input[name=username]", user)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("#login_submit")
-    page.wait_for_url("**/hub/spawn**", timeout=30_000)
-    return page
+from harness.browser import log_in
+from harness.nodes import local_gpu_node
 
 
 def test_a_notebook_then_a_queue_that_moves_in_a_real_browser(make_hub, browser, tmp_path):

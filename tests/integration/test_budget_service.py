@@ -23,17 +23,16 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler_core.store import Store
-from tests.integration.conftest import local_gpu_node
-from tests.integration.hub import (
+from harness.browser import CHROMIUM, FLAGS
+from harness.hub import (
     PASSWORD,
     Hub,
-    free_port,
-    hub_config,
     new_hub_name,
     remove_containers,
+    start_hub,
 )
-from tests.integration.test_browser import CHROMIUM, FLAGS
+from harness.nodes import local_gpu_node
+from scheduler_core.store import Store
 
 ONE_GPU = {"profile": "gpu-notebook", "gpus": 1}
 PREFIX = "/services/budget/"
@@ -93,29 +92,23 @@ def ctx(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ctx]:
     store_url = f"sqlite:///{directory}/store/budgethub.sqlite"
     with Store.create(store_url) as store:  # an hour of nlp usage, ended an hour ago
         store.add_usage("nlp", "gpu", time.time() - 7200, time.time() - 3600, 3600.0)
-    port = free_port()
-    hub_name = new_hub_name(__name__ + "::ctx")
-    config = hub_config(
-        directory=directory,
-        port=port,
-        hub_port=free_port(),
-        proxy_api_port=free_port(),
-        hub_name=hub_name,
+    hub = start_hub(
+        directory,
+        hub_name=new_hub_name(__name__ + "::ctx"),
         nodes=[local_gpu_node(gpus=2)],
         teams=TEAMS,
         groups=GROUPS,
         extra=f"c.BudgetScheduler.store_url = {store_url!r}",
     )
-    hub = Hub(directory, config, port)
-    hub.start()
     c = Ctx()
-    c.hub, c.store_url, c.directory, c.config, c.port = hub, store_url, directory, config, port
+    c.hub, c.store_url, c.directory = hub, store_url, directory
+    c.config, c.port = hub.config_path.read_text(), hub.port
     c.tokens = {user: c.token(user) for user in ("uxann", "uxcy", "uxbo", "boss")}
     try:
         yield c
     finally:
         c.hub.stop()
-        remove_containers(hub_name)
+        remove_containers(c.hub.hub_name)
 
 
 def test_the_hub_starts_the_service_and_lists_it(ctx: Ctx) -> None:

@@ -6,9 +6,8 @@ import subprocess
 
 import docker
 
-from tests.integration.conftest import NODE, REPO, cpu_node, local_gpu_node
-from tests.integration.hub import HUB_OWNERS, containers
-from tests.integration.test_queue import ONE_GPU, positions, queue_events, wait_for
+from harness.hub import HUB_OWNERS, containers, positions, queue_events, wait_for
+from harness.nodes import NODE, ONE_GPU, REPO, cpu_node, local_gpu_node
 
 
 def test_gpu_profile_lands_on_the_gpu_node_and_dataprep_on_the_cpu_node(

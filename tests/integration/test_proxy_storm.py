@@ -21,15 +21,15 @@ from typing import Any
 
 import requests
 
-from tests.integration.conftest import local_gpu_node
-from tests.integration.hub import ADMIN_TOKEN, Hub, containers
+from harness.hub import ADMIN_TOKEN, Hub, containers
+from harness.nodes import local_gpu_node
 
 ONE_GPU = {"profile": "gpu-notebook", "gpus": 1}
 USERS = [f"storm{i:02d}" for i in range(50)]
 KEEP_OPEN = 8
 """Spawn pages left open through the storm (the others are dropped after one event)."""
 HARNESS_FILES = {"jupyterhub.log", "jupyterhub_config.py"}
-"""Written by the tests' harness (tests/integration/hub.py), not by the Hub."""
+"""Written by the tests' harness (harness/hub.py), not by the Hub."""
 PROBE_LIMIT = 2000
 """Most API round trips one probe makes during the storm (bounded loop)."""
 

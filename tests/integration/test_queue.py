@@ -6,34 +6,8 @@ import threading
 import time
 from typing import Any
 
-from tests.integration.conftest import local_gpu_node
-from tests.integration.hub import Hub, containers
-
-ONE_GPU = {"profile": "gpu-notebook", "gpus": 1}
-
-
-def queue_events(hub: Hub, user: str, found: list[dict[str, Any]], stop: threading.Event) -> None:
-    """Collect a pending spawn's progress events until told to stop (or the spawn ends)."""
-    try:
-        for event in hub.progress(user, limit=120):
-            found.append(event)
-            if stop.is_set() or event.get("ready") or event.get("failed"):
-                return
-    except Exception as error:  # the stream ends when the spawn does
-        found.append({"error": str(error)})
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def positions(events: list[dict[str, Any]]) -> list[int]:
-    return [e["queue"]["position"] for e in events if "queue" in e]
+from harness.hub import containers, positions, queue_events, wait_for
+from harness.nodes import ONE_GPU, local_gpu_node, preemption_hub
 
 
 def test_a_full_cluster_queues_with_positions_and_starts_in_turn(make_hub):
@@ -112,21 +86,6 @@ def test_a_spawn_that_waits_past_the_maximum_queue_wait_ends_with_a_message(make
     hub.stop_server("ann")
     time.sleep(2)
     assert [c.labels["org.budgethub.user"] for c in containers(hub.hub_name)] == []
-
-
-def preemption_hub(make_hub, **extra: Any) -> Hub:
-    """One GPU; ann (nlp) is funded, gus (guests, no share) runs unallocated and may be
-    displaced a second after he starts."""
-    return make_hub(
-        nodes=[local_gpu_node(gpus=1)],
-        teams=[
-            {"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}},
-            {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
-        ],
-        groups={"nlp": ["ann"], "guests": ["gus"]},
-        extra="c.BudgetScheduler.unallocated_grace = 1.0",
-        **extra,
-    )
 
 
 def test_a_funded_request_displaces_an_unallocated_session_and_its_user_sees_why(make_hub):

@@ -19,17 +19,17 @@ from typing import Any
 
 import pytest
 
-from scheduler_core.store import Store
-from tests.integration.conftest import NODE, cpu_node, local_gpu_node
-from tests.integration.hub import (
+from harness.hub import (
     HUB_OWNERS,
     Hub,
+    booked,
     containers,
-    free_port,
-    hub_config,
+    hub_kill,
     remove_containers,
+    start_hub,
+    wait_for,
 )
-from tests.integration.test_queue import ONE_GPU, wait_for
+from harness.nodes import NODE, ONE_GPU, cpu_node, local_gpu_node
 
 SMALL = {
     "slug": "small",
@@ -44,26 +44,6 @@ SMALL = {
     "min_runtime": "1h",
     "max_min_runtime": "8h",
 }
-
-
-def hub_kill(hub: Hub) -> None:
-    """SIGKILL the Hub and its proxy (no clean shutdown at all)."""
-    assert hub.process is not None
-    os.killpg(hub.process.pid, signal.SIGKILL)
-    hub.process.wait(timeout=30)
-    hub.process = None
-
-
-def booked(hub: Hub) -> dict[str, set[str]]:
-    """Slices booked in the scheduler's store, per request."""
-    store = Store.create(f"sqlite:///{hub.directory}/budgethub.sqlite")
-    try:
-        return {
-            a.id: {s.device_id for g in a.grants for s in g.slices}
-            for a in store.active_allocations()
-        }
-    finally:
-        store.engine.dispose()
 
 
 def running(hub: Hub, engine: str | None = None) -> dict[str, Any]:
@@ -267,25 +247,15 @@ def test_two_hubs_on_one_engine_keep_their_own_sessions(make_hub, tmp_path):
     first = make_hub(nodes=[local_gpu_node(gpus=1)])
     directory = tmp_path / "second"
     directory.mkdir()
-    port = free_port()
-    second_name = f"{first.hub_name}-b"  # type: ignore[attr-defined]
-    HUB_OWNERS[second_name] = HUB_OWNERS[first.hub_name]  # type: ignore[attr-defined]
-    second = Hub(
+    second_name = f"{first.hub_name}-b"
+    HUB_OWNERS[second_name] = HUB_OWNERS[first.hub_name]
+    second = start_hub(
         directory,
-        hub_config(
-            directory=directory,
-            port=port,
-            hub_port=free_port(),
-            proxy_api_port=free_port(),
-            hub_name=second_name,
-            nodes=[local_gpu_node(gpus=1)],
-            teams=[{"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}}],
-            groups={"nlp": ["ann"]},
-        ),
-        port,
+        hub_name=second_name,
+        nodes=[local_gpu_node(gpus=1)],
+        teams=[{"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}}],
+        groups={"nlp": ["ann"]},
     )
-    second.hub_name = second_name  # type: ignore[attr-defined]
-    second.start()
     try:
         first.spawn("ann", ONE_GPU)
         first.wait_ready("ann")

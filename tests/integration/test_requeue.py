@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import time
 
+from harness.hub import booked, containers, wait_for
+from harness.nodes import local_gpu_node, preemption_hub
 from scheduler_core.store import Store
-from tests.integration.conftest import local_gpu_node
-from tests.integration.hub import containers
-from tests.integration.test_queue import preemption_hub, wait_for
-from tests.integration.test_reliability import booked
 
 
 def profile(slug: str, **extra: object) -> dict[str, object]:

@@ -24,13 +24,12 @@ import docker
 import pytest
 import requests
 
+from harness.browser import log_in
+from harness.hub import Hub, containers, wait_for
+from harness.kernels import Kernel, Server, toy_wheel
+from harness.nodes import local_gpu_node
+from harness.tlsnode import TlsNode
 from scheduler_core.store import SnapshotRecord, Store
-from tests.integration.conftest import local_gpu_node
-from tests.integration.hub import Hub, containers
-from tests.integration.kernels import Kernel, Server, toy_wheel
-from tests.integration.test_browser import log_in
-from tests.integration.test_queue import wait_for
-from tests.integration.tlsnode import TlsNode
 
 IMAGE = "budgethub/dataprep:latest"
 """The session image with pandas and numpy (the extension is in every image)."""

@@ -6,8 +6,8 @@ import json
 import sqlite3
 from pathlib import Path
 
-from tests.integration.conftest import local_gpu_node
-from tests.integration.hub import containers
+from harness.hub import containers
+from harness.nodes import local_gpu_node
 
 
 def active_slices(directory: Path) -> int:

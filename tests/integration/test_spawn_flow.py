@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.integration.conftest import cpu_node, local_gpu_node
-from tests.integration.hub import PASSWORD, Hub
-from tests.integration.test_queue import ONE_GPU, queue_events, wait_for
+from harness.hub import PASSWORD, Hub, queue_events, wait_for
+from harness.nodes import ONE_GPU, cpu_node, local_gpu_node
 
 ADMIN_PASSWORD = "budgethub-test-admin-password-0123456789"
 ADMIN = (

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.integration.conftest import local_gpu_node
-from tests.integration.hub import Hub, containers
-from tests.integration.test_queue import ONE_GPU, wait_for
-from tests.integration.tlsnode import TlsNode, make_certificates
+from harness.hub import Hub, containers, wait_for
+from harness.nodes import ONE_GPU, local_gpu_node
+from harness.tlsnode import TlsNode, make_certificates
 
 LABEL = "org.budgethub"
 

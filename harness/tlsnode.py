@@ -31,7 +31,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from spawner.nodes import docker_client
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 ENGINE = REPO / "scripts" / "engine"
 RUN_DIR = Path("/var/run/budgethub")
 IMAGES = ("budgethub/base:latest", "budgethub/gpu:latest")

@@ -14,13 +14,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import requests
 
+from scheduler_core.store import Store
 from spawner.nodes import docker_client
 
 VENV_BIN = Path(sys.executable).parent
@@ -115,11 +117,43 @@ def hub_config(
     return "\n".join(lines) + "\n"
 
 
+def start_hub(
+    directory: Path,
+    *,
+    hub_name: str,
+    nodes: list[dict[str, Any]],
+    teams: list[dict[str, Any]],
+    groups: dict[str, list[str]],
+    start: bool = True,
+    **config: Any,
+) -> Hub:
+    """A Hub in ``directory`` on three fresh loopback ports, started unless ``start`` is
+    False; ``config`` goes to `hub_config` (pools, profiles, extra lines)."""
+    port = free_port()
+    text = hub_config(
+        directory=directory,
+        port=port,
+        hub_port=free_port(),
+        proxy_api_port=free_port(),
+        hub_name=hub_name,
+        nodes=nodes,
+        teams=teams,
+        groups=groups,
+        **config,
+    )
+    hub = Hub(directory, text, port, hub_name)
+    if start:
+        hub.start()
+    return hub
+
+
 class Hub:
     """A JupyterHub process and a REST client for it."""
 
-    def __init__(self, directory: Path, config: str, port: int) -> None:
+    def __init__(self, directory: Path, config: str, port: int, hub_name: str = "") -> None:
         self.directory = directory
+        self.hub_name = hub_name
+        """The label of this Hub's containers (``BudgetScheduler.hub_name``)."""
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.api = f"{self.url}/hub/api"
@@ -254,6 +288,51 @@ class Hub:
         )
         assert response.status_code == 302, response.text[:300]
         return browser
+
+
+def queue_events(hub: Hub, user: str, found: list[dict[str, Any]], stop: threading.Event) -> None:
+    """Collect a pending spawn's progress events until told to stop (or the spawn ends)."""
+    try:
+        for event in hub.progress(user, limit=120):
+            found.append(event)
+            if stop.is_set() or event.get("ready") or event.get("failed"):
+                return
+    except Exception as error:  # the stream ends when the spawn does
+        found.append({"error": str(error)})
+
+
+def positions(events: list[dict[str, Any]]) -> list[int]:
+    return [e["queue"]["position"] for e in events if "queue" in e]
+
+
+def hub_kill(hub: Hub) -> None:
+    """SIGKILL the Hub and its proxy (no clean shutdown at all)."""
+    assert hub.process is not None
+    os.killpg(hub.process.pid, signal.SIGKILL)
+    hub.process.wait(timeout=30)
+    hub.process = None
+
+
+def booked(hub: Hub) -> dict[str, set[str]]:
+    """Slices booked in the scheduler's store, per request."""
+    store = Store.create(f"sqlite:///{hub.directory}/budgethub.sqlite")
+    try:
+        return {
+            a.id: {s.device_id for g in a.grants for s in g.slices}
+            for a in store.active_allocations()
+        }
+    finally:
+        store.engine.dispose()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 0.2 s until it is true; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def containers(

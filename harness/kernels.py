@@ -15,7 +15,7 @@ from typing import Any
 import websocket
 from budgethub_session.harness import execute_request
 
-from tests.integration.hub import ADMIN_TOKEN, Hub
+from harness.hub import ADMIN_TOKEN, Hub
 
 
 @dataclass

@@ -1,0 +1,6 @@
+"""The test harness: a real JupyterHub with BudgetSpawner in a subprocess, kernels,
+a TLS node in a network namespace, and the builders tests and benchmarks share.
+
+It lives beside ``tests/`` and ``bench/``, not in either, so both import it and neither
+imports the other's harness.
+"""

@@ -1,0 +1,61 @@
+"""Builders for the Hub's configuration: nodes, teams and the spawn options tests use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness.hub import Hub
+
+REPO = Path(__file__).resolve().parents[1]
+"""The checkout."""
+NODE = "bhprep"
+"""The second engine's name (scripts/engine node NAME; its pid file is
+/var/run/budgethub/NAME.pid)."""
+
+ONE_GPU = {"profile": "gpu-notebook", "gpus": 1}
+"""Spawn options for one whole GPU of the default GPU profile."""
+
+
+def demo_teams() -> list[dict[str, Any]]:
+    """Two teams with half of each pool: nlp and vision."""
+    return [
+        {"name": "nlp", "share": {"gpu": 0.5, "cpu": 0.5}},
+        {"name": "vision", "share": {"gpu": 0.5, "cpu": 0.5}},
+    ]
+
+
+def local_gpu_node(gpus: int = 2, **extra: Any) -> dict[str, Any]:
+    """A GPU node on the default engine (fake GPUs: nothing here has a real one)."""
+    node = {"name": "gpu-1", "pool": "gpu", "gpus": gpus, "cpus": 8, "memory_gib": 16}
+    node.update(extra)
+    return node
+
+
+def cpu_node(storage_path: str, **extra: Any) -> dict[str, Any]:
+    """A CPU node next to storage ``weka-a`` at ``storage_path``."""
+    node = {
+        "name": "prep-1",
+        "pool": "cpu",
+        "cpus": 8,
+        "memory_gib": 16,
+        "storage": {"weka-a": storage_path},
+    }
+    node.update(extra)
+    return node
+
+
+def preemption_hub(make_hub: Callable[..., Hub], **extra: Any) -> Hub:
+    """One GPU; ann (nlp) is funded, gus (guests, no share) runs unallocated and may be
+    displaced a second after he starts."""
+    return make_hub(
+        nodes=[local_gpu_node(gpus=1)],
+        teams=[
+            {"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}},
+            {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
+        ],
+        groups={"nlp": ["ann"], "guests": ["gus"]},
+        extra="c.BudgetScheduler.unallocated_grace = 1.0",
+        **extra,
+    )
