@@ -1,8 +1,9 @@
 """Every rule of the scheduling contract as one frozen settings object.
 
-The defaults are the ones the scheduling contract in docs/architecture.md names;
-`jupyterhub_config.py` and a scenario's ``policy`` object override them field by
-field. Durations are seconds.
+The rules they tune are those of the scheduling contract in docs/architecture.md
+(cited by rule ID); docs/configuration.md lists them, generated from this class by
+spawner/configdoc.py. `jupyterhub_config.py` and a scenario's ``policy`` object
+override them field by field. Durations are seconds.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class LegacyPreemption(enum.StrEnum):
 
 
 class PlacementStrategy(enum.StrEnum):
-    """How free slices are chosen (see placement.py)."""
+    """How free slices are chosen (capacity.py, rule R3)."""
 
     BEST_FIT = "best-fit"
     WORST_FIT = "worst-fit"
@@ -41,69 +42,56 @@ class Settings:
     """The scheduler's knobs, each with its documented default."""
 
     name: str = "budget"
-    """Policy name, looked up in the policy registry."""
+    """The policy, by its name in the registry: ``budget``, or a baseline (``legacy``,
+    ``fairshare``, ``quota``, ``fifo``)."""
     lookback: float = 7 * DAY
-    """Sliding window over which charged usage counts towards the occupancy ratio."""
+    """Sliding window of charged usage behind a team's occupancy ratio (rules R1, R2)."""
     max_min_runtime: float = 8 * HOUR
-    """Cap on any request's protected minimum runtime."""
+    """Cap on any request's protected minimum runtime; also what stopping a gang counts
+    as costing, at its size (S8), and the cap on a stopped debug session's doubled
+    protection (S2)."""
     default_min_runtime: float = 1 * HOUR
-    """Minimum runtime of a request that names none (then capped by the class rules);
-    a day slice shorter than this stops only sessions that resume (policy.py)."""
+    """Minimum runtime of a request that names none (then capped by its class); a day
+    slice shorter than this stops only sessions that resume (S5)."""
     debug_min_runtime: float = 15 * 60
-    """Cap on the minimum runtime of `debug` requests; also the shortest day slice."""
+    """Cap on the minimum runtime of ``debug`` requests (S1); also the shortest day
+    slice (S5)."""
     debug_max_gpus: int = 2
-    """A debug request may hold at most this many GPU-equivalents."""
+    """GPU-equivalents a debug request may hold; a larger one is refused."""
     unallocated_grace: float = 60.0
-    """Unallocated sessions cannot be preempted during their first this-many seconds."""
+    """An unallocated session is not preempted during its first this-many seconds (R4)."""
     cycle_tick: float = 30.0
-    """Seconds between periodic ticks (cycles also run on every event)."""
+    """Seconds between periodic ticks; cycles also run on every event."""
     budget_recheck: float = 300.0
-    """A tick with nothing changed since the last cycle runs one only this often:
-    with no event, only the slow drift of budgets over the window can change a decision."""
+    """A tick with nothing changed since the last cycle runs one only this often: with
+    no event, only the slow drift of budgets over the window can change a decision."""
     starvation_bound: float = 2 * HOUR
-    """A request pending longer than this gets a reservation."""
+    """A funded request waiting longer than this holds nodes (R7)."""
     max_reservations_per_pool: int = 1
-    """At most this many reservations hold nodes in one pool at once. One by default:
-    every hold drains nodes, and a second one cost more than it gave on the family of
-    workloads up to 512 GPUs (the policy module's docstring, "One hold per pool")."""
+    """Holds at once in one pool (R7)."""
     guaranteed_share: float = 1.0
-    """A request is funded, whatever its team's budget over the window, while the
-    team's funded sessions in the pool plus the request hold at most this multiple of
-    the team's share of the pool (its allocation now); 0: only the window budget funds."""
+    """A request is funded, whatever its team's window budget, while the team's funded
+    sessions in the pool plus the request hold at most this multiple of the team's
+    share (R2); jobs larger than it run in day slices (S5); 0: only the window budget
+    funds, and there are no day slices."""
     funded_burst: float = 1.25
-    """Funding from the window budget stops where the team's funded sessions in the
-    pool would hold more than this multiple of its share at once (a request bigger
-    than that is funded only while the team has no other funded session there; with
-    ``guaranteed_share`` on, the budget policy funds a request larger than the share
-    from the team's last day instead, beside work within the share); 0: no cap. Work
-    beyond it runs unallocated, on idle capacity. 1.25 rather than 1.5: at saturation a
-    team's burst holds GPUs for its protected window that a team under its share then
-    waits for; on bench.family, budget alone, paired against 1.5, the worst team's
-    daily figure rose by 0.10 / 0.21 / 1.41 points on average (88 and 256 GPUs, seeds
-    1-8 / 9-16; 1,024 GPUs, seeds 1-2) and work lost fell by 4-10 % (README, "Family")."""
+    """The window budget funds a team's sessions in a pool up to this multiple of its
+    share at once, unless the request is the team's only funded session there (R2);
+    0: no cap."""
     day_rank_weight: float = 0.3
-    """Weight of a team's last day in its rank (rules 1 and 4), from 0 to 1: the rank
-    ratio is (1 - w) x the window's ratio + w x the last day's (each: units charged,
-    plus what running funded sessions are still certain to be charged, over the share
-    of that span). Funding (rule 2) keeps the window's ratio alone. 0: the window
-    alone. Why: the window ranks a team by its week, so one that ran hard earlier in
-    the week stays behind for days, and while it is short it may stop no work of the
-    teams ahead of it, even of teams over their share now. On bench.family, budget
-    alone, paired against 0, runs within the bars rose 89 -> 95 / 89 -> 93 of 96 (88
-    and 256 GPUs, seeds 1-8 / 9-16; README, "Family", "The last day in the rank")."""
+    """Weight, from 0 to 1, of a team's last day in its rank (R1, and R4's rank test):
+    (1 - w) x the window's ratio + w x the last day's. Funding keeps the window's ratio
+    alone (R2); 0: the window alone."""
     placement: PlacementStrategy = PlacementStrategy.BEST_FIT
-    """Which free slices a request gets."""
+    """Which free slices a request gets (R3): ``best-fit``, ``worst-fit`` or
+    ``first-fit``."""
     idle_release: float = 0.0
-    """A funded session idle this long, past its protected window, may be stopped for a
-    funded request of any team, not only of a team further under its share (its work
-    is snapshotted, so little is lost); 0: never. Idle sessions are always the first
-    victims among those a request may stop."""
+    """A funded session idle this long, and past its protected window, may be stopped
+    for a funded request of any team (R4; it is snapshotted); 0: never."""
     own_slice_after: float = 2 * HOUR
     """A job larger than its team's share that has waited this long beside other funded
-    work of its team is funded from the team's day (as its only job would be) and may
-    stop that work once all of it is resumable and past protection, while the team's
-    later batch work waits unfunded behind it: the team time-slices itself. Its victims
-    are resumable sessions only, its own team's or others' by the usual rules; 0: never."""
+    work of its team is funded from the team's day and may stop that work once all of
+    it resumes (S6); 0: never."""
     fairshare_half_life: float = 7 * DAY
     """``fairshare`` baseline: usage loses half its weight after this long (Slurm's
     PriorityDecayHalfLife)."""
@@ -113,9 +101,9 @@ class Settings:
     """``fairshare`` baseline: weight of the age factor next to the fair-share factor's 1
     (PriorityWeightAge / PriorityWeightFairshare; Slurm sites often use 1000 / 10000)."""
     legacy_preemption: LegacyPreemption = LegacyPreemption.PRIORITY
-    """``legacy`` baseline: ``priority`` (default) lets non-preemptible work stop only
-    preemptible sessions of strictly lower declared priority, as priority-class
-    schedulers do (the seed's "before": debug p90 of hours); ``limit`` lets it stop any."""
+    """``legacy`` baseline: ``priority`` lets non-preemptible work stop only preemptible
+    sessions of strictly lower declared priority, as priority-class schedulers do;
+    ``limit`` lets it stop any."""
 
     def capped_min_runtime(self, requested: float | None, klass: str) -> float:
         """The protected minimum runtime a request actually gets."""

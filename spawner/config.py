@@ -96,7 +96,7 @@ def parse_nodes(
 class SchedulerConfig(SingletonConfigurable):
     """The settings of the budget scheduler embedded in the Hub (``c.BudgetScheduler``)."""
 
-    # -- the core's settings (docs/architecture.md), one trait each -------------
+    # -- the core's settings (rule IDs: docs/architecture.md), one trait each ----
 
     policy = Unicode("budget", help="Policy by name (`budget`, or a registered baseline).").tag(
         config=True
@@ -108,51 +108,53 @@ class SchedulerConfig(SingletonConfigurable):
     default_min_runtime = Float(
         3600.0, help="Minimum runtime of a session whose profile names none, seconds."
     ).tag(config=True)
-    debug_min_runtime = Float(900.0, help="Cap on a debug session's minimum runtime, seconds.").tag(
-        config=True
-    )
+    debug_min_runtime = Float(
+        900.0, help="Cap on a debug session's minimum runtime, seconds (S1)."
+    ).tag(config=True)
     debug_max_gpus = Integer(2, help="Most GPUs a debug session may hold.").tag(config=True)
     unallocated_grace = Float(
-        60.0, help="Seconds an unallocated session runs before it may be preempted."
+        60.0, help="Seconds an unallocated session runs before it may be preempted (R4)."
     ).tag(config=True)
     cycle_tick = Float(30.0, help="Seconds between periodic scheduling cycles.").tag(config=True)
     budget_recheck = Float(
         300.0, help="Seconds after which a periodic cycle weighs the whole queue again."
     ).tag(config=True)
     starvation_bound = Float(
-        7200.0, help="Seconds a request waits before it gets a reservation."
+        7200.0, help="Seconds a funded request waits before it holds nodes (R7)."
     ).tag(config=True)
     max_reservations_per_pool = Integer(
-        1, help="Most reservations (nodes held for one starving request) at once in a pool."
+        1, help="Most holds (nodes held for one starving request) at once in a pool (R7)."
     ).tag(config=True)
     guaranteed_share = Float(
         1.0,
         help="""A session is funded, whatever the team's budget over the window, while the
-        team's funded sessions in the pool stay within this multiple of its share (0: off).""",
+        team's funded sessions in the pool stay within this multiple of its share (R2); a job
+        larger than that runs in day slices (S5). 0: off, and no day slices.""",
     ).tag(config=True)
     funded_burst = Float(
         1.25,
         help="""The window budget funds a team's sessions up to this multiple of its share
-        of the pool at once; beyond, they run unallocated (0: no cap).""",
+        of the pool at once; beyond, they run unallocated (R2; 0: no cap).""",
     ).tag(config=True)
     day_rank_weight = Float(
         0.3,
         help="""Weight, from 0 to 1, of a team's last day in its rank against other teams
         (who goes first, and whose work past protection a request may stop); the rest is
-        its ratio over the window. Funding keeps the window alone (0: the window alone).""",
+        its ratio over the window (R1, R4). Funding keeps the window alone (0: the window
+        alone).""",
     ).tag(config=True)
-    placement = Unicode("best-fit", help="best-fit, worst-fit or first-fit.").tag(config=True)
+    placement = Unicode("best-fit", help="best-fit, worst-fit or first-fit (R3).").tag(config=True)
     idle_release = Float(
         0.0,
         help="""Seconds a funded session must be idle (no kernel busy, no activity), past its
         protected window, before a funded request of any team may snapshot and release it
-        (0: never). Idle sessions are always the first victims.""",
+        (R4; 0: never). Idle sessions are always the first victims.""",
     ).tag(config=True)
     own_slice_after = Float(
         7200.0,
         help="""Seconds a job larger than its team's share must wait beside other funded
         work of its team before it is funded from the team's day and may stop that work
-        and other resumable work (the team time-slices itself; 0: never).""",
+        and other resumable work (the team time-slices itself, S6; 0: never).""",
     ).tag(config=True)
     policy_settings: Dict[str, Any] = Dict(
         help="""Settings of the policy that have no trait of their own (e.g. a baseline's),
@@ -246,7 +248,7 @@ class SchedulerConfig(SingletonConfigurable):
         running sessions, refuses new spawns with the reason, and tries again this often.""",
     ).tag(config=True)
 
-    # -- homes and snapshots (README "Snapshots") ---------------------------------
+    # -- homes and snapshots (docs/snapshots.md) ---------------------------------
 
     home_root = Unicode(
         "",
