@@ -31,9 +31,17 @@ from scheduler_core.settings import LegacyPreemption
 POLICIES = ("budget", "legacy", "fairshare", "quota", "fifo")
 BAR_S = 300.0
 """Five policies on the month within 5 minutes on 2 cores."""
+FIGURES = ("compare.wall_s", "compare.legacy_debug_p90_s", "compare.budget_debug_p90_s")
+"""The figures ``collect`` returns (bench/bars.toml)."""
 
 
 def main(argv: list[str] | None = None) -> int:
+    collect(argv)
+    return 0
+
+
+def collect(argv: list[str] | None = None) -> dict[str, float]:
+    """Print as ``main`` does; the figures (FIGURES)."""
     parser = argparse.ArgumentParser(prog="python -m bench.compare")
     parser.add_argument("seed", nargs="?", type=int, default=1)
     parser.add_argument("--report", metavar="DIR", help="also write the compare report here")
@@ -96,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{figures['fulfilment']:.1%}, worst {figures['worst_team']} "
         f"{figures['worst_fulfilment']:.1%}"
     )
-    return 0
+    return {
+        "compare.wall_s": wall,
+        "compare.legacy_debug_p90_s": float(theirs or 0.0),
+        "compare.budget_debug_p90_s": float(ours or 0.0),
+    }
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from scheduler_core.scheduler import Scheduler
 from scheduler_core.settings import Settings
 
 TEAMS = 15
+FIGURES = ("cycle.steady_median_ms", "cycle.steady_p95_ms", "cycle.cold_start_median_ms")
+"""The figures ``collect`` returns (bench/bars.toml holds their bars)."""
 
 
 class NullActuator:
@@ -177,7 +179,8 @@ def build_state(
     return scheduler, clock.t + 1.0
 
 
-def measure(steady: bool, runs: int) -> None:
+def measure(steady: bool, runs: int) -> tuple[float, float]:
+    """Print the cycle's figures; (median, p95) of ``decide`` in ms."""
     scheduler, now = build_state(steady=steady)
     t0 = time.perf_counter()
     view = scheduler.view(now)
@@ -201,11 +204,23 @@ def measure(steady: bool, runs: int) -> None:
         f"p95 {p95 * 1e3:.1f} ms over {len(timings)} runs "
         f"(taking the view: {taking * 1e3:.1f} ms)"
     )
+    return statistics.median(timings) * 1e3, p95 * 1e3
+
+
+def collect(argv: list[str] | None = None) -> dict[str, float]:
+    """Print as ``main`` does; the figures (FIGURES). ``argv``: [RUNS] (30)."""
+    runs = int(argv[0]) if argv else 30
+    steady, steady_p95 = measure(steady=True, runs=runs)
+    cold, _ = measure(steady=False, runs=max(3, runs // 10))
+    return {
+        "cycle.steady_median_ms": steady,
+        "cycle.steady_p95_ms": steady_p95,
+        "cycle.cold_start_median_ms": cold,
+    }
 
 
 def main(runs: int = 30) -> int:
-    measure(steady=True, runs=runs)
-    measure(steady=False, runs=max(3, runs // 10))
+    collect([str(runs)])
     return 0
 
 

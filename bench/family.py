@@ -70,6 +70,14 @@ LEGACY_RATIO_BAR = 5.0
 DEFAULT_PLOT = Path("out") / "bench" / "family.png"
 MIG_EVERY = 1024
 """One MIG-partitioned node per this many GPUs (none below)."""
+FIGURES = (
+    "family.debug_p90_s",
+    "family.occupancy",
+    "family.worst_team_daily",
+    "family.legacy_debug_ratio",
+)
+"""The figures ``collect`` returns, each the worst run's (bench/bars.toml): a bar holds
+where it holds on every seed of every cell."""
 
 
 @dataclass(frozen=True)
@@ -550,7 +558,37 @@ def _settings(option: str, items: Sequence[str]) -> list[tuple[str, float | str]
     return out
 
 
+def figures(budget: Sequence[Outcome], legacy: Sequence[Outcome]) -> dict[str, float]:
+    """The worst budget run's figure per bar (FIGURES); the legacy ratio is taken run by
+    run on the same scenario (cell and seed): inf where budget's debug p90 is 0 s, so
+    both at 0 s holds, as in ``verdict``."""
+    theirs = {(o.job.cell, o.job.seed): o.debug_p90_s for o in legacy}
+    ratios = []
+    for ours in budget:
+        other = theirs.get((ours.job.cell, ours.job.seed))
+        if other is None:
+            continue
+        ratios.append(other / ours.debug_p90_s if ours.debug_p90_s else math.inf)
+
+    def worst(values: Sequence[float], pick: Callable[[Sequence[float]], float]) -> float:
+        """NaN (judged outside) where there is none or one is NaN."""
+        return math.nan if not values or any(map(math.isnan, values)) else pick(values)
+
+    return {
+        "family.debug_p90_s": worst([o.debug_p90_s for o in budget], max),
+        "family.occupancy": worst([o.occupancy for o in budget], min),
+        "family.worst_team_daily": worst([o.worst_daily for o in budget], min),
+        "family.legacy_debug_ratio": worst(ratios, min),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
+    collect(argv)
+    return 0
+
+
+def collect(argv: list[str] | None = None) -> dict[str, float]:
+    """Run the grid as ``main`` does, printing the same; the figures (FIGURES)."""
     args = parser().parse_args(argv)
     if args.days < 1:
         parser().error(f"--days: {args.days} is not a number of days >= 1")
@@ -629,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
             title += ", " + ", ".join(f"{k}={v}" for k, v in settings)
         plot(args.plot, cells, outcomes, title)
         print(f"family: plot written to {args.plot}")
-    return 0
+    return figures(budget, legacy)
 
 
 def execute(jobs: Sequence[Job], workers: int) -> list[Outcome]:

@@ -37,9 +37,23 @@ CAUSES = (
     "part of a node free, too small for every waiting request",
     "other",
 )
+FIGURES = ("idle.idle_share",)
+"""The figures ``collect`` returns (bench/bars.toml)."""
+
+
+def collect(argv: list[str] | None = None) -> dict[str, float]:
+    """Print as ``main`` does; the figures (FIGURES). ``argv``: [SEED] (1)."""
+    return {"idle.idle_share": idle_share(int(argv[0]) if argv else 1)}
 
 
 def main(seed: int = 1) -> int:
+    idle_share(seed)
+    return 0
+
+
+def idle_share(seed: int) -> float:
+    """Simulate seed ``seed``'s month, print where its idle GPU time goes; the idle
+    GPUs on average as a share of the cluster's."""
     scenario = parse_scenario(seed_like(SeedLikeOptions(seed=seed)))
     gpu_pools = {p.name for p in scenario.pools if p.kind is PoolKind.GPU}
     capacity = sum(len(n.gpus) for n in scenario.nodes if n.pool in gpu_pools)
@@ -94,7 +108,7 @@ def main(seed: int = 1) -> int:
     for cause in CAUSES:
         gpus = seconds[cause] / horizon
         print(f"idle (seed {seed}):   {gpus:5.1f} GPUs ({gpus / capacity:.2%}) {cause}")
-    return 0
+    return total / capacity
 
 
 if __name__ == "__main__":

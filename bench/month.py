@@ -13,34 +13,63 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 
 from scheduler_core.metrics import result
 from scheduler_core.research.generator import SeedLikeOptions, seed_like
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.simulator import Simulation
 
+FIGURES = (
+    "month.simulated_s",
+    "month.worst_team_daily",
+    "month.worst_team_hourly",
+    "month.occupancy",
+    "month.debug_p90_s",
+)
+"""The figures ``collect`` returns, each the worst over the seeds (bench/bars.toml)."""
+
+
+def collect(argv: list[str] | None = None) -> dict[str, float]:
+    """Print as ``main`` does; the figures (FIGURES). ``argv``: the seeds ([1])."""
+    seeds = [int(arg) for arg in argv or []] or [1]
+    outcomes = [one(seed) for seed in seeds]
+    if len(outcomes) > 1:
+        spread(outcomes)
+    return {
+        "month.simulated_s": max(o[4] for o in outcomes),
+        "month.worst_team_daily": min(o[3] for o in outcomes),
+        "month.worst_team_hourly": min(o[2] for o in outcomes),
+        "month.occupancy": min(o[0] for o in outcomes),
+        "month.debug_p90_s": max(o[5] for o in outcomes),
+    }
+
 
 def main(seeds: list[int] | None = None) -> int:
-    outcomes = [one(seed) for seed in seeds or [1]]
-    if len(outcomes) > 1:
-        occupancy = [o[0] for o in outcomes]
-        fulfilment = [o[1] for o in outcomes]
-        worst = [o[2] for o in outcomes]
-        daily = [o[3] for o in outcomes]
-        print(
-            f"months: {len(outcomes)} seeds: occupancy {min(occupancy):.1%}-"
-            f"{max(occupancy):.1%}; fulfilment {min(fulfilment):.1%}-{max(fulfilment):.1%}; "
-            f"worst team {min(worst):.1%}-{max(worst):.1%} "
-            f"({sum(1 for w in worst if w >= 0.9)} of {len(worst)} seeds with every team >= 90%); "
-            f"worst team daily {min(daily):.1%}-{max(daily):.1%}"
-        )
+    collect([str(seed) for seed in seeds or [1]])
     return 0
 
 
-def one(seed: int) -> tuple[float, float, float, float]:
+def spread(outcomes: Sequence[tuple[float, ...]]) -> None:
+    """The seeds' range, one line."""
+    occupancy = [o[0] for o in outcomes]
+    fulfilment = [o[1] for o in outcomes]
+    worst = [o[2] for o in outcomes]
+    daily = [o[3] for o in outcomes]
+    print(
+        f"months: {len(outcomes)} seeds: occupancy {min(occupancy):.1%}-"
+        f"{max(occupancy):.1%}; fulfilment {min(fulfilment):.1%}-{max(fulfilment):.1%}; "
+        f"worst team {min(worst):.1%}-{max(worst):.1%} "
+        f"({sum(1 for w in worst if w >= 0.9)} of {len(worst)} seeds with every team >= 90%); "
+        f"worst team daily {min(daily):.1%}-{max(daily):.1%}"
+    )
+
+
+def one(seed: int) -> tuple[float, float, float, float, float, float]:
     """Simulate seed ``seed``'s month.
 
-    Returns (occupancy, fulfilment, worst team's fulfilment, worst team's daily fulfilment).
+    Returns (occupancy, fulfilment, worst team's fulfilment, worst team's daily
+    fulfilment, seconds to simulate it, debug p90 wait in seconds).
     """
     scenario = parse_scenario(seed_like(SeedLikeOptions(seed=seed)))
     started = time.perf_counter()
@@ -73,6 +102,8 @@ def one(seed: int) -> tuple[float, float, float, float]:
         metrics["fulfilment"],
         worst[1]["fulfilment"],
         daily[1]["daily_fulfilment"],
+        wall,
+        float(waits["debug"]["p90"] or 0.0),
     )
 
 

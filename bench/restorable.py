@@ -49,6 +49,8 @@ FAMILY: tuple[tuple[int, int, dict[str, Any]], ...] = (
     (256, 1, {"load": 1.2, "interactive_share": 0.35}),
     (88, 1, {"load": 1.2, "interactive_share": 0.35}),
 )
+FIGURES = ("restorable.lost_gpu_h", "restorable.lost_gpu_h_today")
+"""The figures ``collect`` returns (bench/bars.toml)."""
 
 
 def _fmt(seconds: float | None) -> str:
@@ -96,6 +98,15 @@ def run_variant(
 
 
 def main(argv: list[str]) -> int:
+    collect(argv)
+    return 0
+
+
+def collect(argv: list[str] | None = None) -> dict[str, float]:
+    """Print the table as ``main`` does; the work lost, today and restorable, summed over
+    the months (FIGURES)."""
+    argv = argv or []
+    lost: dict[str, float] = {}
     family = FAMILY[:1] if "--quick" in argv else FAMILY[3:] if "--busy" in argv else FAMILY
     print(
         f"{'month':<16} {'variant':<22} {'lost GPU-h':>10} {'nb wait p50':>11} "
@@ -107,6 +118,7 @@ def main(argv: list[str]) -> int:
         )
         for name, knobs, release in VARIANTS:
             out = run_variant(gpus, seed, mix, knobs, release)
+            lost[name] = lost.get(name, 0.0) + out["lost_h"]
             print(
                 f"{label:<16} {name:<22} {out['lost_h']:>10,.0f} "
                 f"{_fmt(out['first_p50']):>11} {_fmt(out['first_p90']):>7} "
@@ -114,7 +126,10 @@ def main(argv: list[str]) -> int:
                 f"{out['occupancy']:>7.1%} {out['worst_daily']:>9.1%} {out['wall']:>5.0f}s",
                 flush=True,
             )
-    return 0
+    return {
+        "restorable.lost_gpu_h": lost["restorable"],
+        "restorable.lost_gpu_h_today": lost["today"],
+    }
 
 
 if __name__ == "__main__":

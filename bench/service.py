@@ -145,6 +145,9 @@ def seed(
     return now
 
 
+FIGURES = ("service.api_p95_ms", "service.page_p95_ms", "service.rebuild_ms")
+"""The figures ``collect`` returns (bench/bars.toml)."""
+
 ROUTES = ("api/v1/me", "api/v1/teams", "api/v1/queue", "api/v1/nodes", "my", "teams", "queue")
 
 
@@ -181,6 +184,12 @@ async def measure(store: Store, requests: int) -> dict[str, list[float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    collect(argv)
+    return 0
+
+
+def collect(argv: list[str] | None = None) -> dict[str, float]:
+    """Measure and print as ``main`` does; the figures (FIGURES)."""
     parser = argparse.ArgumentParser(prog="python -m bench.service")
     parser.add_argument("--requests", type=int, default=2000)
     args = parser.parse_args(argv)
@@ -225,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         store.close()
-    return 0
+    return {
+        "service.api_p95_ms": percentile(api, 95),
+        "service.page_p95_ms": percentile(pages, 95),
+        "service.rebuild_ms": statistics.median(builds),
+    }
 
 
 def percentile(values: list[float], q: float) -> float:

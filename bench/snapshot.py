@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -52,6 +53,17 @@ ARRAYS = 8
 ARRAY_MIB = 128
 """8 x 128 MiB: 1 GiB of kernel variables, and the same again as files in the home."""
 OPTIONS = {"profile": "bench", "gpus": 1}
+FIGURES = (
+    "snapshot.settled_slices_free_s",
+    "snapshot.hot_slices_free_s",
+    "snapshot.settled_restore_s",
+    "snapshot.hot_restore_s",
+    "snapshot.disk_floor_s",
+    "snapshot.settled_restore_vs_disk_s",
+    "snapshot.hot_restore_vs_disk_s",
+)
+"""The figures ``collect`` returns (bench/bars.toml): each case's only where it ran, and
+none where the image lacks numpy or the session package (the run is skipped)."""
 
 
 def profiles(image: str) -> list[dict[str, Any]]:
@@ -390,6 +402,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     state_mb = ARRAYS * args.array_mib * 2**20 / 1e6
     aim = 2 * state_mb / read
     for r in results:
+        r["disk_floor_s"] = aim
+    for r in results:
         size = f"{state_mb / 1e3:.1f} GB" if state_mb >= 1e3 else f"{state_mb:.0f} MB"
         case = f"hot ({size} delta unflushed)" if r["hot"] else "settled (checkpoint done)"
         if args.cold:
@@ -416,6 +430,25 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
         f"{os.getloadavg()[0]:.1f} after (2 cores)"
     )
     return results
+
+
+def figures(results: list[dict[str, Any]]) -> dict[str, float]:
+    """``main``'s results as the figures of bench/bars.toml (FIGURES). A slices-free time
+    the actuator did not log is NaN, which no bar holds."""
+    out: dict[str, float] = {}
+    for r in results:
+        case = "hot" if r["hot"] else "settled"
+        logged = r["slices_free_logged_s"]
+        out[f"snapshot.{case}_slices_free_s"] = math.nan if logged is None else float(logged)
+        out[f"snapshot.{case}_restore_s"] = float(r["restore_available_s"])
+        out[f"snapshot.{case}_restore_vs_disk_s"] = float(r["restore_available_s"])
+        out["snapshot.disk_floor_s"] = float(r["disk_floor_s"])
+    return out
+
+
+def collect(argv: list[str] | None = None) -> dict[str, float]:
+    """Run as ``main`` does, printing the same; the figures (FIGURES)."""
+    return figures(main(argv) or [])
 
 
 if __name__ == "__main__":

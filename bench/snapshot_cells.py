@@ -31,6 +31,9 @@ IMAGES = ("budgethub/gpu:latest", "budgethub/dataprep:latest")
 SESSION_PACKAGE = Path(__file__).resolve().parents[1] / "images" / "session"
 EXTENSION = "budgethub_session.checkpoint"
 CELLS = 50
+FIGURES = ("snapshot_cells.added_pct",)
+"""The figures ``collect`` returns (bench/bars.toml); none where no image or venv has
+the extension (the run is skipped)."""
 
 # Runs inside the container: drives kernels with jupyter_client, prints one JSON line.
 DRIVER = r"""
@@ -262,6 +265,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         f"last delta on disk {settled_s:.2f} s after the last cell"
     )
     return figures
+
+
+def collect(argv: list[str] | None = None) -> dict[str, float]:
+    """Run as ``main`` does, printing the same; the figures (FIGURES), none if skipped."""
+    figures = main(argv)
+    if figures is None:
+        return {}
+    return {"snapshot_cells.added_pct": float(figures["median_added_pct"])}
 
 
 if __name__ == "__main__":

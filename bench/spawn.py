@@ -36,6 +36,20 @@ from harness.hub import Hub, free_port, remove_containers, start_hub
 
 IMAGE = "budgethub/gpu:latest"
 DEBUG = {"profile": "debug", "slices": "gpu-250m"}
+FIGURES = (
+    "spawn.dockerspawner_s",
+    "spawn.budget_s",
+    "spawn.bare_container_s",
+    "spawn.budget_over_bare_s",
+    "spawn.dockerspawner_concurrent_s",
+    "spawn.budget_concurrent_s",
+    "spawn.budget_stop_concurrent_s",
+    "spawn.grant_max_ms",
+    "spawn.hub_api_idle_p99_ms",
+    "spawn.hub_api_queued_p99_ms",
+)
+"""The figures ``collect`` returns (bench/bars.toml); the ratios to DockerSpawner and to
+the bare container are taken there, from the figures of the same run."""
 
 DOCKERSPAWNER = """
 from dockerspawner import DockerSpawner
@@ -305,6 +319,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for container in client.containers.list(all=True, filters={"name": "bench-ds-"}):
             container.remove(force=True)
     return results
+
+
+def figures(results: dict[str, Any]) -> dict[str, float]:
+    """``main``'s results as the figures of bench/bars.toml (FIGURES); the queued-load
+    figure only where that part ran."""
+    budget = results["sequential_median_s"]["budget"]
+    [concurrent] = [v for k, v in results.items() if k.startswith("concurrent_")]
+    out = {
+        "spawn.dockerspawner_s": results["sequential_median_s"]["dockerspawner"],
+        "spawn.budget_s": budget,
+        "spawn.bare_container_s": results["bare_container_median_s"],
+        "spawn.budget_over_bare_s": budget,
+        "spawn.dockerspawner_concurrent_s": concurrent["dockerspawner"]["spawn_median_s"],
+        "spawn.budget_concurrent_s": concurrent["budget"]["spawn_median_s"],
+        "spawn.budget_stop_concurrent_s": concurrent["budget"]["stop_median_s"],
+        "spawn.grant_max_ms": results["grant_latency_ms"]["max"],
+        "spawn.hub_api_idle_p99_ms": results["hub_api_idle_ms"]["p99"],
+    }
+    if "hub_api_500_queued" in results:
+        out["spawn.hub_api_queued_p99_ms"] = results["hub_api_500_queued"]["api_p99_ms"]
+    return {k: float(v) for k, v in out.items()}
+
+
+def collect(argv: list[str] | None = None) -> dict[str, float]:
+    """Run as ``main`` does, printing the same; the figures (FIGURES)."""
+    return figures(main(argv))
 
 
 if __name__ == "__main__":
