@@ -18,7 +18,8 @@ against its bar in bench/bars.toml.
 Each module's ``collect(argv)`` prints as its ``main`` does and returns its figures,
 keyed by the ids in bars.toml (the module's FIGURES). Exit status: 0 when every figure
 is within its bar, 1 when one falls outside, 2 when a figure declared for a module that
-ran was not produced (a skipped or broken part) or bars.toml is malformed.
+ran was not produced (a skipped part, or one that failed: its traceback is printed and
+the rest still runs) or bars.toml is malformed.
 
     python -m bench [--only cycle,month] [--list]
 """
@@ -29,6 +30,7 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -129,8 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, module_args in MODULES:
         if name not in chosen:
             continue
-        figures.update(collector(name)(list(module_args)))
         ran.append(name)
+        try:
+            figures.update(collector(name)(list(module_args)))
+        except Exception:  # the rest still runs; its figures are then missing (exit 2)
+            print(f"bench: {name} failed; its figures are missing", file=sys.stderr)
+            traceback.print_exc()
     expected = [figure for figure, bar in declared.items() if bar.module in ran]
     verdicts = bars.judge(figures, declared, expected)
     print()

@@ -278,6 +278,27 @@ def test_python_m_bench_exits_by_the_worst_verdict(
     assert "spawn.budget_s: bar <= 1.10x" in capsys.readouterr().out
 
 
+def test_a_module_that_fails_leaves_its_figures_missing_and_the_rest_judged(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runner = importlib.import_module("bench.__main__")
+
+    def service(argv: list[str]) -> dict[str, float]:
+        return {"service.api_p95_ms": 9.0, "service.page_p95_ms": 11.0}
+
+    def broken(argv: list[str]) -> dict[str, float]:
+        raise RuntimeError("no engine")
+
+    monkeypatch.setattr(runner, "collector", lambda name: broken if name == "cycle" else service)
+    assert runner.main(["--only", "service,cycle"]) == 2
+    captured = capsys.readouterr()
+    assert "cycle failed" in captured.err and "RuntimeError: no engine" in captured.err
+    assert "service.api_p95_ms" in captured.out
+    assert "MISSING cycle.steady_median_ms, cycle.steady_p95_ms" in captured.out
+    [rebuild] = [line for line in captured.out.splitlines() if line.startswith("service.rebuild")]
+    assert "MISSING" in rebuild  # the module ran but did not produce it
+
+
 # --- the modules' figures -----------------------------------------------------------
 
 
@@ -332,3 +353,21 @@ def test_spawn_figures_cover_its_figures() -> None:
     assert verdicts["spawn.budget_s"].ratio == pytest.approx(2.09 / 2.43)
     assert verdicts["spawn.budget_over_bare_s"].aim_met is False  # 1.55x against 1.15x
     assert bars.exit_status(verdicts.values()) == 0
+
+
+def test_snapshot_figures_cover_its_figures_and_an_unlogged_time_fails() -> None:
+    snapshot = pytest.importorskip("bench.snapshot")
+    case = {
+        "slices_free_logged_s": 1.58,
+        "restore_available_s": 7.55,
+        "disk_floor_s": 2.01,
+    }
+    got = snapshot.figures([{**case, "hot": False}, {**case, "hot": True}])
+    assert set(got) == set(snapshot.FIGURES)
+    verdicts = {v.bar.id: v for v in bars.judge(got, expected=snapshot.FIGURES)}
+    assert verdicts["snapshot.settled_slices_free_s"].aim_met is True
+    assert verdicts["snapshot.hot_restore_vs_disk_s"].ratio == pytest.approx(7.55 / 2.01)
+    assert bars.exit_status(verdicts.values()) == 0
+    unlogged = snapshot.figures([{**case, "hot": True, "slices_free_logged_s": None}])
+    [hot] = bars.judge(unlogged, expected=["snapshot.hot_slices_free_s"])
+    assert hot.status == bars.OUTSIDE
