@@ -3,7 +3,7 @@
 `Capacity` is built from a view's nodes and allocations (or from the
 `NodeFree` records the scheduler keeps, copied node by node on first change);
 the policy takes and gives back grants on it as it decides. Placement follows
-rule 3 of the scheduling contract (docs/architecture.md): free slices first,
+R3 of the scheduling contract (docs/architecture.md): free slices first,
 best fit by default, whole nodes kept free for whole-node requests (nodes are
 indexed by their count of free whole GPUs, so best fit is a walk up that index
 rather than a scan of every node), fractional GPUs packed onto GPUs already

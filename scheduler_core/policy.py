@@ -1,134 +1,28 @@
 """The budget policy: ``decide(view, now) -> Decisions``, pure.
 
-One cycle handles unhealthy nodes (rule 6) and keeps last cycle's holds (rule
-7), then for each pool takes the pending requests team by team, the team with
-the lowest occupancy ratio first (rule 1; declared priority and submit time
-order only a team's own queue), funds them while the team is under its
-allocation (rule 2, see `funds`), places them on free slices (rule 3) or, when
-funded, on slices freed by preemption (rule 4). The rules are those of the
-scheduling contract in docs/architecture.md; those the baselines share are in
-rules.py, and policies are found by name in registry.py.
-
-Why funding has two tests and reservations go only to funded requests: with the
-window budget alone, a team that was quiet could fund several times its share at
-once, and then, its budget spent, run nothing funded for days while still owed its
-share hour by hour (on the seed-like month, funded use above a team's share came
-to twice the GPU-hours teams were short). So a team is always funded within its
-share of the pool now (`guaranteed_share`), and the window budget funds work beyond
-that only up to `funded_burst` times the share. Holding nodes for a request that
-would run unallocated drained them for work that must yield to the first funded
-request: most idle GPUs sat on such nodes.
-
-At saturation (every team asking for more than its share) seven rules change the
-contract (docs/architecture.md, "At saturation"): debug requests take a fast lane
-(ahead of every team's other work, team by team; they may stop their own team's work
-past protection, work of teams above their share, and, unfunded, unallocated work,
-keeping their place for their protected window if they stopped funded work, but never
-another debug session beyond a funded request's rights); resumable work that would run
-unallocated, and debug work before it stops anyone, backfills held nodes (the debug
-part took 5.7-9.0 % off lost work on bench.family's 88- and 256-GPU cells, seeds 1-8
-and 9-16, and moved nothing else beyond noise); burst work beyond the share may stop
-only unallocated sessions; a job larger than its team's share is funded from the last
-day's share (`_DayUsage`; a sub-team's from its parent's day too) and time-sliced,
-beside the team's other funded work too, and so is a job within the share that the
-budget does not fund beside the team's work below the share; holds take the nodes
-that clear soonest, and a holder ranks as its team stands (below); and a gang, as a
-victim, costs its place (`preemption.lost_work`; the policy passes
-``max_min_runtime`` as its wait). Why: on
-bench.family's 88- and 256-GPU cells (seeds 1 and 2) the seven rules alone gave
-debug p90 of 28 min to 5.2 h on 88 GPUs and occupancy down to 91.2 %, with no
-cell within every bar; with these, debug p90 was 0 s on every one of those cells
-and 3 of the 12 cells were within every bar (README, Benchmarks; measured before the
-holder rule). An eighth: a team slices itself (`Settings.own_slice_after`, 2 h), and
-then stops only resumable sessions (`preemption.Lane`): with a funded request's usual
-rights its gangs threw away notebooks, 19 % more lost work on bench.family's 88- and
-256-GPU cells (seeds 1-8) for +0.86 points on the worst team. So limited, paired
-against its absence: runs within the bars 80 -> 86 / 80 -> 82 of 96 (88 and 256 GPUs,
-seeds 1-8 / 9-16), the worst team +0.43 / -0.25 points on average, for 1.4 / 3.9 %
-more lost work (README, "Family", with the 1,024-GPU cells).
-Debug work ahead of every team's, and an unfunded debug session keeping the place it
-took from funded work: before, a debug session of the team ranked last waited behind
-every team's batch work for a free node (up to 3.4 h), and an unfunded one was stopped
-a minute after it started by the work the lane had stopped for it, which then stopped
-another session to start it again (one started 77 times in a week). On bench.family's
-88- and 256-GPU cells, seeds 1-2, debug sessions waiting over 5 min went 109 -> 72 and
-the longest wait 3.4 h -> 49 min; lost work fell 8.6 / 7.7 / 7.9 % (seeds 1-8 / 9-16,
-1,024 GPUs seeds 1-2) and the worst team moved +0.40 / -0.40 / -0.14 points, within
-the noise (README, "Family").
-Nothing is ever stopped in the instant it started: with a zero grace or minimum
-runtime, two rules could otherwise hand the same slices back and forth with no time
-passing.
-
-A debug session stopped before it ran its course is protected, on its next start, twice
-as long as on the last (its minimum runtime times 2 ** stops if funded, 2 ** (stops - 1)
-if not, at most ``max_min_runtime``; the scheduler counts the stops,
-`ClusterView.stops`). Why: a session that runs longer than its protected window was
-stopped by a higher-ranked team's funded work once the window ended, and the lane
-started it again: one started 25 times in 2.8 h, stopped 24 times before a run lasted.
-Doubling ends any such loop within a few starts. On bench.family's 88- and 256-GPU
-cells, sessions started five times or more 125 -> 15 (seeds 1-2) and 109 -> 11 (seeds
-9-10), the most starts of one 25 -> 5 and 18 -> 5; debug waits rose (p99 507 -> 555 s
-and 309 -> 396 s); budget alone, paired against its absence, the worst team +0.08 /
-+0.51 points on average, runs within the bars 88 -> 83 / 77 -> 88 of 96 (seeds 1-8 /
-9-16), lost work +0.3 / -2.1 % (README, "Family").
-
-A held request ranks as its team stands: a holder's victims (rule 4) are the sessions
-of teams ranked behind its team without its own protected window charged. Charged
-first, a 64-GPU gang of a team with 9 GPUs of share ranked behind nearly every team,
-so its hold waited for sessions to end, not for their protection (13 h on a day
-traced: bench.family, 256 GPUs, load 0.8, 5 % notebooks, seed 7). Budget alone,
-paired against its absence on the 88- and 256-GPU cells: the worst team +0.26 / +0.34
-points on average, runs within the bars 76 -> 79 / 73 -> 76 of 96 (seeds 1-8 / 9-16),
-for 0.9-2.6 % more lost work; on 1,024 GPUs -0.79 / +0.31 (seeds 1-2 / 3-4, 12 runs
-each), runs 12 -> 11 / 10 -> 10, lost work +2.1 / +6.1 % (README, "Family").
-
-A day slice as short as a debug session's: a job larger than its share is funded
-for what its team's day still pays, down to ``debug_min_runtime`` (15 min) rather
-than ``default_min_runtime`` (1 h), and a slice under an hour stops only sessions
-that resume (`preemption.Lane`, as a team's own slice). Why: with an hour at least, a
-team whose day had 45 min left waited until its day slid on, often most of a day
-(vision, 0.8 GPUs of share, waited 13 h for 3.6 min of work). Shorter slices with a
-funded request's usual victims gave the worst team +0.51 / +1.51 points but 16 / 18 %
-more lost work (notebooks stopped for them); limited to resumable victims, paired
-against its absence on bench.family's 88- and 256-GPU cells (seeds 1-8 / 9-16): the
-worst team +0.39 / +1.41 points on average (56 / 63 runs better, 40 / 31 worse), runs
-within the bars 84 -> 87 / 87 -> 88 of 96, lost work -1.3 / -1.5 %, preemptions
-+30 / +31 % (of resumable work, which loses nothing in the simulator; README,
-"Family", with the other sizes).
-
-One hold per pool by default (`Settings.max_reservations_per_pool`, 2 before): every
-hold drains nodes, and with debug work backfilling held nodes and day slices a second
-hold cost more than it gave. Budget alone, paired against two holds: the worst team
-+0.55 / +0.34 points on average on bench.family's 88- and 256-GPU cells (seeds 1-8 /
-9-16; 57 / 50 runs better, 36 / 44 worse), runs within the bars 87 -> 89 / 88 -> 89
-of 96, lost work -2.8 / -3.5 %; on 128 and 512 GPUs +1.17 (runs 22 -> 24 of 24); on
-1,024 GPUs -0.02 over seeds 1-6 (runs 36 -> 35 of 36); on the five seed-like months
-10.6 % more lost work (README, "Family", "One hold per pool").
-
-The last day in the rank (`ranking.PoolRanking.key`, ``Settings.day_rank_weight``
-0.3): teams are ordered, and rule 4's victims chosen, by 0.7 x their window's ratio +
-0.3 x their last day's; funding keeps the window's. Why: the window ranks a team by its
-week, so one that ran hard earlier in the week stays behind for days, and while it is
-short it may stop no work of the teams ahead of it, even of teams over their share now
-(traced with the window alone on bench.family, 256 GPUs, load 1.2, 35 % notebooks, seed
-5: code's funded 8-GPU notebook waited 6 h while molmo, 13 GPUs over its share and
-ranked ahead of code's parent by the window, 0.064 against 0.160, ran funded 8-GPU
-notebooks past protection). Budget alone, paired against the
-window alone: runs within the bars 89 -> 95 / 89 -> 93 of 96 on the 88- and 256-GPU
-cells (seeds 1-8 / 9-16), the worst team +0.53 / +0.18 points on average, lost work
-+1.6 / +3.3 %; the day alone did worse than the window (-0.31, runs 89 -> 86; README,
-"Family", "The last day in the rank").
+It carries out the scheduling contract of docs/architecture.md, whose rule IDs the
+docstrings here cite: team order (R1), funding (R2, with `rules.funds`), placement
+(R3, in capacity.py), preemption (R4, with preemption.py), node health (R6) and
+holds (R7), and the rules at saturation: the debug fast lane (S1) and its doubled
+protection (S2), backfill of held nodes (S3), burst work that yields (S4), day
+slices (S5, `_DayUsage`), a team slicing itself (S6), a holder ranked as its team
+stands (S7), a gang's place (S8, `preemption.lost_work`), and nothing stopped in
+the instant it started (S9). Why each rule is there, with the measurements, is in
+docs/architecture.md ("Evidence"). The rules the baselines share are in rules.py,
+and policies are found by name in registry.py.
 
 The cycle runs in phases, as Kueue's ``schedule()`` does, each a function here:
 
-1. start (`_Cycle`): health preemptions, kept holds, funded charge rates;
+1. start (`_Cycle`): health preemptions (R6), time-slice stops (S5), kept holds
+   (R7), funded charge rates;
 2. heads of the queue (`queue_heads`): per pool and team, the queue in order;
-3. team order (`_Cycle.pool`): every team's debug entries first, then teams by
-   occupancy ratio, re-ranked after each funded admission; each entry is judged
-   for funding, then
-4. fit (`_Cycle.fit`), else victims (`_Cycle.evict`, funded entries only), else
-   hold (`_Cycle.hold`, funded entries past the starvation bound); an entry that
-   found room is admitted (`_Cycle.admit`);
+3. team order (`_Cycle.pool`): every team's debug entries first (S1), then teams
+   by rank (R1), re-ranked after each funded admission; each entry is judged for
+   funding (R2, S5, S6), then
+4. fit (`_Cycle.fit`, R3), else backfill (`_Cycle.backfill`, S3), else victims
+   (`_Cycle.evict`, funded entries, R4; `_Cycle.lane` for unfunded debug ones, S1),
+   else hold (`_Cycle.hold`, funded entries past the starvation bound, R7); an
+   entry that found room is admitted (`_Cycle.admit`);
 5. decisions (`_Cycle.decisions`).
 
 Speed: a team at the head of the queue keeps it, without a trip through the
@@ -179,8 +73,8 @@ def _slice_pays(sliced: float, protect: float, settings: Settings) -> bool:
     """Does a day slice of ``sliced`` seconds fund a request protected for ``protect``:
     at least a cycle tick, or its protected window if shorter than
     ``debug_min_runtime`` (the shortest run the contract protects). A slice shorter
-    than ``default_min_runtime`` stops only sessions that resume (see the module
-    docstring, "A day slice as short as a debug session's")."""
+    than ``default_min_runtime`` stops only sessions that resume (S5 of
+    docs/architecture.md)."""
     return sliced >= min(max(protect, settings.cycle_tick), settings.debug_min_runtime) - 1e-9
 
 
@@ -289,56 +183,19 @@ def queue_heads(
 
 
 class _DayUsage:
-    """Time-slicing of jobs larger than their team's share, by the last day's charge.
+    """Day slices (S5 of docs/architecture.md): jobs larger than their team's share,
+    funded from the last day's share rather than the window's budget.
 
-    Such a job is larger than rule 2's share test allows, and with a week's budget it
+    Such a job is larger than R2's share test allows, and with a week's budget it
     could run on for days and leave its team nothing the rest of the week. So it is
-    funded from a day's share instead: admitted while the team's charge over the last
-    day leaves room for at least its protected window, with the team's other funded
-    work charged beside it for as long, and, if it can be resumed, stopped once that
-    charge reaches the day's share while other work waits in the pool; it comes back
-    when the day slides on. The budget over the window does not gate it: a day slice
-    is the guaranteed share (rule 2) spread over a day, and the guaranteed share is
-    funded whatever that budget. (Gated, a team that had burst beyond its share early
-    in the week had its large jobs unfunded for the rest of it: measured, README,
-    Benchmarks, "Family".)
-
-    Why beside other work, and then without a hold: funded only as the team's only
-    session, a gang of a team that always has a notebook or a small job running was
-    never funded, and waited days for whole nodes to come free by chance (on
-    bench.family's 88- and 256-GPU cells, nearly all the waiting of the teams under
-    90 % of their daily share). Beside that work it is burst work, which may stop only
-    unallocated sessions; holding nodes for it as well idled them while the team's
-    own notebook still kept it off (README, Benchmarks, "Family"). Only beside work
-    within the share, so a team runs one such job at a time: otherwise a team with half
-    a GPU of share had a dozen 1-GPU sessions funded at once, each paid for an hour by
-    the same day.
-
-    A job that does not fit beside its team's work: a request within the team's share
-    that the week's budget does not fund beside the team's funded work (past
-    ``funded_burst`` times the share together, or the budget spent) is a day slice too
-    while that work is below the share, on the same terms: burst work, no hold,
-    protected only as long as the day pays for both. Why: on a run traced (bench.family,
-    256 GPUs, load 1.2, 35 % notebooks, seed 7) a team of 35.7 GPUs of share ran 16 for
-    9 h while its 32-GPU gang waited unfunded (48 > 1.25 x 35.7), able to start only
-    where four nodes came free by chance: it waited 23 h, and the team ended at 89.6 %
-    of its daily share (with the rule, 8.3 h and 98.4 %). Budget alone, paired against
-    its absence: the worst team +0.58 / +1.09 points on average, runs within the bars
-    76 -> 80 / 73 -> 80 of 96 (88 and 256 GPUs, seeds 1-8 / 9-16); on 1,024 GPUs
-    (seeds 1-4) +1.31, but runs within the bars 23 -> 21 of 24; 1.3-3.8 % more lost
-    work (README, "Family").
-
-    Why a sub-team's job may be sliced from its parent's day (`_Cycle.lent`): a
-    parent's share is owed to its whole subtree, and on bench.family the parent team
-    was the worst team in 7 of the 24 runs of 96 with a team under 90 % (88 and 256
-    GPUs, seeds 1-8); on the run traced (256 GPUs, load 1.2, 5 % notebooks, seed 7)
-    one sub-team was idle for most of a day while the other waited with a 64-GPU
-    gang, seven times its own share and more than its own day could pay for. Beside
-    what the relatives run and wait for, so that it does not take the day their work
-    is owed. Budget alone, paired against the rule's absence: the worst team +0.41 /
-    +0.09 points on average, runs within the bars 72 -> 76 / 67 -> 73 of 96 (88 and
-    256 GPUs, seeds 1-8 / 9-16), the 1,024-GPU cells unchanged (-0.02), for 0.2-3.5 %
-    more lost work (README, "Family").
+    admitted while the team's charge over the last day leaves room for its protected
+    window, with the team's other funded work charged beside it for as long, and, if
+    it can be resumed, stopped (`slices_over`) once that charge reaches the day's
+    share while other work waits in the pool; it comes back when the day slides on.
+    The same terms fund a job within the share that R2 does not fund beside the
+    team's work below the share, and a sub-team's job may borrow the days of the
+    levels above it (`lenders`, `_Cycle.lent`). The evidence for each part is in
+    docs/architecture.md ("Evidence", S5).
     """
 
     def __init__(self, view: ClusterView, now: float) -> None:
@@ -457,9 +314,9 @@ class _Cycle:
     it has decided so far."""
 
     def __init__(self, view: ClusterView, now: float) -> None:
-        """Start: sessions on unhealthy nodes are stopped and their slices free (rule 6);
+        """Start: sessions on unhealthy nodes are stopped and their slices free (R6);
         last cycle's holds stay while their requests wait and their nodes are ready
-        (rule 7); charge rates are those of the funded sessions left running."""
+        (R7); charge rates are those of the funded sessions left running."""
         self.view = view
         self.now = now
         self.settings = view.settings
@@ -552,9 +409,9 @@ class _Cycle:
 
     def pool(self, pool_name: str, team_queues: Mapping[str, tuple[Queued, ...]]) -> None:
         """Team order: every entry of the pool's queues is looked at once, team by team,
-        the team with the lowest occupancy ratio first (rule 1) and ranked again after
+        the team with the lowest rank first (R1) and ranked again after
         each funded admission; a team's own entries in queue order. Each entry is judged
-        for funding (rule 2), then fitted, else given victims, else a hold; ``order``
+        for funding (R2), then fitted, else given victims, else a hold; ``order``
         and ``funded`` record every entry looked at."""
         now = self.now
         settings = self.settings
@@ -622,7 +479,7 @@ class _Cycle:
                     and rates[rate_key] > 1e-9
                     and now - request.submit >= own_slice_after
                 ):
-                    # The team slices itself (Settings.own_slice_after): the job may stop
+                    # The team slices itself (S6, own_slice_after): the job may stop
                     # the team's own work once it can all resume; until then the team's
                     # later batch work is not funded, so that it does not hold the job off.
                     swap = self.own_swappable(team, pool_name)
@@ -630,7 +487,7 @@ class _Cycle:
                         draining.add(team)
                 beside = False
                 if entry.rate > share_limit and day_sliced:
-                    # Larger than the team's share: funded from a day's share (_DayUsage),
+                    # Larger than the team's share: funded from a day's share (S5),
                     # for as long as that pays for it and the team's other funded work
                     # (which a swap stops), whatever the week's budget; beside that work
                     # it holds no nodes.
@@ -687,8 +544,8 @@ class _Cycle:
                         and running < share_limit - 1e-9
                     ):
                         # Within the share, but not funded beside the team's work, which
-                        # is below the share: a day slice too (_DayUsage, "A job that does
-                        # not fit beside its team's work"), burst work that holds no nodes.
+                        # is below the share: a day slice too (S5), burst work that holds
+                        # no nodes.
                         if day_room is None:
                             day_room = self.day.room(team, pool_name, share_rate)
                         sliced = day_room / (entry.rate + running)
@@ -722,8 +579,8 @@ class _Cycle:
                     # work that would run unallocated may stop no one anyway.
                     grants = self.backfill(entry, no_backfill)
                 if grants is None and funded:
-                    # A holder ranks as its team stands, before its own charge (see the
-                    # module docstring, "A held request ranks as its team stands").
+                    # A holder ranks as its team stands, before its own charge (S7 of
+                    # docs/architecture.md).
                     after = ranking.key(team) if holder else afters.get(units)
                     if after is None:
                         after = afters[units] = ranking.key(team, units)
@@ -796,7 +653,7 @@ class _Cycle:
             heads[team] = at
 
     def fit(self, entry: Queued, holder: bool, no_fit: Failures) -> tuple[NodeGrant, ...] | None:
-        """Fit: grants for the entry on free slices (rule 3), taken from the capacity, or
+        """Fit: grants for the entry on free slices (R3), taken from the capacity, or
         None. A shape that found no room is remembered in ``no_fit`` unless the entry
         holds nodes (which no other request may use)."""
         grants = self.capacity.place(entry.request, self.settings.placement)
@@ -828,7 +685,7 @@ class _Cycle:
         short: bool = False,
     ) -> tuple[tuple[NodeGrant, ...], tuple[str, ...]] | None:
         """Victims: for a funded entry with no room on free slices, stop the sessions that
-        lose the least work and make room (rule 4): unallocated ones past their grace,
+        lose the least work and make room (R4): unallocated ones past their grace,
         funded ones past their protected window of teams whose key is above ``after``
         (the team's key with the entry charged). Their slices go to the entry: its grants
         and the victims' ids, or None, with the shape remembered in ``state.no_victims``
@@ -1019,7 +876,7 @@ class _Cycle:
 
     def hold(self, entry: Queued, held: set[str]) -> None:
         """Hold: a funded entry past the starvation bound reserves the nodes closest to
-        fitting it, which take no new work from others until it fits (rule 7); no hold
+        fitting it, which take no new work from others until it fits (R7); no hold
         if too few nodes could ever take it."""
         request_id = entry.request.id
         nodes = choose_reservation(self.capacity, entry.request, self.clears())
@@ -1080,8 +937,8 @@ class _Cycle:
         if entry.debug:
             stops = self.view.stops.get(request.id, 0)
             if stops:
-                # Stopped before it ran its course: twice as long each time (module
-                # docstring, "A debug session stopped").
+                # Stopped before it ran its course: twice as long each time (S2 of
+                # docs/architecture.md).
                 doubled = protect * 2.0 ** (stops if funded else stops - 1)
                 protected = max(protected, min(doubled, self.settings.max_min_runtime))
         self.admissions.append(

@@ -1,4 +1,4 @@
-"""Choosing preemption victims (rule 4 of the scheduling contract, docs/architecture.md),
+"""Choosing preemption victims (R4 of the scheduling contract, docs/architecture.md),
 without side effects.
 
 `find_targets` reads the cycle's capacity and the running allocations and says
@@ -9,13 +9,9 @@ first, then funded sessions past their protected window whose team ranks below
 the requester's once the requester's protected time is counted. Among the sets
 that work, the one that loses the least work wins. A gang (a session over
 several nodes) also counts ``gang_wait`` at its size (the policy passes
-``max_min_runtime``): resumable, it would otherwise look free to stop, yet to
-start again it must find as many whole nodes free together (without it, a 1-GPU
-debug session stopped a 64-GPU gang, which then waited 9 h). On bench.family's 88-
-and 256-GPU cells it raised occupancy by about half a point on seeds 1-8 and on the
-held-out seeds 9-16 alike; its effect on the worst team was within what a change with
-no policy meaning moves; it costs 12-14 % more lost non-resumable work (README,
-Benchmarks, "Family").
+``max_min_runtime``; S8 of docs/architecture.md, with its evidence): resumable, it
+would otherwise look free to stop, yet to start again it must find as many whole
+nodes free together.
 Idle sessions (the actuator's or the simulator's `Scheduler.mark_activity`) go
 before busy ones, and with ``idle_release`` a funded session idle that long counts
 like an unallocated one: any funded request may stop it (it is snapshotted). With

@@ -1,4 +1,4 @@
-"""Occupancy ratios and the order of teams within a pool (rules 1–2, and rule 4's rank
+"""Occupancy ratios and the order of teams within a pool (R1 and R2, and R4's rank
 test, of the scheduling contract, docs/architecture.md).
 
 A team's ratio counts the usage charged in the lookback window plus what its
@@ -9,11 +9,11 @@ holds. Its rank (`key`) weighs in its last day the same way
 each over the share of its span; funding (`leaf`, `can_fund`) keeps the window's
 ratio alone. Why: the window ranks a team by its week, so one that ran hard earlier
 in the week stays behind for days, and while it is short it may stop no work of the
-teams ahead of it, even of teams over their share now (README, "Family", "The last
-day in the rank", with the measurements). The day alone as the rank did worse than
+teams ahead of it, even of teams over their share now (docs/architecture.md,
+"Evidence", R1, with the measurements). The day alone as the rank did worse than
 the window: the week is what keeps a team from running over its share day after
 day. Keys compare level by level from the root, so two teams are ordered by
-the ratios of the ancestors where their paths split. Rule 4's after-the-swap test
+the ratios of the ancestors where their paths split. R4's after-the-swap test
 (`PoolRanking.below`) compares there too: a request's charge raises every level it
 shares with a sibling, so comparing the charged key with the sibling's uncharged
 one put the sibling ahead at the shared level, and a sub-team below its part of the

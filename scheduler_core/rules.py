@@ -1,10 +1,10 @@
 """Rules of the scheduling contract that the budget policy and the baselines share.
 
-Node health (rule 6: sessions on down nodes stop at once, on draining nodes
-once their protection ends), the holds kept from the last cycle (rule 7), and
-funding (rule 2: `funds`, and the funded charge rates it compares with a
-team's share), and which jobs are larger than their team's share (`oversize`:
-those run in day slices). See docs/architecture.md for the contract. Pure
+Node health (R6: sessions on down nodes stop at once, on draining nodes once
+their protection ends), the holds kept from the last cycle (R7), and funding (R2:
+`funds`, and the funded charge rates it compares with a team's share), and which
+jobs are larger than their team's share (`oversize`: those run in day slices, S5).
+The rule IDs are those of the scheduling contract in docs/architecture.md. Pure
 functions of the view (and of a cycle's `Capacity`), so every policy reads
 them alike.
 """
@@ -72,7 +72,7 @@ _EPS = 1e-9
 def funds(
     within_budget: bool, running: float, rate: float, share_rate: float, settings: Settings
 ) -> bool:
-    """Rule 2: is a request of ``rate`` units per second funded?
+    """R2 (docs/architecture.md): is a request of ``rate`` units per second funded?
 
     ``within_budget``: the team's usage over the window plus the request's protected
     window stays within its budget; ``running``: the charge rate of the team's funded
