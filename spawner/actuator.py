@@ -10,7 +10,7 @@ steps, as in DockerSpawner: `create_container` (build the spec), `start_containe
 Calls to an engine from a request path are bounded by ``engine_timeout``; an
 unreachable node is not called at all.
 
-A preempted session is snapshotted (README "Snapshots"): its agent checkpoints the
+A preempted session is snapshotted (docs/snapshots.md): its agent checkpoints the
 kernels within ``snapshot_grace``, the container goes, the slices are freed, then the
 kernel state is copied into the snapshot store and recorded. The preemptor's slices
 are booked only once the victim's container is gone (`launch` waits for it), so two
@@ -1090,7 +1090,7 @@ class SessionActuator:
     # -- health ------------------------------------------------------------------------
 
     async def check_health(self) -> None:
-        """Ping every engine (docs/architecture.md, "Nodes and health").
+        """Ping every engine (docs/operations.md, "Nodes").
 
         An engine that refuses connections is down: its containers went with it. One
         that does not answer in time is unreachable: nothing new lands there, its

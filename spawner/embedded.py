@@ -201,7 +201,7 @@ class BudgetScheduler(SchedulerConfig):
         )
 
     def layout(self) -> Layout:
-        """Where homes and snapshots live (README "Snapshots")."""
+        """Where homes and snapshots live (docs/snapshots.md)."""
         home = Path(self.home_root).resolve() if self.home_root else None
         if self.snapshot_root:
             snapshots = Path(self.snapshot_root).resolve()
