@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_properties import (
+
+from harness import builders
+from harness.builders import (
     check_free_matches_allocations,
     check_funded_not_blocked_by_unallocated,
     check_no_double_booking,
     scenarios,
     watch_protected_windows,
 )
-
 from scheduler_core.errors import InputError
-from scheduler_core.metrics import result
 from scheduler_core.registry import POLICIES
 from scheduler_core.scenario import Scenario, parse_scenario
 from scheduler_core.scheduler import Scheduler
@@ -33,36 +33,25 @@ WEEK = 7 * 86400
 def scenario(
     policy: str, teams: list[dict[str, Any]], requests: list[dict[str, Any]], **extra: Any
 ) -> dict[str, Any]:
-    data: dict[str, Any] = {
+    """Six hours of `builders.scenario` under ``policy``, with pool g alone."""
+    tiny = {
         "name": "tiny",
         "horizon": 6 * 3600,
         "policy": {"name": policy},
         "pools": [{"name": "g", "kind": "gpu"}],
-        "nodes": [{"name": "n1", "pool": "g", "gpus": 8, "cpus": 64, "memory_gib": 512}],
         "teams": teams,
         "requests": requests,
     }
-    data.update(extra)
-    return data
+    return builders.scenario(**(tiny | extra))
 
 
 def req(rid: str, team: str, submit: float, gpus: int = 8, **fields: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": rid,
-        "user": f"u-{team}",
-        "team": team,
-        "submit": submit,
-        "pool": "g",
-        "gpus": gpus,
-        "duration": 3600,
-        "min_runtime": 1800,
-    }
-    out.update(fields)
-    return out
+    """`builders.request` for the whole node by default, protected for half an hour."""
+    return builders.request(rid, team, submit, gpus=gpus, **({"min_runtime": 1800} | fields))
 
 
 def run(data: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    outcome = result(Simulation(parse_scenario(data)).run())
+    outcome = builders.outcome_of(data)
     return {r["id"]: r for r in outcome["requests"]}, outcome["metrics"]
 
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler_core.scenario import parse_scenario
-from scheduler_core.simulator import RequestRecord, Simulation
-from tests.unit.test_fast_lane import HOUR, _request
+from harness.builders import HOUR, gpu_request, gpu_scenario, records_of
+from scheduler_core.simulator import RequestRecord
 
 
 def _job(rid: str, team: str, submit: float, gpus: int, **extra: Any) -> dict[str, Any]:
     """A resumable batch job (the fast-lane tests' request otherwise)."""
-    return _request(rid, team, submit, gpus, "batch", resumable=True, **extra)
+    return gpu_request(rid, team, submit, gpus, "batch", resumable=True, **extra)
 
 
 def _run(
@@ -30,27 +29,20 @@ def _run(
     share, runs unallocated). ``p1`` was charged ``charged`` GPU-h an hour ago: by
     default 91, far past its own day (48 GPU-h), 5 GPU-h short of p's (96). At 10 min
     it asks for 4 GPUs."""
-    scenario = {
-        "name": "borrowing",
-        "horizon": 30 * HOUR,
-        "policy": {"name": "budget", **policy},
-        "pools": [{"name": "gpu", "kind": "gpu"}],
-        "nodes": [{"name": "n-{i}", "count": 2, "pool": "gpu", "gpus": 4, "cpus": 64}],
-        "teams": [
-            {"name": "p", "share": {"gpu": 0.5}},
-            {"name": "p1", "share": 0.5, "parent": "p"},
-            {"name": "p2", "share": 0.5, "parent": "p"},
-            {"name": "o", "share": {"gpu": 0.5}},
-        ],
-        "usage": [{"team": "p1", "pool": "gpu", "gpu_seconds": charged * HOUR, "ago": HOUR}],
-        "requests": [
-            _job("o-1", "o", 0, 4),
-            _job("o-2", "o", 1, 4),
-            _job("p1-big", "p1", 600, 4, duration=3 * HOUR),
-            *extra,
-        ],
-    }
-    return Simulation(parse_scenario(scenario)).run().records
+    teams = [
+        {"name": "p", "share": {"gpu": 0.5}},
+        {"name": "p1", "share": 0.5, "parent": "p"},
+        {"name": "p2", "share": 0.5, "parent": "p"},
+        {"name": "o", "share": {"gpu": 0.5}},
+    ]
+    requests = [
+        _job("o-1", "o", 0, 4),
+        _job("o-2", "o", 1, 4),
+        _job("p1-big", "p1", 600, 4, duration=3 * HOUR),
+        *extra,
+    ]
+    usage = {"p1": charged * HOUR}
+    return records_of(gpu_scenario(requests, usage=usage, teams=teams, name="borrowing", **policy))
 
 
 def test_a_sub_team_slices_its_parents_day_while_its_sibling_is_idle() -> None:

@@ -11,65 +11,14 @@ from typing import Any
 
 import pytest
 
+from harness.builders import HOUR, debug_request, gpu_request, gpu_scenario, records_of, simulation
 from scheduler_core.errors import InputError
 from scheduler_core.kept import queue_key
 from scheduler_core.model import Request, RequestClass
 from scheduler_core.scenario import parse_scenario
-from scheduler_core.simulator import RequestRecord, Simulation
+from scheduler_core.simulator import RequestRecord
 
-HOUR = 3600
 WEEK_GPU_S = 7 * 24 * HOUR
-
-
-def _scenario(
-    requests: list[dict[str, Any]],
-    nodes: int = 2,
-    gpus: int = 4,
-    usage: dict[str, float] | None = None,
-    **policy: Any,
-) -> dict[str, Any]:
-    return {
-        "name": "fast-lane",
-        "horizon": 30 * HOUR,
-        "policy": {"name": "budget", **policy},
-        "pools": [{"name": "gpu", "kind": "gpu"}],
-        "nodes": [{"name": "n-{i}", "count": nodes, "pool": "gpu", "gpus": gpus, "cpus": 64}],
-        "teams": [
-            {"name": "a", "share": {"gpu": 0.5}},
-            {"name": "b", "share": {"gpu": 0.5}},
-        ],
-        "usage": [
-            {"team": team, "pool": "gpu", "gpu_seconds": seconds, "ago": HOUR}
-            for team, seconds in (usage or {}).items()
-        ],
-        "requests": requests,
-    }
-
-
-def _run(scenario: dict[str, Any]) -> dict[str, RequestRecord]:
-    return Simulation(parse_scenario(scenario)).run().records
-
-
-def _request(
-    rid: str, team: str, submit: float, gpus: int, klass: str, **extra: Any
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "user": f"u-{rid}",
-        "team": team,
-        "submit": submit,
-        "pool": "gpu",
-        "gpus": gpus,
-        "cpus": 4,
-        "min_runtime": HOUR,
-        "duration": 20 * HOUR,
-        "class": klass,
-        **extra,
-    }
-
-
-def _debug(rid: str, team: str, submit: float) -> dict[str, Any]:
-    return _request(rid, team, submit, 1, "debug", min_runtime=600, duration=1200)
 
 
 def test_debug_comes_first_in_its_teams_queue_whatever_its_priority_or_submit_time() -> None:
@@ -81,11 +30,11 @@ def test_debug_comes_first_in_its_teams_queue_whatever_its_priority_or_submit_ti
     # (4 GPUs) was submitted before a's debug session; when the node frees, the debug
     # session goes first, so the batch job no longer fits and waits.
     requests = [
-        _request("a0", "a", 0, 4, "interactive", min_runtime=HOUR, duration=HOUR),
-        _request("x", "a", 10, 4, "batch", priority=3, resumable=True),
-        _debug("d", "a", 20),
+        gpu_request("a0", "a", 0, 4, "interactive", min_runtime=HOUR, duration=HOUR),
+        gpu_request("x", "a", 10, 4, "batch", priority=3, resumable=True),
+        debug_request("d", "a", 20),
     ]
-    records = _run(_scenario(requests, nodes=1))
+    records = records_of(gpu_scenario(requests, nodes=1))
     assert records["d"].starts[0] == pytest.approx(HOUR)
     assert records["x"].starts[0] >= HOUR + 1200
 
@@ -97,11 +46,11 @@ def test_debug_sessions_of_every_team_come_before_any_teams_other_work() -> None
     # longer fits, waits the 10 min until it ends. Without the rule the batch job
     # takes the node and the debug session waits at least for its hour of protection.
     requests = [
-        _request("b0", "b", 0, 4, "interactive", min_runtime=HOUR, duration=HOUR),
-        _request("x", "b", 10, 4, "batch", resumable=True),
-        _request("d", "a", 20, 1, "debug", min_runtime=600, duration=600),
+        gpu_request("b0", "b", 0, 4, "interactive", min_runtime=HOUR, duration=HOUR),
+        gpu_request("x", "b", 10, 4, "batch", resumable=True),
+        gpu_request("d", "a", 20, 1, "debug", min_runtime=600, duration=600),
     ]
-    records = _run(_scenario(requests, nodes=1, usage={"a": WEEK_GPU_S}))
+    records = records_of(gpu_scenario(requests, nodes=1, usage={"a": WEEK_GPU_S}))
     assert records["d"].starts == [pytest.approx(HOUR)]
     assert records["d"].finish_time == pytest.approx(HOUR + 600)
     assert records["x"].starts[0] == pytest.approx(HOUR + 600)
@@ -115,18 +64,18 @@ def test_an_unfunded_debug_session_that_stopped_funded_work_keeps_its_place() ->
     # of unallocated work: before, b's job came back a minute later and stopped it,
     # and the lane stopped b's work for it again, over and over.
     requests = [
-        _request("b1", "b", 0, 2, "batch", resumable=True),
-        _request("b2", "b", 0, 2, "batch", resumable=True),
-        _request("d", "a", 2 * HOUR, 1, "debug", min_runtime=600, duration=600),
+        gpu_request("b1", "b", 0, 2, "batch", resumable=True),
+        gpu_request("b2", "b", 0, 2, "batch", resumable=True),
+        gpu_request("d", "a", 2 * HOUR, 1, "debug", min_runtime=600, duration=600),
     ]
-    scenario = _scenario(
+    scenario = gpu_scenario(
         requests,
         nodes=1,
         usage={"a": 10 * WEEK_GPU_S},
         guaranteed_share=0,
         funded_burst=2,
     )
-    records = _run(scenario)
+    records = records_of(scenario)
     assert records["b1"].funded[0] and records["b2"].funded[0]
     assert records["d"].funded == [False]
     assert records["d"].starts == [pytest.approx(2 * HOUR, abs=60)]
@@ -139,10 +88,10 @@ def test_a_debug_session_stops_its_own_teams_work_past_its_protection() -> None:
     # running, so no other team's work may go. a's debug session at 2 h stops it (it is
     # resumable and comes back) and runs funded in its place.
     requests = [
-        _request("a1", "a", 0, 4, "batch", resumable=True),
-        _debug("d", "a", 2 * HOUR),
+        gpu_request("a1", "a", 0, 4, "batch", resumable=True),
+        debug_request("d", "a", 2 * HOUR),
     ]
-    records = _run(_scenario(requests, nodes=1))
+    records = records_of(gpu_scenario(requests, nodes=1))
     assert records["d"].starts[0] == pytest.approx(2 * HOUR, abs=60)
     assert records["d"].funded == [True]
     assert records["a1"].preemptions >= 1
@@ -155,11 +104,11 @@ def test_an_unfunded_debug_session_takes_the_place_of_unallocated_work() -> None
     # job (which loses no work), not a's notebook, and starts at once.
     spent = {"a": 10 * WEEK_GPU_S, "b": 10 * WEEK_GPU_S}
     requests = [
-        _request("a0", "a", 0, 4, "interactive"),
-        _request("b1", "b", 0, 4, "batch", resumable=True),
-        _debug("d", "a", 2 * HOUR),
+        gpu_request("a0", "a", 0, 4, "interactive"),
+        gpu_request("b1", "b", 0, 4, "batch", resumable=True),
+        debug_request("d", "a", 2 * HOUR),
     ]
-    records = _run(_scenario(requests, usage=spent, guaranteed_share=0))
+    records = records_of(gpu_scenario(requests, usage=spent, guaranteed_share=0))
     assert records["a0"].funded[0] is False and records["b1"].funded[0] is False
     assert records["d"].starts[0] == pytest.approx(2 * HOUR, abs=60)
     assert records["d"].funded == [False]
@@ -175,13 +124,13 @@ def test_a_debug_session_may_take_from_a_team_above_its_share_that_ranks_above()
     # funded beyond b's share, and such work may stop only unallocated sessions, so
     # the debug session is not stopped in turn (the two would take turns otherwise).
     requests = [
-        _request("b1", "b", 0, 4, "batch", resumable=True),
-        _request("b2", "b", 0, 2, "batch", resumable=True),
-        _request("a1", "a", 0, 2, "interactive", min_runtime=8 * HOUR),
-        _debug("d", "a", 2 * HOUR),
+        gpu_request("b1", "b", 0, 4, "batch", resumable=True),
+        gpu_request("b2", "b", 0, 2, "batch", resumable=True),
+        gpu_request("a1", "a", 0, 2, "interactive", min_runtime=8 * HOUR),
+        debug_request("d", "a", 2 * HOUR),
     ]
     # (funded_burst 1.5: b's 6 GPUs are funded, 1.5 times its share.)
-    records = _run(_scenario(requests, usage={"a": 2 * WEEK_GPU_S}, funded_burst=1.5))
+    records = records_of(gpu_scenario(requests, usage={"a": 2 * WEEK_GPU_S}, funded_burst=1.5))
     assert records["b1"].funded[0] and records["b2"].funded[0]
     assert records["d"].starts[0] == pytest.approx(2 * HOUR, abs=60)
     assert records["d"].funded == [True]
@@ -200,10 +149,10 @@ def test_a_debug_session_stopped_before_its_end_is_protected_twice_as_long_each_
     # each start begins again). Without the rule the two take
     # turns until the job ends: 11 starts, the last at 13.7 h.
     requests = [
-        _request("b1", "b", 0, 4, "batch", resumable=True),
-        _request("d", "a", 2 * HOUR, 1, "debug", min_runtime=600, duration=1800),
+        gpu_request("b1", "b", 0, 4, "batch", resumable=True),
+        gpu_request("d", "a", 2 * HOUR, 1, "debug", min_runtime=600, duration=1800),
     ]
-    records = _run(_scenario(requests, nodes=1, usage={"a": 2 * WEEK_GPU_S}))
+    records = records_of(gpu_scenario(requests, nodes=1, usage={"a": 2 * WEEK_GPU_S}))
     d = records["d"]
     assert d.funded == [True, True, True]
     assert [end - start for start, end in zip(d.starts, d.ends, strict=True)] == [
@@ -220,11 +169,11 @@ def test_held_nodes_are_backfilled_with_resumable_work_that_yields_to_the_holder
     # resumable batch job (unfunded: b is at its share) fills the held node's other 4
     # GPUs from 3 h and is stopped the moment the notebook ends, when a's job starts.
     requests = [
-        _request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
-        _request("a1", "a", 60, 8, "batch", resumable=True),
-        _request("b1", "b", 3 * HOUR, 4, "batch", resumable=True),
+        gpu_request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
+        gpu_request("a1", "a", 60, 8, "batch", resumable=True),
+        gpu_request("b1", "b", 3 * HOUR, 4, "batch", resumable=True),
     ]
-    records = _run(_scenario(requests, nodes=1, gpus=8))
+    records = records_of(gpu_scenario(requests, nodes=1, gpus=8))
     assert records["b1"].funded[0] is False
     assert records["b1"].starts[0] == pytest.approx(3 * HOUR, abs=60)
     assert records["b1"].ends[0] == pytest.approx(5 * HOUR, abs=60)
@@ -235,11 +184,11 @@ def test_only_resumable_work_backfills_a_held_node() -> None:
     # As above, but b's later request is a notebook, which would lose its work when the
     # holder takes the node back: it waits instead.
     requests = [
-        _request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
-        _request("a1", "a", 60, 8, "batch", resumable=True),
-        _request("b1", "b", 3 * HOUR, 4, "interactive"),
+        gpu_request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
+        gpu_request("a1", "a", 60, 8, "batch", resumable=True),
+        gpu_request("b1", "b", 3 * HOUR, 4, "interactive"),
     ]
-    records = _run(_scenario(requests, nodes=1, gpus=8))
+    records = records_of(gpu_scenario(requests, nodes=1, gpus=8))
     assert records["a1"].starts[0] == pytest.approx(5 * HOUR, abs=60)
     assert records["b1"].starts[0] > 5 * HOUR
 
@@ -249,11 +198,11 @@ def test_a_debug_session_takes_a_held_nodes_free_slices() -> None:
     # hold taken by protected work, it would wait for the holder's whole run (20 h);
     # it starts at once on the held node's free GPUs and ends before the holder fits.
     requests = [
-        _request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
-        _request("a1", "a", 60, 8, "batch", resumable=True),
-        _debug("b1", "b", 3 * HOUR),
+        gpu_request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
+        gpu_request("a1", "a", 60, 8, "batch", resumable=True),
+        debug_request("b1", "b", 3 * HOUR),
     ]
-    records = _run(_scenario(requests, nodes=1, gpus=8))
+    records = records_of(gpu_scenario(requests, nodes=1, gpus=8))
     assert records["b1"].starts == [pytest.approx(3 * HOUR, abs=60)]
     assert records["b1"].finished and records["b1"].preemptions == 0
     assert records["a1"].starts[0] == pytest.approx(5 * HOUR, abs=60)
@@ -264,11 +213,11 @@ def test_a_debug_session_on_a_held_node_yields_to_the_holder_past_its_protection
     # 5 h: b, over its share with it, ranks below a (it has used more), so the holder
     # stops it then rather than wait for it to end at 8 h.
     requests = [
-        _request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
-        _request("a1", "a", 60, 8, "batch", resumable=True),
-        _request("b1", "b", 3 * HOUR, 1, "debug", min_runtime=600, duration=5 * HOUR),
+        gpu_request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
+        gpu_request("a1", "a", 60, 8, "batch", resumable=True),
+        gpu_request("b1", "b", 3 * HOUR, 1, "debug", min_runtime=600, duration=5 * HOUR),
     ]
-    records = _run(_scenario(requests, nodes=1, gpus=8))
+    records = records_of(gpu_scenario(requests, nodes=1, gpus=8))
     assert records["b1"].starts[0] == pytest.approx(3 * HOUR, abs=60)
     assert records["b1"].ends[0] == pytest.approx(5 * HOUR, abs=60)
     assert records["a1"].starts[0] == pytest.approx(5 * HOUR, abs=60)
@@ -280,10 +229,10 @@ def _slice_scenario(b_gpus: int, charged: dict[str, float]) -> dict[str, Any]:
     Teams rank by the window alone (``day_rank_weight`` 0), as these cases were built:
     with the last day in the rank, a's job, at four times a's share, would put a below
     b within hours, and b would stop it by rank before the day slice ends."""
-    scenario = _scenario(
+    scenario = gpu_scenario(
         [
-            _request("a1", "a", 0, 8, "batch", resumable=True),
-            _request("b1", "b", 1800, b_gpus, "batch", resumable=True),
+            gpu_request("a1", "a", 0, 8, "batch", resumable=True),
+            gpu_request("b1", "b", 1800, b_gpus, "batch", resumable=True),
         ],
         nodes=1,
         gpus=8,
@@ -305,7 +254,7 @@ def test_a_job_larger_than_its_teams_share_is_time_sliced_by_the_day() -> None:
     # team's only funded session may be larger than its share, but only until it has
     # been charged a day's share: 6 h. b ranks below a (it used 90 % of its week two
     # days ago), so by rank its waiting job could not stop a's until it ends at 20 h.
-    records = _run(_slice_scenario(6, {"b": 0.9 * 6 * WEEK_GPU_S}))
+    records = records_of(_slice_scenario(6, {"b": 0.9 * 6 * WEEK_GPU_S}))
     a1, b1 = records["a1"], records["b1"]
     assert a1.starts[0] == 0 and a1.funded[0]
     # Stopped at the first cycle after its day's share is charged (cycles run at least
@@ -322,7 +271,7 @@ def test_without_a_guaranteed_share_nothing_is_time_sliced() -> None:
     # funded resumable job whose team had been charged a day's share.)
     scenario = _slice_scenario(6, {"b": 0.9 * 6 * WEEK_GPU_S})
     scenario["policy"]["guaranteed_share"] = 0
-    records = _run(scenario)
+    records = records_of(scenario)
     a1, b1 = records["a1"], records["b1"]
     assert a1.starts == [0] and a1.funded == [True]
     assert a1.preemptions == 0 and a1.ends == [pytest.approx(20 * HOUR)]
@@ -337,10 +286,10 @@ def test_the_fast_lane_never_stops_a_debug_session() -> None:
     # the lane stop debug work, the two took turns stopping each other without end,
     # the simulated clock standing still.)
     requests = [
-        _request("d1", "a", 0, 2, "debug", min_runtime=0, duration=1200),
-        _request("d2", "a", 60, 2, "debug", min_runtime=0, duration=1200, priority=2),
+        gpu_request("d1", "a", 0, 2, "debug", min_runtime=0, duration=1200),
+        gpu_request("d2", "a", 60, 2, "debug", min_runtime=0, duration=1200, priority=2),
     ]
-    records = _run(_scenario(requests, nodes=1, gpus=2, unallocated_grace=0))
+    records = records_of(gpu_scenario(requests, nodes=1, gpus=2, unallocated_grace=0))
     d1, d2 = records["d1"], records["d2"]
     assert d1.starts == [0] and d1.preemptions == 0
     assert d2.starts == [pytest.approx(1200)]
@@ -355,16 +304,16 @@ def test_a_gang_holds_the_nodes_that_clear_soonest() -> None:
     # for the notebook until 10 h; holding those that clear soonest, it starts at 4 h.
     week = 3 * 8 * 7 * 24 * HOUR
     requests = [
-        _request("b0", "b", 0, 2, "interactive", min_runtime=8 * HOUR, duration=10 * HOUR),
-        _request("b1", "b", 1, 8, "batch", min_runtime=3 * HOUR, duration=4 * HOUR),
-        _request("b2", "b", 2, 8, "batch", min_runtime=3 * HOUR, duration=4 * HOUR),
-        _request("a1", "a", 60, 8, "batch", nodes=2, min_runtime=HOUR, duration=HOUR),
-        _request("b3", "b", HOUR, 8, "batch", min_runtime=HOUR, duration=10 * HOUR),
+        gpu_request("b0", "b", 0, 2, "interactive", min_runtime=8 * HOUR, duration=10 * HOUR),
+        gpu_request("b1", "b", 1, 8, "batch", min_runtime=3 * HOUR, duration=4 * HOUR),
+        gpu_request("b2", "b", 2, 8, "batch", min_runtime=3 * HOUR, duration=4 * HOUR),
+        gpu_request("a1", "a", 60, 8, "batch", nodes=2, min_runtime=HOUR, duration=HOUR),
+        gpu_request("b3", "b", HOUR, 8, "batch", min_runtime=HOUR, duration=10 * HOUR),
     ]
-    scenario = _scenario(requests, nodes=3, gpus=8, funded_burst=0)
+    scenario = gpu_scenario(requests, nodes=3, gpus=8, funded_burst=0)
     scenario["teams"] = [{"name": "a", "share": {"gpu": 0.7}}, {"name": "b", "share": {"gpu": 0.3}}]
     scenario["usage"] = [{"team": "a", "pool": "gpu", "gpu_seconds": 0.6 * week, "ago": HOUR}]
-    records = _run(scenario)
+    records = records_of(scenario)
     assert all(records[r].funded[0] for r in ("b0", "b1", "b2", "a1"))
     assert records["b0"].nodes[0] == ["n-0"]
     assert records["a1"].starts[0] == pytest.approx(4 * HOUR, abs=60)
@@ -379,11 +328,11 @@ def test_a_held_request_ranks_as_its_team_stands_before_its_own_charge() -> None
     # starvation bound) it holds nodes, and a holder ranks as its team stands now,
     # which is ahead of b from 3 h: it stops one of b's jobs then.
     requests = [
-        _request("b1", "b", 0, 4, "batch"),
-        _request("b2", "b", 1, 4, "batch"),
-        _request("a1", "a", 60, 4, "batch", min_runtime=4 * HOUR, duration=HOUR),
+        gpu_request("b1", "b", 0, 4, "batch"),
+        gpu_request("b2", "b", 1, 4, "batch"),
+        gpu_request("a1", "a", 60, 4, "batch", min_runtime=4 * HOUR, duration=HOUR),
     ]
-    records = _run(_scenario(requests, usage={"a": 24 * HOUR}, funded_burst=0))
+    records = records_of(gpu_scenario(requests, usage={"a": 24 * HOUR}, funded_burst=0))
     assert records["b1"].funded[0] and records["b2"].funded[0]
     assert 3 * HOUR <= records["a1"].starts[0] <= 3.5 * HOUR
     assert records["a1"].funded[0]
@@ -395,8 +344,8 @@ def test_a_job_larger_than_its_teams_share_is_not_funded_once_its_day_is_spent()
     # day is spent, though its week's budget (336 GPU-h) is not. Its 8-GPU job, alone,
     # runs at once on the idle node, but unallocated (preemptible), not funded from
     # the week's budget.
-    scenario = _scenario(
-        [_request("a1", "a", 0, 8, "batch", resumable=True, duration=2 * HOUR)],
+    scenario = gpu_scenario(
+        [gpu_request("a1", "a", 0, 8, "batch", resumable=True, duration=2 * HOUR)],
         nodes=1,
         gpus=8,
     )
@@ -405,22 +354,22 @@ def test_a_job_larger_than_its_teams_share_is_not_funded_once_its_day_is_spent()
         {"name": "b", "share": {"gpu": 0.75}},
     ]
     scenario["usage"] = [{"team": "a", "pool": "gpu", "gpu_seconds": 48 * HOUR, "ago": HOUR}]
-    records = _run(scenario)
+    records = records_of(scenario)
     assert records["a1"].starts == [0]
     assert records["a1"].funded == [False]
 
 
 def _beside_scenario(notebook_gpus: int = 1, job_nodes: int = 2) -> dict[str, Any]:
     requests = [
-        _request(
+        gpu_request(
             "a0", "a", 0, notebook_gpus, "interactive", min_runtime=8 * HOUR, duration=20 * HOUR
         ),
-        _request("b1", "b", 1, 8, "batch", resumable=True),
-        _request("b2", "b", 2, 8, "batch", resumable=True),
-        _request("c1", "c", 3, 8, "batch", resumable=True, min_runtime=8 * HOUR),
-        _request("a1", "a", HOUR, 8, "batch", nodes=job_nodes, resumable=True),
+        gpu_request("b1", "b", 1, 8, "batch", resumable=True),
+        gpu_request("b2", "b", 2, 8, "batch", resumable=True),
+        gpu_request("c1", "c", 3, 8, "batch", resumable=True, min_runtime=8 * HOUR),
+        gpu_request("a1", "a", HOUR, 8, "batch", nodes=job_nodes, resumable=True),
     ]
-    scenario = _scenario(requests, nodes=4, gpus=8)
+    scenario = gpu_scenario(requests, nodes=4, gpus=8)
     scenario["teams"] = [
         {"name": "a", "share": {"gpu": 0.25}},
         {"name": "b", "share": {"gpu": 0.125}},
@@ -439,7 +388,7 @@ def test_a_job_larger_than_its_share_is_day_sliced_beside_its_teams_other_work()
     # stopped once the day's share has paid for it and the notebook, 17 GPUs together:
     # about 11.2 h. Funded only as a team's only session, it waited for the notebook
     # and c's job to end at 20 h.
-    records = _run(_beside_scenario())
+    records = records_of(_beside_scenario())
     a1 = records["a1"]
     assert records["b1"].funded[0] is False and records["b2"].funded[0] is False
     assert a1.starts[0] == pytest.approx(HOUR, abs=60) and a1.funded[0]
@@ -456,11 +405,11 @@ def _short_slice_scenario(b1_resumable: bool) -> dict[str, Any]:
     # protected for 1 h, is what a's day can pay for 30 min of. Teams rank by the
     # window alone (with the last day in the rank, a's spent day puts it below b).
     requests = [
-        _request("b1", "b", 0, 4, "batch", min_runtime=600, resumable=b1_resumable),
-        _request("b2", "b", 0, 4, "interactive", min_runtime=600),
-        _request("a1", "a", HOUR / 2, 4, "batch", resumable=True, duration=10 * HOUR),
+        gpu_request("b1", "b", 0, 4, "batch", min_runtime=600, resumable=b1_resumable),
+        gpu_request("b2", "b", 0, 4, "interactive", min_runtime=600),
+        gpu_request("a1", "a", HOUR / 2, 4, "batch", resumable=True, duration=10 * HOUR),
     ]
-    scenario = _scenario(requests, nodes=2, gpus=4, day_rank_weight=0)
+    scenario = gpu_scenario(requests, nodes=2, gpus=4, day_rank_weight=0)
     scenario["teams"] = [
         {"name": "a", "share": {"gpu": 0.25}},
         {"name": "b", "share": {"gpu": 0.75}},
@@ -476,7 +425,7 @@ def test_a_day_slice_shorter_than_an_hour_is_funded_and_stops_only_resumable_wor
     # The 30 min a's day pays for fund a slice (15 min is the shortest): a1 stops b's
     # resumable job, whose team ranks below, and runs until the day is spent. With
     # slices of at least an hour, a1 waited unfunded until b's sessions ended at 20 h.
-    records = _run(_short_slice_scenario(b1_resumable=True))
+    records = records_of(_short_slice_scenario(b1_resumable=True))
     a1, b1 = records["a1"], records["b1"]
     assert b1.funded[0] and records["b2"].funded[0]
     assert a1.starts[0] == pytest.approx(HOUR / 2, abs=60) and a1.funded[0]
@@ -489,7 +438,7 @@ def test_a_day_slice_shorter_than_an_hour_stops_no_session_that_cannot_resume() 
     # The same with b's batch job not resumable: a slice of an hour or more could stop
     # it or the notebook (past protection, their team below); a 30-min one may stop
     # neither, and a1 waits.
-    records = _run(_short_slice_scenario(b1_resumable=False))
+    records = records_of(_short_slice_scenario(b1_resumable=False))
     assert records["b1"].preemptions == 0 and records["b2"].preemptions == 0
     assert records["a1"].starts[0] == pytest.approx(20 * HOUR, abs=60)
 
@@ -500,14 +449,16 @@ def test_a_team_runs_one_job_larger_than_its_share_beside_its_other_work() -> No
     # second is no day slice; beyond 1.5 x the share, the window budget does not fund
     # it either: it would run unallocated, at every cycle that weighs it.
     scenario = _beside_scenario()
-    scenario["requests"].append(_request("a2", "a", 2 * HOUR, 8, "batch", nodes=2, resumable=True))
+    scenario["requests"].append(
+        gpu_request("a2", "a", 2 * HOUR, 8, "batch", nodes=2, resumable=True)
+    )
     weighed: list[bool] = []
 
     def watch(scheduler: Any, decisions: Any, now: float) -> None:
         if "a2" in decisions.funded and now < 10 * HOUR:
             weighed.append(decisions.funded["a2"])
 
-    records = Simulation(parse_scenario(scenario), observer=watch).run().records
+    records = simulation(scenario, watch).run().records
     assert records["a1"].funded[0] and records["a1"].starts[0] == pytest.approx(HOUR, abs=60)
     assert weighed and not any(weighed)
 
@@ -519,18 +470,18 @@ def test_a_job_larger_than_its_share_holds_no_nodes_beside_its_teams_other_work(
     # bound it holds no nodes, so c's next job takes n-1 when it frees at 4 h. (Held,
     # n-1 sat idle until 10 h, and the gang started no sooner: at 20 h, as here.)
     requests = [
-        _request("a0", "a", 0, 1, "interactive", min_runtime=8 * HOUR, duration=20 * HOUR),
-        _request("c1", "c", 1, 8, "batch", min_runtime=4 * HOUR, duration=4 * HOUR),
-        _request("c2", "c", 2, 8, "batch", min_runtime=10 * HOUR, duration=10 * HOUR),
-        _request("a1", "a", HOUR / 2, 8, "batch", nodes=2, resumable=True),
-        _request("c3", "c", 3 * HOUR, 8, "batch", resumable=True),
+        gpu_request("a0", "a", 0, 1, "interactive", min_runtime=8 * HOUR, duration=20 * HOUR),
+        gpu_request("c1", "c", 1, 8, "batch", min_runtime=4 * HOUR, duration=4 * HOUR),
+        gpu_request("c2", "c", 2, 8, "batch", min_runtime=10 * HOUR, duration=10 * HOUR),
+        gpu_request("a1", "a", HOUR / 2, 8, "batch", nodes=2, resumable=True),
+        gpu_request("c3", "c", 3 * HOUR, 8, "batch", resumable=True),
     ]
-    scenario = _scenario(requests, nodes=3, gpus=8)
+    scenario = gpu_scenario(requests, nodes=3, gpus=8)
     scenario["teams"] = [
         {"name": "a", "share": {"gpu": 0.25}},
         {"name": "c", "share": {"gpu": 0.75}},
     ]
-    records = _run(scenario)
+    records = records_of(scenario)
     assert records["c3"].starts[0] == pytest.approx(4 * HOUR, abs=60)
     assert records["c3"].nodes[0] == ["n-1"]
     assert records["a1"].starts[0] == pytest.approx(20 * HOUR, abs=60)
@@ -544,7 +495,7 @@ def test_a_job_larger_than_its_share_is_day_sliced_whatever_its_weeks_budget() -
     # stopped once the day's 48 GPU-h are charged (6 h), for b's waiting job (b, at
     # 1.5 of its week, ranks above a and may not stop it before). Gated by the week,
     # it ran unallocated, and so did b's, which then could not stop it.
-    records = _run(_slice_scenario(8, {"a": 370 * HOUR, "b": 1.5 * 6 * WEEK_GPU_S}))
+    records = records_of(_slice_scenario(8, {"a": 370 * HOUR, "b": 1.5 * 6 * WEEK_GPU_S}))
     a1, b1 = records["a1"], records["b1"]
     assert a1.starts[0] == 0 and a1.funded[0]
     assert 6 * HOUR <= a1.ends[0] <= 6 * HOUR + 300
@@ -553,7 +504,7 @@ def test_a_job_larger_than_its_share_is_day_sliced_whatever_its_weeks_budget() -
 
 def _own_slice_scenario(requests: list[dict[str, Any]], after: str = "2h") -> dict[str, Any]:
     # Two 8-GPU nodes; a's share is 8 GPUs (192 GPU-h a day), b has none waiting.
-    return _scenario(requests, nodes=2, gpus=8, own_slice_after=after)
+    return gpu_scenario(requests, nodes=2, gpus=8, own_slice_after=after)
 
 
 def test_a_job_larger_than_its_share_stops_its_own_teams_work_after_the_bound() -> None:
@@ -563,11 +514,11 @@ def test_a_job_larger_than_its_share_stops_its_own_teams_work_after_the_bound() 
     # a's only funded job resumable and past its protected window, the team slices
     # itself: the gang is funded from a's day, stops a's own job and starts; it is
     # stopped once the day's share is charged, and a's job comes back.
-    records = _run(
+    records = records_of(
         _own_slice_scenario(
             [
-                _request("a1", "a", 0, 4, "batch", resumable=True),
-                _request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=20 * HOUR),
+                gpu_request("a1", "a", 0, 4, "batch", resumable=True),
+                gpu_request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=20 * HOUR),
             ]
         )
     )
@@ -584,12 +535,12 @@ def test_a_teams_new_batch_work_waits_unfunded_behind_its_gang_past_the_bound() 
     # before then. a's next 4-GPU job (at 3 h, protected 8 h if funded) would be funded
     # by the share and hold the gang off until 11 h; behind the gang past the bound it
     # is not funded (it runs unallocated on the free node), and the gang starts at 8 h.
-    records = _run(
+    records = records_of(
         _own_slice_scenario(
             [
-                _request("a1", "a", 0, 4, "batch", resumable=True, min_runtime=8 * HOUR),
-                _request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=HOUR),
-                _request("a3", "a", 3 * HOUR, 4, "batch", resumable=True, min_runtime=8 * HOUR),
+                gpu_request("a1", "a", 0, 4, "batch", resumable=True, min_runtime=8 * HOUR),
+                gpu_request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=HOUR),
+                gpu_request("a3", "a", 3 * HOUR, 4, "batch", resumable=True, min_runtime=8 * HOUR),
             ]
         )
     )
@@ -603,10 +554,10 @@ def test_a_team_slices_itself_only_when_turned_on() -> None:
     # The first scenario with own_slice_after off (0): the gang is funded neither
     # beside a's job nor by the day, so it waits for that job to end at 20 h.
     requests = [
-        _request("a1", "a", 0, 4, "batch", resumable=True),
-        _request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=HOUR),
+        gpu_request("a1", "a", 0, 4, "batch", resumable=True),
+        gpu_request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=HOUR),
     ]
-    records = _run(_own_slice_scenario(requests, after="0"))
+    records = records_of(_own_slice_scenario(requests, after="0"))
     assert records["a1"].preemptions == 0
     assert records["a2"].starts[0] == pytest.approx(20 * HOUR, abs=600)
     with pytest.raises(InputError) as error:
@@ -623,8 +574,8 @@ def test_a_team_slicing_itself_stops_only_resumable_sessions(resumable: bool) ->
     # job is stopped at once. With a funded request's usual rights, the gang stopped
     # the notebook past its protected hour at 2 h and threw away 2 h of its work.
     requests = [
-        _request("a1", "a", 0, 4, "batch", resumable=True),
-        _request(
+        gpu_request("a1", "a", 0, 4, "batch", resumable=True),
+        gpu_request(
             "b1",
             "b",
             1,
@@ -633,11 +584,11 @@ def test_a_team_slicing_itself_stops_only_resumable_sessions(resumable: bool) ->
             resumable=resumable,
             duration=6 * HOUR,
         ),
-        _request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=HOUR),
+        gpu_request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=HOUR),
     ]
     scenario = _own_slice_scenario(requests)
     scenario["usage"] = [{"team": "b", "pool": "gpu", "gpu_seconds": 8 * WEEK_GPU_S, "ago": HOUR}]
-    records = _run(scenario)
+    records = records_of(scenario)
     a2, b1 = records["a2"], records["b1"]
     assert a2.funded[0] and records["a1"].preemptions >= 1
     if resumable:
@@ -652,11 +603,11 @@ def _gang_or_notebook(notebook_hours: float) -> dict[str, RequestRecord]:
     # a and b have spent their week and only the budget funds (guaranteed_share 0), so
     # b's resumable 2-node gang and a's notebook (one node) run unallocated on the
     # three nodes. c's 4-GPU job, funded, comes at ``notebook_hours`` and must stop one.
-    scenario = _scenario(
+    scenario = gpu_scenario(
         [
-            _request("g", "b", 0, 4, "batch", nodes=2, resumable=True),
-            _request("nb", "a", 0, 4, "interactive"),
-            _request("x", "c", notebook_hours * HOUR, 4, "batch"),
+            gpu_request("g", "b", 0, 4, "batch", nodes=2, resumable=True),
+            gpu_request("nb", "a", 0, 4, "interactive"),
+            gpu_request("x", "c", notebook_hours * HOUR, 4, "batch"),
         ],
         nodes=3,
         usage={"a": 10 * WEEK_GPU_S, "b": 10 * WEEK_GPU_S},
@@ -667,7 +618,7 @@ def _gang_or_notebook(notebook_hours: float) -> dict[str, RequestRecord]:
         {"name": "b", "share": {"gpu": 0.3}},
         {"name": "c", "share": {"gpu": 0.4}},
     ]
-    return _run(scenario)
+    return records_of(scenario)
 
 
 def test_a_gang_costs_its_place_as_a_victim() -> None:
@@ -697,7 +648,7 @@ def test_a_job_within_its_share_is_day_sliced_beside_its_teams_other_work() -> N
     # which stops one of b's unallocated jobs at once. Unfunded, it stopped no one and
     # waited for a node to come free at 20 h.
     scenario = _beside_scenario(notebook_gpus=4, job_nodes=1)
-    records = _run(scenario)
+    records = records_of(scenario)
     a1 = records["a1"]
     assert records["b1"].funded[0] is False and records["b2"].funded[0] is False
     assert a1.starts[0] == pytest.approx(HOUR, abs=60) and a1.funded[0]

@@ -9,39 +9,22 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_fast_lane import _request
 
+from harness.builders import HOUR, gpu_request, gpu_scenario, records_of
 from scheduler_core.errors import InputError
 from scheduler_core.scenario import parse_scenario
-from scheduler_core.simulator import RequestRecord, Simulation
-
-HOUR = 3600
 
 
 def _scenario(requests: list[dict[str, Any]], **policy: Any) -> dict[str, Any]:
-    return {
-        "name": "idle",
-        "horizon": 30 * HOUR,
-        "policy": {"name": "budget", **policy},
-        "pools": [{"name": "gpu", "kind": "gpu"}],
-        "nodes": [{"name": "n-{i}", "count": 2, "pool": "gpu", "gpus": 4, "cpus": 32}],
-        "teams": [
-            {"name": "a", "share": {"gpu": 0.5}},
-            {"name": "b", "share": {"gpu": 0.5}},
-        ],
-        # b has used far more than its share lately: it ranks below a, so its funded
-        # requests may not stop a's funded sessions by the rank rule alone.
-        "usage": [{"team": "b", "pool": "gpu", "gpu_seconds": 4 * 24 * 5 * HOUR, "ago": HOUR}],
-        "requests": requests,
-    }
-
-
-def _run(scenario: dict[str, Any]) -> dict[str, RequestRecord]:
-    return Simulation(parse_scenario(scenario)).run().records
+    """Two 4-GPU nodes with 32 CPUs each (`gpu_scenario`). b has used far more than its
+    share lately: it ranks below a, so its funded requests may not stop a's funded
+    sessions by the rank rule alone."""
+    usage = {"b": 4 * 24 * 5 * HOUR}
+    return gpu_scenario(requests, cpus=32, usage=usage, name="idle", **policy)
 
 
 def _notebook(rid: str, team: str, submit: float, gpus: int, **extra: Any) -> dict[str, Any]:
-    return _request(rid, team, submit, gpus, "interactive", **extra)
+    return gpu_request(rid, team, submit, gpus, "interactive", **extra)
 
 
 def test_an_idle_session_is_stopped_before_one_that_would_lose_less_work() -> None:
@@ -57,10 +40,10 @@ def test_an_idle_session_is_stopped_before_one_that_would_lose_less_work() -> No
         ]
 
     # funded_burst 1: a's funded room ends at its share, so x and y run unallocated.
-    busy = _run(_scenario(requests(idle=False), funded_burst=1))
+    busy = records_of(_scenario(requests(idle=False), funded_burst=1))
     assert not busy["x"].funded[0] and not busy["y"].funded[0]
     assert (busy["x"].preemptions, busy["y"].preemptions) == (0, 1)
-    idle = _run(_scenario(requests(idle=True), funded_burst=1))
+    idle = records_of(_scenario(requests(idle=True), funded_burst=1))
     assert (idle["x"].preemptions, idle["y"].preemptions) == (1, 0)
     assert idle["bb"].starts[0] == 3 * HOUR
 
@@ -75,12 +58,12 @@ def test_idle_release_lets_any_funded_request_stop_an_idle_funded_session() -> N
         _notebook("b1", "b", 1.27 * HOUR, 2),
     ]
     # funded_burst 2: a's window budget funds both of its sessions.
-    kept = _run(_scenario(requests, funded_burst=2))
+    kept = records_of(_scenario(requests, funded_burst=2))
     assert kept["a2"].funded == [True]
     assert kept["a1"].funded == [True] and kept["a1"].preemptions == 0
     assert kept["b1"].starts == [] or kept["b1"].starts[0] >= 20 * HOUR
 
-    released = _run(_scenario(requests, idle_release=1800, funded_burst=2))
+    released = records_of(_scenario(requests, idle_release=1800, funded_burst=2))
     # Idle since 1 h, releasable from 1.5 h: b1 starts then, not at the next budget check.
     assert released["a1"].ends[0] == pytest.approx(1.5 * HOUR)
     assert released["b1"].starts[0] == pytest.approx(1.5 * HOUR)
@@ -94,7 +77,7 @@ def test_idle_release_waits_for_the_protected_window() -> None:
         _notebook("a2", "a", 0, 4, min_runtime=4 * HOUR),
         _notebook("b1", "b", 0.5 * HOUR, 2),
     ]
-    records = _run(_scenario(requests, idle_release=600, funded_burst=2))
+    records = records_of(_scenario(requests, idle_release=600, funded_burst=2))
     assert records["b1"].starts[0] == pytest.approx(4 * HOUR)
 
 
@@ -108,7 +91,7 @@ def test_a_session_is_idle_again_only_after_idle_after_of_its_new_run() -> None:
     ]
     # guaranteed_share 2: a1 comes back within a's guaranteed room, so it may stop b1
     # (work funded beyond that may stop only unallocated sessions).
-    records = _run(_scenario(requests, idle_release=1800, funded_burst=2, guaranteed_share=2))
+    records = records_of(_scenario(requests, idle_release=1800, funded_burst=2, guaranteed_share=2))
     a1 = records["a1"]
     assert a1.preemptions >= 2
     for start, end in zip(a1.starts[: a1.preemptions], a1.ends, strict=False):

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
+from harness.builders import request, scenario, scheduler
 from scheduler_core.outlook import admission_order
 from scheduler_core.scenario import parse_scenario
-from scheduler_core.scheduler import Scheduler
-from tests.unit.test_rules import req, scenario
-from tests.unit.test_settle import Clock, Idle
 
 
 def order_of(data: dict) -> list[str]:
     parsed = parse_scenario(data)
-    core = Scheduler(parsed.settings, parsed.pools, parsed.nodes, parsed.teams, Clock(), Idle())
+    core = scheduler(parsed)
     for seeded in parsed.usage:
         core.ledger.add(seeded.team, seeded.pool, seeded.at, seeded.units)
-    for request in parsed.requests:
-        core.submit(request)
+    for waiting in parsed.requests:
+        core.submit(waiting)
     return admission_order(core.view(10.0), 10.0)
 
 
@@ -25,11 +23,11 @@ def test_teams_take_turns_as_each_funded_admission_is_charged() -> None:
     teams' ratios now would show."""
     data = scenario(
         requests=[
-            req("a1", "a", 0, gpus=2),
-            req("a2", "a", 1, gpus=2),
-            req("a3", "a", 2, gpus=2),
-            req("b1", "b", 3, gpus=2),
-            req("b2", "b", 4, gpus=2),
+            request("a1", "a", 0, gpus=2),
+            request("a2", "a", 1, gpus=2),
+            request("a3", "a", 2, gpus=2),
+            request("b1", "b", 3, gpus=2),
+            request("b2", "b", 4, gpus=2),
         ]
     )
     assert order_of(data) == ["a1", "b1", "a2", "b2", "a3"]
@@ -41,10 +39,10 @@ def test_a_team_over_its_allocation_is_not_charged_and_keeps_its_place_behind() 
     data = scenario(
         usage=[{"team": "b", "pool": "g", "gpu_seconds": 2 * 0.5 * 8 * 7 * 86400, "ago": 3600}],
         requests=[
-            req("b1", "b", 0),
-            req("a1", "a", 1, gpus=4),
-            req("a2", "a", 2, gpus=4),
-            req("b2", "b", 3),
+            request("b1", "b", 0),
+            request("a1", "a", 1, gpus=4),
+            request("a2", "a", 2, gpus=4),
+            request("b2", "b", 3),
         ],
     )
     assert order_of(data) == ["a1", "a2", "b1", "b2"]

@@ -19,14 +19,20 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_fast_lane import _debug, _request, _scenario
-from test_properties import only_placeable
 
+from harness.builders import (
+    debug_request,
+    gpu_request,
+    gpu_scenario,
+    node,
+    only_placeable,
+    records_of,
+)
 from scheduler_core import scheduler as scheduler_module
 from scheduler_core.capacity import Capacity
 from scheduler_core.kept import KnownFailures, shape_of
 from scheduler_core.ledger import UsageLedger
-from scheduler_core.model import Gpu, MigInstance, Node, NodeGrant, Request, Slice, SliceKind
+from scheduler_core.model import Node, NodeGrant, Request, Slice, SliceKind
 from scheduler_core.nodefree import NodeFree
 from scheduler_core.policy import Failures
 from scheduler_core.registry import decide
@@ -240,16 +246,12 @@ def test_a_failed_search_is_remembered_with_the_teams_it_could_stop() -> None:
     failure kept b waiting until a's notebook ended at 8 h."""
     hour = 3600
     requests = [
-        _request("a1", "a", 0, 1, "interactive", min_runtime=8 * hour, duration=20 * hour),
-        _request("b1", "b", 0, 1, "interactive", min_runtime=600, duration=20 * hour),
-        _debug("da", "a", 300),
-        _debug("db", "b", 301),
+        gpu_request("a1", "a", 0, 1, "interactive", min_runtime=8 * hour, duration=20 * hour),
+        gpu_request("b1", "b", 0, 1, "interactive", min_runtime=600, duration=20 * hour),
+        debug_request("da", "a", 300),
+        debug_request("db", "b", 301),
     ]
-    records = (
-        Simulation(parse_scenario(_scenario(requests, nodes=1, gpus=2, usage={"b": 1e6})))
-        .run()
-        .records
-    )
+    records = records_of(gpu_scenario(requests, nodes=1, gpus=2, usage={"b": 1e6}))
     assert records["db"].starts == [600]
     assert records["b1"].ends[0] == 600
     assert records["a1"].starts[0] == 0 and records["a1"].ends[0] >= 8 * hour
@@ -282,17 +284,8 @@ def test_no_request_starts_twice_in_one_instant(scenario: Scenario) -> None:
 
 
 def _node(name: str, gpus: int = 8, cpus: float = 10.0, mig: int = 0) -> Node:
-    devices = tuple(
-        Gpu(
-            f"{name}-gpu{i}",
-            i,
-            mig=tuple(MigInstance(f"{name}-{i}-mig{j}", "1g.10gb") for j in range(mig))
-            if i == 0
-            else (),
-        )
-        for i in range(gpus)
-    )
-    return Node(name, "g", cpus, 256.0, devices)
+    """A node of pool g; GPU 0 cut into ``mig`` 1g.10gb instances."""
+    return node(name, gpus=gpus, cpus=cpus, memory_gib=256.0, mig=["1g.10gb"] * mig)
 
 
 def _state(capacity: Capacity) -> list[tuple[Any, ...]]:
@@ -332,7 +325,7 @@ def test_a_failed_multi_node_placement_leaves_what_take_and_give_would(
     old._pool_buckets("g")
     # Shuffle the buckets a little first, as earlier placements would.
     for capacity in (placed, old):
-        grant = NodeGrant("n0", (Slice("n0-gpu1", SliceKind.WHOLE),), 0.1, 1.0)
+        grant = NodeGrant("n0", (Slice(nodes[0].gpus[1].uuid, SliceKind.WHOLE),), 0.1, 1.0)
         capacity.take((grant,))
         capacity.give((grant,))
     assert placed.place(request, PlacementStrategy.BEST_FIT) is None

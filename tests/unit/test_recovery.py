@@ -12,22 +12,17 @@ import asyncio
 import logging
 from typing import Any
 
-from test_fast_lane import HOUR, _debug, _scenario
-
+from harness import builders
+from harness.builders import HOUR, debug_request, gpu_scenario, scheduler
 from scheduler_core.model import Allocation
-from scheduler_core.scenario import parse_scenario
 from scheduler_core.scheduler import Scheduler
-from scheduler_core.store import RequestState, Store
+from scheduler_core.simulator import VirtualClock
+from scheduler_core.store import RequestState
 from spawner.actuator import SessionActuator, Timeouts
 from spawner.hubapi import HubClient
 from spawner.recovery import recover
 
 NOW = 100 * HOUR
-
-
-class _Clock:
-    def now(self) -> float:
-        return NOW
 
 
 class _Started:
@@ -47,14 +42,12 @@ def _restart(stopped: dict[str, int]) -> tuple[Scheduler, dict[str, Allocation]]
     """A store left with one waiting debug request per entry of ``stopped`` (request id:
     preempt events in the log), taken back into a new core; then one cycle."""
     requests = [
-        {**_debug(rid, "a", NOW - HOUR + i), "id": f"u{i}/srv/{rid}"}
+        {**debug_request(rid, "a", NOW - HOUR + i), "id": f"u{i}/srv/{rid}"}
         for i, rid in enumerate(stopped)
     ]
-    scenario = parse_scenario(_scenario(requests))
+    scenario = gpu_scenario(requests, parse=True)
     started = _Started()
-    core = Scheduler(
-        scenario.settings, scenario.pools, scenario.nodes, scenario.teams, _Clock(), started
-    )
+    core = scheduler(scenario, clock=VirtualClock(NOW), actuator=started)
     hub = HubClient("")
     actuator = SessionActuator(
         {},
@@ -70,9 +63,7 @@ def _restart(stopped: dict[str, int]) -> tuple[Scheduler, dict[str, Allocation]]
         notices={},
         log=logging.getLogger("test_recovery"),
     )
-    with Store.create("sqlite://") as store:
-        store.save_pools(scenario.pools)
-        store.save_teams(scenario.teams)
+    with builders.store(pools=scenario.pools, teams=scenario.teams) as store:
         for request in scenario.requests:
             store.add_request(request)
             times = stopped[request.id.rsplit("/", 1)[1]]

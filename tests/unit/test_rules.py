@@ -9,53 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.builders import DAY, HOUR, WEEK, outcome_of, request, rows_of, scenario, simulation
 from scheduler_core.capacity import Capacity
 from scheduler_core.errors import InputError
-from scheduler_core.metrics import result
 from scheduler_core.model import Pool, PoolKind, Request, SliceKind, Team
 from scheduler_core.ranking import PoolRanking
 from scheduler_core.rules import oversize
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.settings import PlacementStrategy, SettingError, Settings, setting_from_text
-from scheduler_core.simulator import Simulation
 from scheduler_core.teams import TeamTree
 from scheduler_core.view import ClusterView
-
-HOUR = 3600
-DAY = 86400
-WEEK = 7 * DAY
-
-
-def scenario(**overrides: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "name": "rule",
-        "horizon": 86400,
-        "pools": [{"name": "g", "kind": "gpu"}, {"name": "cpu", "kind": "cpu"}],
-        "nodes": [{"name": "n1", "pool": "g", "gpus": 8, "cpus": 64, "memory_gib": 512}],
-        "teams": [{"name": "a", "share": 0.5}, {"name": "b", "share": 0.5}],
-        "requests": [],
-    }
-    base.update(overrides)
-    return base
-
-
-def req(rid: str, team: str, submit: float = 0, **fields: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": rid,
-        "user": f"u-{team}",
-        "team": team,
-        "submit": submit,
-        "pool": "g",
-        "gpus": 1,
-        "duration": 3600,
-    }
-    out.update(fields)
-    return out
-
-
-def run(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    outcome = result(Simulation(parse_scenario(data)).run())
-    return {r["id"]: r for r in outcome["requests"]}
 
 
 def heavy_usage(
@@ -73,10 +36,10 @@ def heavy_usage(
 
 def test_lower_occupancy_team_goes_first() -> None:
     # Both arrive together for the one 8-GPU node; b has used less of its share.
-    out = run(
+    out = rows_of(
         scenario(
             usage=[heavy_usage("a", 0.5)],
-            requests=[req("a1", "a", 0, gpus=8), req("b1", "b", 0, gpus=8)],
+            requests=[request("a1", "a", 0, gpus=8), request("b1", "b", 0, gpus=8)],
         )
     )
     assert out["b1"]["starts"][0] == 0
@@ -84,13 +47,13 @@ def test_lower_occupancy_team_goes_first() -> None:
 
 
 def test_priority_orders_only_inside_a_team() -> None:
-    out = run(
+    out = rows_of(
         scenario(
             usage=[heavy_usage("a", 0.2)],
             requests=[
-                req("a-low", "a", 0, gpus=8, priority=0),
-                req("a-high", "a", 5, gpus=8, priority=100),
-                req("b-none", "b", 5, gpus=8, priority=-5),
+                request("a-low", "a", 0, gpus=8, priority=0),
+                request("a-high", "a", 5, gpus=8, priority=100),
+                request("b-none", "b", 5, gpus=8, priority=-5),
             ],
         )
     )
@@ -101,12 +64,12 @@ def test_priority_orders_only_inside_a_team() -> None:
 
 
 def test_priority_then_submit_time_inside_a_team() -> None:
-    out = run(
+    out = rows_of(
         scenario(
             requests=[
-                req("first", "a", 0, gpus=8),
-                req("old", "a", 1, gpus=8),
-                req("urgent", "a", 2, gpus=8, priority=3),
+                request("first", "a", 0, gpus=8),
+                request("old", "a", 1, gpus=8),
+                request("urgent", "a", 2, gpus=8, priority=3),
             ]
         )
     )
@@ -119,10 +82,10 @@ def test_priority_then_submit_time_inside_a_team() -> None:
 def test_team_over_its_allocation_runs_unallocated() -> None:
     # a's week and day are spent and 6 GPUs are more than its share now (4 of 8):
     # unallocated.
-    out = run(
+    out = rows_of(
         scenario(
             usage=[heavy_usage("a", 1.2, ago=HOUR)],
-            requests=[req("a1", "a", 0, gpus=6), req("b1", "b", 0, gpus=2)],
+            requests=[request("a1", "a", 0, gpus=6), request("b1", "b", 0, gpus=2)],
         )
     )
     assert out["a1"]["funded"] == [False]
@@ -131,12 +94,12 @@ def test_team_over_its_allocation_runs_unallocated() -> None:
 
 def test_a_team_is_funded_within_its_share_now_whatever_its_week() -> None:
     # a's week is spent, but its funded sessions stay within its share of the pool now.
-    requests = [req("a1", "a", 0, gpus=4), req("a2", "a", 10, gpus=2)]
-    out = run(scenario(usage=[heavy_usage("a", 1.2)], requests=requests))
+    requests = [request("a1", "a", 0, gpus=4), request("a2", "a", 10, gpus=2)]
+    out = rows_of(scenario(usage=[heavy_usage("a", 1.2)], requests=requests))
     assert out["a1"]["funded"] == [True]
     assert out["a2"]["funded"] == [False]  # 4 + 2 GPUs would pass the share
     # With the guarantee off only the window budget funds.
-    off = run(
+    off = rows_of(
         scenario(
             usage=[heavy_usage("a", 1.2)],
             requests=requests,
@@ -151,15 +114,15 @@ def test_the_window_budget_funds_at_most_the_burst_above_the_share() -> None:
     # (the default) its requests are funded: the third 4-GPU one would make 12,
     # unallocated; within 1.5 x 8 = 12 the fourth would make 16.
     nodes = [{"name": f"n{i}", "pool": "g", "gpus": 8} for i in (1, 2)]
-    requests = [req(f"a{i}", "a", i, gpus=4) for i in range(4)]
-    out = run(scenario(nodes=nodes, requests=requests))
+    requests = [request(f"a{i}", "a", i, gpus=4) for i in range(4)]
+    out = rows_of(scenario(nodes=nodes, requests=requests))
     assert [out[f"a{i}"]["funded"] for i in range(4)] == [[True], [True], [False], [False]]
-    wider = run(scenario(nodes=nodes, requests=requests, policy={"funded_burst": 1.5}))
+    wider = rows_of(scenario(nodes=nodes, requests=requests, policy={"funded_burst": 1.5}))
     assert [wider[f"a{i}"]["funded"] for i in range(4)] == [[True], [True], [True], [False]]
-    uncapped = run(scenario(nodes=nodes, requests=requests, policy={"funded_burst": 0}))
+    uncapped = rows_of(scenario(nodes=nodes, requests=requests, policy={"funded_burst": 0}))
     assert [uncapped[f"a{i}"]["funded"] for i in range(4)] == [[True]] * 4
     # A request bigger than the cap is funded while it is the team's only funded work.
-    big = run(scenario(nodes=nodes, requests=[req("a-big", "a", 0, gpus=8, nodes=2)]))
+    big = rows_of(scenario(nodes=nodes, requests=[request("a-big", "a", 0, gpus=8, nodes=2)]))
     assert big["a-big"]["funded"] == [True]
 
 
@@ -167,11 +130,11 @@ def test_budget_must_cover_the_protected_window() -> None:
     # b has used 99 % of its week; an 8 h protected window on 8 GPUs does not fit in 1 %.
     # (The window budget alone: with the guaranteed share on, 8 GPUs, more than b's
     # share, would be a day slice, funded from b's untouched last day.)
-    out = run(
+    out = rows_of(
         scenario(
             policy={"guaranteed_share": 0},
             usage=[heavy_usage("b", 0.99)],
-            requests=[req("b1", "b", 0, gpus=8, min_runtime=28800, duration=600)],
+            requests=[request("b1", "b", 0, gpus=8, min_runtime=28800, duration=600)],
         )
     )
     assert out["b1"]["funded"] == [False]
@@ -193,13 +156,13 @@ def placement_cluster() -> dict[str, Any]:
 
 
 def test_best_fit_keeps_whole_nodes_free() -> None:
-    out = run(
+    out = rows_of(
         placement_cluster()
         | {
             "requests": [
-                req("six", "a", 0, gpus=6, duration=9000),
-                req("two", "b", 10, gpus=2),
-                req("eight", "a", 20, gpus=8),
+                request("six", "a", 0, gpus=6, duration=9000),
+                request("two", "b", 10, gpus=2),
+                request("eight", "a", 20, gpus=8),
             ]
         }
     )
@@ -209,12 +172,12 @@ def test_best_fit_keeps_whole_nodes_free() -> None:
 
 
 def test_mig_and_label_constraints() -> None:
-    out = run(
+    out = rows_of(
         placement_cluster()
         | {
             "requests": [
-                req("m", "a", 0, gpus=0, mig="1g.10gb"),
-                req("d", "b", 0, pool="cpu", gpus=0, cpus=8, labels={"storage": "weka-a"}),
+                request("m", "a", 0, gpus=0, mig="1g.10gb"),
+                request("d", "b", 0, pool="cpu", gpus=0, cpus=8, labels={"storage": "weka-a"}),
             ]
         }
     )
@@ -238,7 +201,7 @@ def test_fractions_pack_onto_one_gpu() -> None:
 
 
 def test_multi_node_request_gets_distinct_whole_nodes() -> None:
-    out = run(placement_cluster() | {"requests": [req("big", "a", 0, gpus=8, nodes=2)]})
+    out = rows_of(placement_cluster() | {"requests": [request("big", "a", 0, gpus=8, nodes=2)]})
     assert sorted(out["big"]["nodes"][0]) == ["empty", "full"]
 
 
@@ -246,12 +209,12 @@ def test_multi_node_request_gets_distinct_whole_nodes() -> None:
 
 
 def test_funded_request_preempts_unallocated_after_grace() -> None:
-    out = run(
+    out = rows_of(
         scenario(
             usage=[heavy_usage("a", 1.5, ago=HOUR)],
             requests=[
-                req("idle-use", "a", 0, gpus=8, duration=50000),
-                req("funded", "b", 30, gpus=4, min_runtime=3600),
+                request("idle-use", "a", 0, gpus=8, duration=50000),
+                request("funded", "b", 30, gpus=4, min_runtime=3600),
             ],
         )
     )
@@ -263,12 +226,12 @@ def test_funded_request_preempts_unallocated_after_grace() -> None:
 
 
 def test_never_preempt_inside_a_protected_window() -> None:
-    out = run(
+    out = rows_of(
         scenario(
             usage=[heavy_usage("a", 0.9)],
             requests=[
-                req("a-funded", "a", 0, gpus=8, min_runtime=7200, duration=7200 + 3600),
-                req("b-funded", "b", 10, gpus=8, min_runtime=600),
+                request("a-funded", "a", 0, gpus=8, min_runtime=7200, duration=7200 + 3600),
+                request("b-funded", "b", 10, gpus=8, min_runtime=600),
             ],
         )
     )
@@ -279,12 +242,12 @@ def test_never_preempt_inside_a_protected_window() -> None:
 def test_no_preemption_of_a_team_that_ranks_above_after_the_swap() -> None:
     # b is *more* occupied than a, so b may not preempt a's funded session even
     # after a's protected window: a would rank below b after the swap.
-    out = run(
+    out = rows_of(
         scenario(
             usage=[heavy_usage("a", 0.1), heavy_usage("b", 0.6)],
             requests=[
-                req("a1", "a", 0, gpus=8, min_runtime=600, duration=7200),
-                req("b1", "b", 700, gpus=8, min_runtime=600, duration=600),
+                request("a1", "a", 0, gpus=8, min_runtime=600, duration=7200),
+                request("b1", "b", 700, gpus=8, min_runtime=600, duration=600),
             ],
         )
     )
@@ -293,12 +256,12 @@ def test_no_preemption_of_a_team_that_ranks_above_after_the_swap() -> None:
 
 
 def test_lower_ranked_funded_session_past_protection_is_preempted() -> None:
-    out = run(
+    out = rows_of(
         scenario(
             usage=[heavy_usage("a", 0.6), heavy_usage("b", 0.1)],
             requests=[
-                req("a1", "a", 0, gpus=8, min_runtime=600, duration=7200, resumable=True),
-                req("b1", "b", 700, gpus=8, min_runtime=600, duration=600),
+                request("a1", "a", 0, gpus=8, min_runtime=600, duration=7200, resumable=True),
+                request("b1", "b", 700, gpus=8, min_runtime=600, duration=600),
             ],
         )
     )
@@ -313,14 +276,14 @@ def short_today(weight: float) -> dict[str, dict[str, Any]]:
     """a ran hard two days ago (0.6 of its week), b in the last hour (0.3 of its week,
     2.1 of its day) and runs twice its share now (funded burst); a asks for its share
     at 700 s, when b's protected windows have ended."""
-    return run(
+    return rows_of(
         scenario(
             policy={"funded_burst": 2.0, "day_rank_weight": weight},
             usage=[heavy_usage("a", 0.6), heavy_usage("b", 0.3, ago=HOUR)],
             requests=[
-                req("b1", "b", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
-                req("b2", "b", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
-                req("a1", "a", 700, gpus=4, min_runtime=600, duration=600),
+                request("b1", "b", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
+                request("b2", "b", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
+                request("a1", "a", 700, gpus=4, min_runtime=600, duration=600),
             ],
         )
     )
@@ -354,7 +317,7 @@ def test_a_day_rank_weight_outside_0_to_1_is_refused_by_name(value: Any) -> None
 def siblings(c1_ratio: float, c2_ratio: float) -> dict[str, dict[str, Any]]:
     """Sub-teams c1 and c2 of p, 4 GPUs of share each on one 8-GPU node: c1 runs two
     funded 4-GPU jobs past protection (``funded_burst`` 2), c2 asks for 4 GPUs at 700 s."""
-    return run(
+    return rows_of(
         scenario(
             teams=[
                 {"name": "p", "share": 1.0},
@@ -364,9 +327,9 @@ def siblings(c1_ratio: float, c2_ratio: float) -> dict[str, dict[str, Any]]:
             policy={"funded_burst": 2.0},
             usage=[heavy_usage("c1", c1_ratio), heavy_usage("c2", c2_ratio)],
             requests=[
-                req("c1a", "c1", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
-                req("c1b", "c1", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
-                req("c2a", "c2", 700, gpus=4, min_runtime=600, duration=600),
+                request("c1a", "c1", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
+                request("c1b", "c1", 0, gpus=4, min_runtime=600, duration=7200, resumable=True),
+                request("c2a", "c2", 700, gpus=4, min_runtime=600, duration=600),
             ],
         )
     )
@@ -393,14 +356,14 @@ def test_a_sub_team_does_not_stop_a_lighter_sibling() -> None:
 
 
 def test_victims_that_lose_least_work_go_first() -> None:
-    out = run(
+    out = rows_of(
         scenario(
             usage=[heavy_usage("a", 1.5)],
             policy={"guaranteed_share": 0},  # both of a's sessions run unallocated
             requests=[
-                req("old", "a", 0, gpus=4, duration=50000),
-                req("checkpointed", "a", 0, gpus=4, duration=50000, resumable=True),
-                req("b1", "b", 1000, gpus=4),
+                request("old", "a", 0, gpus=4, duration=50000),
+                request("checkpointed", "a", 0, gpus=4, duration=50000, resumable=True),
+                request("b1", "b", 1000, gpus=4),
             ],
         )
     )
@@ -412,9 +375,9 @@ def test_min_runtime_is_capped() -> None:
     data = parse_scenario(
         scenario(
             requests=[
-                req("long", "a", min_runtime=99999),
-                req("dbg", "a", min_runtime=3600, **{"class": "debug"}),
-                req("default", "a"),
+                request("long", "a", min_runtime=99999),
+                request("dbg", "a", min_runtime=3600, **{"class": "debug"}),
+                request("default", "a"),
             ]
         )
     )
@@ -428,16 +391,16 @@ def test_min_runtime_is_capped() -> None:
 
 
 def test_draining_node_finishes_protection_then_nothing_lands() -> None:
-    out = run(
+    out = rows_of(
         scenario(
             nodes=[
                 {"name": "n1", "pool": "g", "gpus": 8},
                 {"name": "n2", "pool": "g", "gpus": 8},
             ],
             requests=[
-                req("on-n1", "a", 0, gpus=8, min_runtime=1800, duration=7200, resumable=True),
-                req("later", "b", 100, gpus=8, duration=20000),
-                req("after-drain", "b", 2000, gpus=4, duration=600),
+                request("on-n1", "a", 0, gpus=8, min_runtime=1800, duration=7200, resumable=True),
+                request("later", "b", 100, gpus=8, duration=20000),
+                request("after-drain", "b", 2000, gpus=4, duration=600),
             ],
             events=[{"at": 50, "node": "n1", "state": "draining"}],
         )
@@ -450,13 +413,13 @@ def test_draining_node_finishes_protection_then_nothing_lands() -> None:
 
 
 def test_down_node_ends_its_sessions_and_takes_no_work() -> None:
-    out = run(
+    out = rows_of(
         scenario(
             nodes=[
                 {"name": "n1", "pool": "g", "gpus": 8},
                 {"name": "n2", "pool": "g", "gpus": 4},
             ],
-            requests=[req("x", "a", 0, gpus=8, min_runtime=7200, duration=3600)],
+            requests=[request("x", "a", 0, gpus=8, min_runtime=7200, duration=3600)],
             events=[{"at": 600, "node": "n1", "state": "down"}],
         )
     )
@@ -476,7 +439,9 @@ def starvation_case(
 ) -> dict[str, dict[str, Any]]:
     # b (the lower ratio, so first in line) keeps the one node full of funded,
     # protected 2-GPU sessions; a's 8-GPU request never finds the node empty.
-    small = [req(f"s{i}", "b", i * 300, gpus=2, duration=1200, resumable=True) for i in range(200)]
+    small = [
+        request(f"s{i}", "b", i * 300, gpus=2, duration=1200, resumable=True) for i in range(200)
+    ]
 
     def watch(scheduler: Any, decisions: Any, now: float) -> None:
         if held is not None and "big" in decisions.reservations:
@@ -490,12 +455,12 @@ def starvation_case(
             "max_reservations_per_pool": max_reservations,
             "funded_burst": 0,
         },
-        requests=[req("small0", "b", 0, gpus=2, duration=1200), *small]
-        + [req("big", "a", 10, gpus=8, duration=600)],
+        requests=[request("small0", "b", 0, gpus=2, duration=1200), *small]
+        + [request("big", "a", 10, gpus=8, duration=600)],
         usage=[heavy_usage("a", a_ratio, ago=ago)],
     )
-    outcome = result(Simulation(parse_scenario(data), observer=watch).run())
-    return {r["id"]: r for r in outcome["requests"]}
+    finished = outcome_of(data, watch)
+    return {r["id"]: r for r in finished["requests"]}
 
 
 def test_a_large_request_gets_a_reservation() -> None:
@@ -515,7 +480,7 @@ def two_starving(policy: dict[str, Any]) -> set[tuple[str, ...]]:
         if now < 6 * HOUR:
             seen.add(tuple(sorted(decisions.reservations)))
 
-    busy = [req(f"c{i}", "c", 0, duration=8 * HOUR, min_runtime=6 * HOUR) for i in range(16)]
+    busy = [request(f"c{i}", "c", 0, duration=8 * HOUR, min_runtime=6 * HOUR) for i in range(16)]
     data = scenario(
         horizon=8 * HOUR,
         nodes=[
@@ -527,9 +492,9 @@ def two_starving(policy: dict[str, Any]) -> set[tuple[str, ...]]:
             {"name": "c", "share": 0.4},
         ],
         policy={"starvation_bound": 1800, "funded_burst": 0, **policy},
-        requests=[*busy, req("ga", "a", 60, gpus=8), req("gb", "b", 60, gpus=8)],
+        requests=[*busy, request("ga", "a", 60, gpus=8), request("gb", "b", 60, gpus=8)],
     )
-    Simulation(parse_scenario(data), observer=watch).run()
+    simulation(data, watch).run()
     return seen
 
 
@@ -555,14 +520,16 @@ def test_a_hold_ends_when_its_request_would_no_longer_be_funded() -> None:
     # (Funded by the week's budget alone: with the guaranteed share on, a job larger
     # than the share is funded from the day instead and, beside a0, holds nothing.)
     hour = 3600
-    small = [req(f"s{i}", "b", i * 300, gpus=2, duration=1200, resumable=True) for i in range(432)]
+    small = [
+        request(f"s{i}", "b", i * 300, gpus=2, duration=1200, resumable=True) for i in range(432)
+    ]
     data = scenario(
         horizon=36 * hour,
         policy={"starvation_bound": 1800, "funded_burst": 0, "guaranteed_share": 0},
         usage=[heavy_usage("a", 0.97)],
         requests=[
-            req("a0", "a", 0, gpus=2, duration=48 * hour),
-            req("big", "a", 10, gpus=8, duration=600),
+            request("a0", "a", 0, gpus=2, duration=48 * hour),
+            request("big", "a", 10, gpus=8, duration=600),
             *small,
         ],
     )
@@ -572,7 +539,7 @@ def test_a_hold_ends_when_its_request_would_no_longer_be_funded() -> None:
         if "big" in decisions.reservations:
             held.append(now)
 
-    run_ = Simulation(parse_scenario(data), observer=watch).run()
+    run_ = simulation(data, watch).run()
     assert held and held[0] <= 1800 + 300  # held while funded
     assert held[-1] < 12 * hour  # and let go once a's week ran out (about 5 h in)
     starts = [t for r in run_.records.values() if r.team == "b" for t in r.starts]
@@ -606,14 +573,14 @@ def test_a_holder_searches_for_victims_whatever_another_holder_found() -> None:
         },
         usage=[heavy_usage("b", 1.5, gpus=2, share=0.1, ago=HOUR)],
         requests=[
-            req("a0", "a", 0, **quarter, duration=30000),
-            req("b0", "b", 0, gpus=1, cpus=8, duration=30000),
-            req("p1", "a", 10, **quarter, duration=600),
-            req("p2", "a", 20, **quarter, duration=600),
+            request("a0", "a", 0, **quarter, duration=30000),
+            request("b0", "b", 0, gpus=1, cpus=8, duration=30000),
+            request("p1", "a", 10, **quarter, duration=600),
+            request("p2", "a", 20, **quarter, duration=600),
         ],
     )
-    outcome = result(Simulation(parse_scenario(data), observer=watch).run())
-    out = {r["id"]: r for r in outcome["requests"]}
+    finished = outcome_of(data, watch)
+    out = {r["id"]: r for r in finished["requests"]}
     assert out["b0"]["funded"][0] is False
     assert {"p1": ("n1",), "p2": ("n2",)} in held  # the case above, as set up
     assert out["p2"]["starts"][0] == 2 * HOUR  # not at 30000, when a0 ends
@@ -622,10 +589,10 @@ def test_a_holder_searches_for_victims_whatever_another_holder_found() -> None:
 
 
 def test_a_team_without_a_share_of_the_pool_is_never_funded_there() -> None:
-    out = run(
+    out = rows_of(
         scenario(
             teams=[{"name": "a", "share": {"g": 1.0}}, {"name": "b", "share": {"g": 0.0}}],
-            requests=[req("b1", "b", 0, gpus=1)],
+            requests=[request("b1", "b", 0, gpus=1)],
         )
     )
     assert out["b1"]["funded"] == [False]
