@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from harness import builders
 from harness.builders import (
+    WEEK,
     check_free_matches_allocations,
     check_funded_not_blocked_by_unallocated,
     check_no_double_booking,
@@ -26,8 +27,6 @@ from scheduler_core.scheduler import Scheduler
 from scheduler_core.settings import LegacyPreemption
 from scheduler_core.simulator import Simulation
 from scheduler_core.view import Decisions
-
-WEEK = 7 * 86400
 
 
 def scenario(

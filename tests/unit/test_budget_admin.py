@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 
 from bench.service import nodes as bench_nodes
-from scheduler_core.model import Allocation, Pool, PoolKind, Request, Team
-from scheduler_core.scheduler import Scheduler
+from harness import builders
+from scheduler_core.model import Request, Team
 from scheduler_core.settings import Settings
 from scheduler_core.simulator import VirtualClock
 from scheduler_core.store import Store
 from scheduler_core.store.admin import AdminStore, SchedulerStatus
 from spawner import admin
 
-POOLS = {"gpu": Pool("gpu", PoolKind.GPU), "cpu": Pool("cpu", PoolKind.CPU)}
+POOLS = builders.pools()
 TEAMS = [
     Team("nlp", {"gpu": 0.5, "cpu": 0.5}),
     Team("vision", {"gpu": 0.3, "cpu": 0.5}),
@@ -113,49 +113,38 @@ def test_the_store_wins_over_the_configuration_and_stale_changes_are_ignored() -
     assert merged.ignored and "over 1" in merged.ignored[0]
 
 
-def test_changes_and_their_audit_are_kept_in_the_store() -> None:
-    with Store.create("sqlite://") as store:
-        records = AdminStore(store)
-        assert records.version() == 0 and records.overrides() == {}
-        first = records.change("boss", 10.0, {"lookback": 3600.0}, [("lookback", 604800.0, 3600.0)])
-        second = records.change(
-            "boss",
-            20.0,
-            {"drained": ["gpu-1"]},
-            [("nodes.gpu-1.state", "ready", "draining")],
-        )
-        assert second > first == records.version() - 1
-        assert records.overrides() == {"lookback": 3600.0, "drained": ["gpu-1"]}
-        newest = records.audit()[0]
-        assert (newest.actor, newest.target, newest.old, newest.new) == (
-            "boss",
-            "nodes.gpu-1.state",
-            "ready",
-            "draining",
-        )
-        with pytest.raises(ValueError, match="not admin settings: cycle_tick"):
-            records.change("boss", 30.0, {"cycle_tick": 1}, [])
-        status = SchedulerStatus("hub", 5.0, 3, 0.01, ((0.001, 1), (0.01, 3)), {"lookback": 1.0}, 2)
-        records.report(status)
-        records.report(status)
-        assert records.statuses() == [status]
-
-
-class Started:
-    """Every admission starts at once; nothing is preempted here."""
-
-    def launch(self, allocation: Allocation) -> None:
-        pass
-
-    def preempt(self, allocation: Allocation, reason: str) -> bool:
-        return False
+def test_changes_and_their_audit_are_kept_in_the_store(empty_store: Store) -> None:
+    records = AdminStore(empty_store)
+    assert records.version() == 0 and records.overrides() == {}
+    first = records.change("boss", 10.0, {"lookback": 3600.0}, [("lookback", 604800.0, 3600.0)])
+    second = records.change(
+        "boss",
+        20.0,
+        {"drained": ["gpu-1"]},
+        [("nodes.gpu-1.state", "ready", "draining")],
+    )
+    assert second > first == records.version() - 1
+    assert records.overrides() == {"lookback": 3600.0, "drained": ["gpu-1"]}
+    newest = records.audit()[0]
+    assert (newest.actor, newest.target, newest.old, newest.new) == (
+        "boss",
+        "nodes.gpu-1.state",
+        "ready",
+        "draining",
+    )
+    with pytest.raises(ValueError, match="not admin settings: cycle_tick"):
+        records.change("boss", 30.0, {"cycle_tick": 1}, [])
+    status = SchedulerStatus("hub", 5.0, 3, 0.01, ((0.001, 1), (0.01, 3)), {"lookback": 1.0}, 2)
+    records.report(status)
+    records.report(status)
+    assert records.statuses() == [status]
 
 
 def test_a_running_core_takes_new_shares_and_settings_in_its_next_cycle() -> None:
     clock = VirtualClock()
     node_list = bench_nodes(gpu_nodes=2, gpus=2, cpu_nodes=0)[1:]  # no MIG
     teams = [Team("nlp", {"gpu": 0.0}), Team("vision", {"gpu": 1.0})]
-    core = Scheduler(Settings(), POOLS.values(), node_list, teams, clock, Started())
+    core = builders.scheduler(pools=POOLS.values(), nodes=node_list, teams=teams, clock=clock)
     # nlp has no share: its session runs unallocated.
     core.submit(Request("a/1/x", "a", "nlp", "gpu", 0.0, gpus=1, min_runtime=3600))
     core.settle()

@@ -16,6 +16,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.service import seed
+from harness import builders
 from scheduler_core import model
 from scheduler_core.store import Store
 from scheduler_core.store.admin import AdminStore, SchedulerStatus
@@ -64,17 +65,24 @@ def test_usage_over_the_window_is_what_the_store_charged(store: Store, state: An
         assert tp.budget_units == pytest.approx(tp.share_units * window)
 
 
+def _node() -> model.Node:
+    """One node n1 of four GPUs in pool gpu."""
+    return builders.node("n1", pool="gpu", gpus=4, cpus=16.0, memory_gib=64.0)
+
+
+def _store(node: model.Node) -> Store:
+    """A store on in-memory SQLite with pool gpu, teams a and b at half each and ``node``."""
+    gpu = builders.pools()["gpu"]
+    return builders.store(pools=[gpu], teams=builders.teams("a", "b"), nodes=[node])
+
+
 def test_owed_per_day_is_the_share_or_what_was_asked_if_less() -> None:
     """As the simulator's daily fulfilment: hour by hour, owed is the share (2 GPUs here)
     or what the team had waiting or running if that is less; delivered is what it ran,
     at most what it was owed. A team that asked for nothing was owed nothing."""
-    gpu = model.Pool("gpu", model.PoolKind.GPU)
-    node = model.Node("n1", "gpu", 16.0, 64.0, model.virtual_gpus("n1", 4))
+    node = _node()
     yesterday = (NOW // DAY) * DAY - DAY
-    with Store.create("sqlite://") as store:
-        store.save_pools([gpu])
-        store.save_teams([model.Team("a", {"gpu": 0.5}), model.Team("b", {"gpu": 0.5})])
-        store.save_nodes([node])
+    with _store(node) as store:
         # a asks for 3 GPUs at 10:00, waits an hour, runs 2 h funded.
         ask = model.Request("a1", "ann", "a", "gpu", yesterday + 10 * 3600, gpus=3)
         slices = tuple(model.Slice(g.uuid, model.SliceKind.WHOLE) for g in node.gpus[:3])
@@ -103,12 +111,8 @@ def test_rank_is_the_schedulers_order_with_the_last_day_in_it() -> None:
     by the window a's ratio is the higher (0.24 against 0.12), but with the last day
     weighed in (0.7 x 0.24 against 0.7 x 0.12 + 0.3 x 0.83) a goes first, as the
     scheduler takes them; the ratio shown stays the window's, which decides funding."""
-    gpu = model.Pool("gpu", model.PoolKind.GPU)
-    node = model.Node("n1", "gpu", 16.0, 64.0, model.virtual_gpus("n1", 4))
-    with Store.create("sqlite://") as store:
-        store.save_pools([gpu])
-        store.save_teams([model.Team("a", {"gpu": 0.5}), model.Team("b", {"gpu": 0.5})])
-        store.save_nodes([node])
+    node = _node()
+    with _store(node) as store:
         slices = tuple(model.Slice(g.uuid, model.SliceKind.WHOLE) for g in node.gpus)
         for rid, team, start, hours in (
             ("a1", "a", NOW - 3 * DAY, 20),
@@ -245,9 +249,8 @@ def test_the_model_is_kept_until_the_store_changes(store: Store) -> None:
 
 def test_the_grafana_dashboard_charts_only_served_metrics(store: Store) -> None:
     import re
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "budgethub.json"
+    path = builders.REPO / "docs" / "grafana" / "budgethub.json"
     dashboard = json.loads(path.read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {name for e in exprs for name in re.findall(r"budgethub_[a-z_]+", e)}

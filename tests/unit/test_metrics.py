@@ -6,12 +6,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_core.metrics import result
-from scheduler_core.scenario import parse_scenario
-from scheduler_core.simulator import Simulation
-
-HOUR = 3600
-DAY = 24 * HOUR
+from harness.builders import DAY, HOUR, outcome_of
 
 
 def request(rid: str, team: str, submit: int, gpus: int, hours: float) -> dict[str, Any]:
@@ -61,8 +56,7 @@ def two_day_scenario() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def metrics() -> dict[str, Any]:
-    run = Simulation(parse_scenario(two_day_scenario())).run()
-    out = result(run)
+    out = outcome_of(two_day_scenario())
     starts = {r["id"]: r["starts"] for r in out["requests"]}
     assert starts == {"r1": [0.0], "r2": [8 * HOUR], "r3": [DAY]}  # the story above
     return out["metrics"]
@@ -98,7 +92,6 @@ def test_run_daily_fulfilment_sums_top_level_teams(metrics: dict[str, Any]) -> N
 def test_a_partial_last_day_counts_as_a_day() -> None:
     scenario = two_day_scenario()
     scenario["horizon"] = DAY + 2 * HOUR
-    run = Simulation(parse_scenario(scenario)).run()
-    small = result(run)["metrics"]["teams"]["small"]
+    small = outcome_of(scenario)["metrics"]["teams"]["small"]
     assert small["daily_delivered_gpu_h"] == pytest.approx(18.0)
     assert small["daily_fulfilment"] == pytest.approx(18 / 22, abs=1e-4)

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from scheduler_core.store import Store
+from harness.builders import REPO
 
 
 def _free_port() -> int:
@@ -30,9 +30,8 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
-def test_the_service_stops_when_its_hub_is_killed(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
-    Store.create(url).close()
+def test_the_service_stops_when_its_hub_is_killed(store_file_url: str) -> None:
+    url = store_file_url
     port = _free_port()
     env = dict(
         os.environ,
@@ -46,7 +45,7 @@ def test_the_service_stops_when_its_hub_is_killed(tmp_path: Path) -> None:
         env=env,
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=REPO,
     )
     assert hub.stdout is not None
     service = int(hub.stdout.readline())

@@ -6,9 +6,8 @@ from collections.abc import Iterable
 
 import pytest
 
-from scheduler_core.model import Allocation
+from harness.builders import scheduler
 from scheduler_core.scheduler import MAX_FOLLOW_UPS, Scheduler
-from scheduler_core.settings import Settings
 from scheduler_core.view import Decisions, Preemption
 
 FREED = Decisions(released=("r",))
@@ -16,24 +15,11 @@ FREED = Decisions(released=("r",))
 CALM = Decisions()
 
 
-class Clock:
-    def now(self) -> float:
-        return 0.0
-
-
-class Idle:
-    def launch(self, allocation: Allocation) -> None:
-        pass
-
-    def preempt(self, allocation: Allocation, reason: str) -> bool:
-        return False
-
-
 def scripted(
     monkeypatch: pytest.MonkeyPatch, step: Decisions | None, cycles: Iterable[Decisions]
 ) -> tuple[Scheduler, list[Decisions]]:
     """A scheduler whose step answers ``step`` and whose cycles answer ``cycles`` in turn."""
-    core = Scheduler(Settings(), [], [], [], Clock(), Idle())
+    core = scheduler()
     answers = iter(cycles)
     ran: list[Decisions] = []
 

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness import builders
 from scheduler_core.model import MILLI, NodeGrant, RequestClass, Slice, SliceKind
 from scheduler_core.settings import Settings
 from spawner.config import ConfigError, parse_nodes
@@ -273,10 +274,7 @@ def test_nvml_inventory_reads_whole_gpus_and_mig_instances():
 
 
 def test_nodes_config_virtual_gpus_and_errors_name_the_key():
-    pools = {"gpu": SimpleNamespace(kind="gpu"), "cpu": SimpleNamespace(kind="cpu")}
-    from scheduler_core.model import Pool, PoolKind
-
-    pools = {"gpu": Pool("gpu", PoolKind.GPU), "cpu": Pool("cpu", PoolKind.CPU)}
+    pools = builders.pools()
     nodes, engines = parse_nodes(
         [
             {"name": "g", "pool": "gpu", "gpus": 2, "mig": {"1": ["1g.10gb"] * 7}},
@@ -391,10 +389,9 @@ def test_the_hub_and_a_scenario_parse_nodes_alike():
     """One node parser: the same defaults, and the same field and reason for a bad node,
     whether it comes from a scenario or from ``c.BudgetScheduler.nodes``."""
     from scheduler_core.errors import InputError
-    from scheduler_core.model import Pool, PoolKind
     from scheduler_core.scenario import parse_scenario
 
-    pools = {"gpu": Pool("gpu", PoolKind.GPU), "cpu": Pool("cpu", PoolKind.CPU)}
+    pools = builders.pools()
     [live], _engines = parse_nodes([{"name": "n", "pool": "gpu", "gpus": 2}], pools)
     scenario = {
         "name": "s",
