@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.builders import EXAMPLE
 from scheduler_core.research.cli import main
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "debug-fast-start.json"
 POLICIES = ["budget", "legacy", "fairshare", "quota", "fifo"]
 
 

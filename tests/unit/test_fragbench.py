@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.builders import TEST_DATA
 from scheduler_core.research.cli import main
 from scheduler_core.research.fragbench import (
     STRATEGIES,
@@ -36,9 +37,8 @@ from scheduler_core.research.fragmentation import (
 )
 from scheduler_core.research.traces import read_nodes, read_pod_shapes, read_pods
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-PODS = DATA / "openb_pods_small.csv"
-NODES = DATA / "openb_nodes_small.csv"
+PODS = TEST_DATA / "openb_pods_small.csv"
+NODES = TEST_DATA / "openb_nodes_small.csv"
 
 WHOLE = TaskShape(4000, 16384, gpus=1)
 HALF = TaskShape(2000, 8192, gpu_milli=500)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from harness.builders import REPO
+
 pytest.importorskip("IPython")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
+SCRIPT = REPO / "scripts" / "gpu_check.py"
 
 
 def test_gpu_check_runs_on_cpu_and_restores_value_for_value() -> None:

@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
+from harness.builders import EXAMPLE
 from scheduler_core.research.cli import main
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "debug-fast-start.json"
 
 
 def write(tmp_path: Path, data: Any) -> str:

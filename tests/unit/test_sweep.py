@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.builders import EXAMPLE
 from scheduler_core.research.cli import main
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "debug-fast-start.json"
 
 
 def test_table_has_one_row_per_combination(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.builders import TEST_DATA
 from scheduler_core.errors import InputError
 from scheduler_core.research.cli import main
 from scheduler_core.research.traces import (
@@ -19,9 +20,8 @@ from scheduler_core.research.traces import (
     read_pods,
 )
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-PODS = DATA / "openb_pods_small.csv"
-NODES = DATA / "openb_nodes_small.csv"
+PODS = TEST_DATA / "openb_pods_small.csv"
+NODES = TEST_DATA / "openb_nodes_small.csv"
 TRACE = Path(os.environ.get("BUDGETHUB_OPENB") or "/nonexistent")
 """The released trace's folder (`cluster-trace-gpu-v2023/csv` of Alibaba's clusterdata),
 named by ``BUDGETHUB_OPENB``; the tests on it are skipped without it (README, "The
