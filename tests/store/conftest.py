@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 from store_helpers import CPU_POOL, GPU_POOL
 
+from harness import builders
 from scheduler_core import model
 from scheduler_core.store import Store
 
@@ -42,7 +43,8 @@ def pg_url() -> Iterator[str]:
 
 @pytest.fixture
 def sqlite_file_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'store.sqlite'}"
+    """The URL of a SQLite file that does not exist yet."""
+    return builders.sqlite_file_url(tmp_path)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -57,13 +59,10 @@ def store_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def store(store_url: str) -> Iterator[Store]:
     """A migrated store with the h100 and cpu pools and the teams prior > olmo, robotics."""
-    with Store.create(store_url) as opened:
-        opened.save_pools([GPU_POOL, CPU_POOL])
-        opened.save_teams(
-            [
-                model.Team("prior", {"h100": 0.6, "cpu": 0.5}),
-                model.Team("olmo", {"h100": 0.5}, parent="prior"),
-                model.Team("robotics", {"h100": 0.4, "cpu": 0.5}),
-            ]
-        )
+    teams = [
+        model.Team("prior", {"h100": 0.6, "cpu": 0.5}),
+        model.Team("olmo", {"h100": 0.5}, parent="prior"),
+        model.Team("robotics", {"h100": 0.4, "cpu": 0.5}),
+    ]
+    with builders.store(store_url, pools=[GPU_POOL, CPU_POOL], teams=teams) as opened:
         yield opened

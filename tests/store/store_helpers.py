@@ -11,6 +11,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from harness import builders
 from scheduler_core import model
 from scheduler_core.store import SliceConflict, Store
 
@@ -19,23 +20,18 @@ CPU_POOL = model.Pool("cpu", model.PoolKind.CPU)
 
 
 def gpu_node(name: str, gpus: int = 8, mig: Sequence[str] = (), **fields: Any) -> model.Node:
-    """A node of the h100 pool; GPU 0 is cut into ``mig`` instances when given."""
-    devices = tuple(
-        model.Gpu(
-            uuid=model.virtual_uuid("GPU", name, index),
-            index=index,
-            model="H100",
-            memory_mib=81559,
-            mig=tuple(
-                model.MigInstance(model.virtual_uuid("MIG", name, index, pos), profile)
-                for pos, profile in enumerate(mig if index == 0 else ())
-            ),
-            virtual=True,
-        )
-        for index in range(gpus)
-    )
+    """A node of the h100 pool (`builders.node`: 96 CPUs, 1 TiB, H100s); GPU 0 is cut
+    into ``mig`` instances when given."""
     values: dict[str, Any] = {"cpus": 96.0, "memory_gib": 1024.0} | fields
-    return model.Node(name=name, pool=GPU_POOL.name, gpus=devices, **values)
+    return builders.node(
+        name,
+        pool=GPU_POOL.name,
+        gpus=gpus,
+        mig=mig,
+        gpu_model="H100",
+        memory_mib=81559,
+        **values,
+    )
 
 
 def request(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from store_helpers import CPU_POOL, GPU_POOL, allocation, fraction, gpu_node, mig, request, whole
 
+from harness import builders
 from scheduler_core import model
 from scheduler_core.store import RequestState, RequestStatus, Store, StoreError
 
@@ -29,7 +30,7 @@ def test_team_cycles_are_refused(store: Store) -> None:
 def test_nodes_round_trip_with_gpus_and_mig(store: Store) -> None:
     mig_node = gpu_node("mig-1", gpus=2, mig=["1g.10gb", "3g.40gb"], labels={"rack": "a"})
     plain = gpu_node("h100-000", health=model.Health.DRAINING)
-    cpu_node = model.Node("prep-1", CPU_POOL.name, 64.0, 512.0, labels={"storage": "weka-a"})
+    cpu_node = builders.node("prep-1", pool=CPU_POOL.name, gpus=0, labels={"storage": "weka-a"})
     store.save_nodes([plain, mig_node, cpu_node], engine_urls={"prep-1": "tcp://prep-1:2376"})
 
     assert store.load_nodes() == [plain, mig_node, cpu_node]
