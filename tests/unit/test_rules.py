@@ -306,7 +306,7 @@ def test_a_team_short_today_ranks_ahead_of_one_over_its_share_today() -> None:
 @pytest.mark.parametrize("value", [1.5, -0.1, "a lot", True])
 def test_a_day_rank_weight_outside_0_to_1_is_refused_by_name(value: Any) -> None:
     with pytest.raises(InputError) as caught:
-        parse_scenario(scenario(policy={"day_rank_weight": value}))
+        scenario(policy={"day_rank_weight": value}, parse=True)
     assert caught.value.where == "policy.day_rank_weight"
     assert "from 0 to 1" in str(caught.value)
     assert setting_from_text("day_rank_weight", "0.5") == 0.5
@@ -372,14 +372,13 @@ def test_victims_that_lose_least_work_go_first() -> None:
 
 
 def test_min_runtime_is_capped() -> None:
-    data = parse_scenario(
-        scenario(
-            requests=[
-                request("long", "a", min_runtime=99999),
-                request("dbg", "a", min_runtime=3600, **{"class": "debug"}),
-                request("default", "a"),
-            ]
-        )
+    data = scenario(
+        requests=[
+            request("long", "a", min_runtime=99999),
+            request("dbg", "a", min_runtime=3600, **{"class": "debug"}),
+            request("default", "a"),
+        ],
+        parse=True,
     )
     by_id = {r.id: r for r in data.requests}
     assert by_id["long"].min_runtime == 8 * 3600
