@@ -46,21 +46,35 @@ def new_hub_name(owner: str) -> str:
 
 
 _GIVEN: set[int] = set()
-"""Ports `free_port` has handed out in this test run."""
+"""Ports `free_port` has handed out in this process."""
+
+WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+"""This pytest-xdist worker's number (0 without xdist): each worker takes its Hub ports
+and its sessions' ports from a range of its own, so parallel Hubs never race for one."""
+HUB_PORTS = (20000 + 500 * WORKER, 20000 + 500 * WORKER + 499)
+"""Loopback ports for Hubs and proxies, below Linux's ephemeral range (32768-60999), so
+no outgoing connection takes one between `free_port` and the bind."""
+SESSION_PORTS = (61000 + 120 * WORKER, 61000 + 120 * WORKER + 119)
+"""This worker's share of BudgetScheduler.port_range's default (61000-61999)."""
 
 
 def free_port() -> int:
-    """A loopback port free now and not handed out before in this run. Ports picked one
-    after another can repeat, the kernel handing back the one just released: a Hub whose
-    proxy got the same port for its public and its API side failed to start."""
-    for _ in range(100):
+    """A loopback port of this worker's range, free now and not handed out before in this
+    process. Ports picked one after another could repeat, the kernel handing back the one
+    just released: a Hub whose proxy got the same port for its public and its API side
+    failed to start."""
+    low, high = HUB_PORTS
+    for port in range(low, high + 1):
+        if port in _GIVEN:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _GIVEN:
-            _GIVEN.add(port)
-            return port
-    raise RuntimeError("no loopback port that was not handed out already, in 100 tries")
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port left in {low}-{high}")
 
 
 def hub_config(
@@ -105,6 +119,7 @@ def hub_config(
         f"c.BudgetScheduler.pools = {pools!r}",
         f"c.BudgetScheduler.nodes = {nodes!r}",
         f"c.BudgetScheduler.teams = {teams!r}",
+        f"c.BudgetScheduler.port_range = {SESSION_PORTS!r}",
         "c.BudgetScheduler.cycle_tick = 1.0",
         "c.BudgetScheduler.health_interval = 1.0",
         "c.BudgetScheduler.launch_timeout = 60",
