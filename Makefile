@@ -6,7 +6,33 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROXY_STAMP := proxy/node_modules/.installed
 
-.PHONY: test lint unit integration bench demo engine images browser proxy postgres clean
+.PHONY: test lint unit integration bench demo engine images browser proxy postgres clean packages setup
+
+# pytest-xdist workers. The suite mostly waits (on containers, kernels, the Hub), so
+# more workers than cores pay off; each worker has its own Hubs, ports and state folders.
+WORKERS ?= 4
+XDIST := -n $(WORKERS) --dist loadgroup
+
+# Debian packages for the engine, the image base, the proxy and the browser test, in one
+# apt-get call when any is missing. Without recommends: Chromium's pull in a desktop's
+# worth of packages (printing, Mesa's LLVM) that a headless test never loads.
+packages:
+	@missing=""; \
+	  command -v dockerd >/dev/null || missing="$$missing docker.io"; \
+	  command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
+	  command -v chromium >/dev/null || missing="$$missing chromium fonts-liberation"; \
+	  { command -v node >/dev/null && command -v npm >/dev/null; } || missing="$$missing nodejs npm"; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing$$missing with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  fi
+
+# Everything the suite needs, the independent parts at once: the venv and lint, the
+# proxy, PostgreSQL, and the engine with the images (the longest, from a debootstrap).
+setup: packages
+	$(MAKE) --no-print-directory -j4 --output-sync=target lint $(PROXY_STAMP) postgres images browser
+
 
 # The virtual environment is rebuilt when pyproject.toml changes. The session images'
 # package (images/session) goes in too: its tests run real kernels on this venv.
@@ -48,21 +74,22 @@ images: engine
 # Debian's headless Chromium for the browser test (Playwright drives it; no download).
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	  chromium fonts-liberation; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check scheduler_core spawner tests bench
+	$(BIN)/ruff format --check scheduler_core spawner tests bench harness
 	$(BIN)/mypy scheduler_core spawner
 
-test: $(STAMP) $(PROXY_STAMP) postgres lint images browser
-	$(BIN)/pytest -q
+test: setup
+	$(BIN)/pytest -q $(XDIST)
 
-integration: $(STAMP) $(PROXY_STAMP) images browser
-	$(BIN)/pytest -q tests/integration
+integration: setup
+	$(BIN)/pytest -q $(XDIST) tests/integration
 
 unit: $(STAMP)
-	$(BIN)/pytest -q -m "not postgres and not slow and not docker"
+	$(BIN)/pytest -q -n 2 -m "not postgres and not slow and not docker"
 
 # Every benchmark, then each figure against its bar in bench/bars.toml: exits 1 when one
 # falls outside, 2 when one is missing. `make bench ONLY=cycle,month` runs a subset.
