@@ -11,7 +11,7 @@ PROXY_STAMP := proxy/node_modules/.installed
 # pytest-xdist workers. The suite mostly waits (on containers, kernels, the Hub), so
 # more workers than cores pay off; each worker has its own Hubs, ports and state folders.
 WORKERS ?= 4
-XDIST := -n $(WORKERS) --dist loadgroup
+XDIST := -n $(WORKERS)
 
 # Debian packages for the engine, the image base, the proxy and the browser test, in one
 # apt-get call when any is missing. Without recommends: Chromium's pull in a desktop's

@@ -495,7 +495,14 @@ def check_funded_not_blocked_by_unallocated(
     for node_name, holder in scheduler.reservations.items():
         for name in holder:
             capacity.reserved[name] = node_name
-    idle = [a for a in scheduler.running.values() if not a.funded and a.protected_until <= now]
+    # Past its grace, and not started in this very instant: nothing is stopped in the
+    # instant it started (S9), so a debug session the fast lane (S1) placed in this cycle
+    # may hold slices a funded request waits for until the next one.
+    idle = [
+        a
+        for a in scheduler.running.values()
+        if not a.funded and a.protected_until <= now and a.start < now
+    ]
     for pending in scheduler.pending.values():
         if not scheduler.funded.get(pending.id):
             continue

@@ -24,21 +24,13 @@ from harness.tlsnode import NetnsUnavailable, TlsNode, start_tls_node, stop_tls_
 IMAGES = ("budgethub/base:latest", "budgethub/gpu:latest", "budgethub/dataprep:latest")
 
 
-SHARED_HOSTS = {"second_engine": "second-engine", "tls_node": "tls-node"}
-"""Session fixtures that stand for one named host each: under pytest-xdist the tests that
-use one run in a single worker (``--dist loadgroup``), which alone starts, stops and
-freezes that host."""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/integration" in str(item.fspath):
             item.add_marker(pytest.mark.docker)
-            used = [SHARED_HOSTS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_HOSTS]
-            if len(used) > 1:
-                raise pytest.UsageError(f"{item.nodeid} uses two shared hosts: {used}")
-            if used:
-                item.add_marker(pytest.mark.xdist_group(used[0]))
+    # The longest tests first: pytest-xdist hands tests out in this order, and a long one
+    # handed out last would leave the other workers idle while it runs.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from harness.nodes import REPO
 
 
+@pytest.mark.slow
 def test_bench_spawn_prints_as_it_goes_and_can_skip_the_queued_load(engine):
     started = time.monotonic()
     command = [sys.executable, "-u", "-m", "bench.spawn", "--rounds", "1", "--users", "2"]

@@ -6,10 +6,13 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from harness.hub import containers, positions, queue_events, wait_for
 from harness.nodes import ONE_GPU, local_gpu_node, preemption_hub
 
 
+@pytest.mark.slow
 def test_a_full_cluster_queues_with_positions_and_starts_in_turn(make_hub):
     hub = make_hub(nodes=[local_gpu_node(gpus=1)])
     assert hub.spawn("ann", ONE_GPU).status_code in (201, 202)

@@ -72,6 +72,7 @@ def pending(hub: Hub, user: str, server: str = "") -> bool:
 # -- restarts -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_restart_under_load_loses_nothing(make_hub):
     """20 running, 20 queued, a usage history with two overlapping sessions of one team;
     a SIGTERM and a SIGKILL restart; then 5 sessions stop and the 5 oldest queued start."""
@@ -80,6 +81,9 @@ def test_restart_under_load_loses_nothing(make_hub):
     hub = make_hub(
         nodes=[local_gpu_node(gpus=20, cpus=64, memory_gib=128)],
         groups={"nlp": nlp, "vision": vision},
+        # The Hub answers a queued spawn's POST (202) after this; the 20 queued
+        # spawns go one by one, so its default (10 s) cost 200 s of waiting.
+        extra="c.JupyterHub.tornado_settings.update({'slow_spawn_timeout': 1})",
     )
     # Two funded sessions of one team that overlap in time, both ended: the store's
     # usage records that made the restarted scheduler raise and the Hub drop everything.
@@ -178,6 +182,7 @@ def test_a_store_that_cannot_be_read_keeps_running_sessions(make_hub):
 # -- containers that end by themselves -----------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["events", "poll"])
 def test_a_container_that_ends_by_itself_gives_its_gpu_back(make_hub, path):
     """Killed, shut down from inside, out of memory: each time the queue head starts
@@ -187,6 +192,8 @@ def test_a_container_that_ends_by_itself_gives_its_gpu_back(make_hub, path):
         extra = "c.Spawner.poll_interval = 3600"
     else:
         extra = "c.Spawner.poll_interval = 2\nc.BudgetScheduler.watch_events = False"
+    # A queued spawn's POST is answered (202) after this, not after the default 10 s.
+    extra += "\nc.JupyterHub.tornado_settings.update({'slow_spawn_timeout': 1})"
     hub = make_hub(
         nodes=[local_gpu_node(gpus=1)],
         profiles=[SMALL],
@@ -285,6 +292,7 @@ def test_two_hubs_on_one_engine_keep_their_own_sessions(make_hub, tmp_path):
 # -- a frozen engine --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_frozen_engine_goes_unreachable_and_comes_back_with_nothing_lost(
     make_hub, second_engine, tmp_path
 ):

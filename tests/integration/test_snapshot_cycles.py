@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from snapshot_fixtures import preempt, snapshot_hub, snapshots, start
 
 from harness.kernels import Server
 from harness.nodes import local_gpu_node
 
 
+@pytest.mark.slow
 def test_twenty_cycles_lose_nothing_and_keep_the_newest_snapshots(make_hub, tmp_path: Path):
     hub = snapshot_hub(make_hub, tmp_path, [local_gpu_node(gpus=1)], snapshot_keep=3)
     start(hub, "gus")

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import docker
+import pytest
 from snapshot_fixtures import (
     gus_ran,
     preempt,
@@ -29,6 +30,7 @@ from harness.kernels import Server, toy_wheel
 from harness.nodes import local_gpu_node
 
 
+@pytest.mark.slow
 def test_an_agent_that_never_answers_still_keeps_the_files_and_packages(
     make_hub, engine: docker.DockerClient, tmp_path: Path
 ):
@@ -64,6 +66,7 @@ def test_an_agent_that_never_answers_still_keeps_the_files_and_packages(
     hub.stop_server("gus")
 
 
+@pytest.mark.slow
 def test_a_full_or_read_only_snapshot_store_still_frees_the_slices_and_says_why(
     make_hub, tmp_path: Path
 ):

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from harness.hub import PASSWORD, Hub, queue_events, wait_for
 from harness.nodes import ONE_GPU, cpu_node, local_gpu_node
 
@@ -155,6 +157,7 @@ def test_leaving_the_queue_from_the_spawn_page_lands_on_the_form_saying_so(
     hub.stop_server("ann")
 
 
+@pytest.mark.slow
 def test_the_estimate_says_what_it_rests_on_and_moves_with_the_queue(make_hub):
     # Two GPUs: ann holds one protected for 1 h, bo one for 2 h. cy and dan wait; when
     # the one ahead leaves the queue, the other's estimate moves to the earlier end.
