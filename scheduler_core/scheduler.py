@@ -383,6 +383,12 @@ class Scheduler:
 
     # -- one cycle ---------------------------------------------------------
 
+    @property
+    def last_full_cycle(self) -> float | None:
+        """When the last cycle over the whole queue ran (None: none yet). A cycle over
+        part of the queue (`step`'s ``scope``) promises nothing of the rest of it."""
+        return self._last_cycle
+
     def view(self, now: float, scope: Iterable[str] | None = None) -> ClusterView:
         """The frozen state the policy sees; ``scope`` limits which waiting requests it weighs."""
         start = now - self.settings.lookback
