@@ -10,7 +10,7 @@ PROXY_STAMP := proxy/node_modules/.installed
 
 # pytest-xdist workers. The suite mostly waits (on containers, kernels, the Hub), so
 # more workers than cores pay off; each worker has its own Hubs, ports and state folders.
-WORKERS ?= 4
+WORKERS ?= 6
 XDIST := -n $(WORKERS)
 
 # Debian packages for the engine, the image base, the proxy and the browser test, in one

@@ -116,16 +116,23 @@ def snapshots(hub: Hub, user: str, server: str = "") -> list[SnapshotRecord]:
         store.engine.dispose()
 
 
+READY: dict[tuple[str, str], float] = {}
+"""(Hub, user) → when `start` saw the user's server ready (time.monotonic)."""
+
+
 def start(hub: Hub, user: str, options: dict[str, Any] | None = None) -> None:
     response = hub.spawn(user, options or ONE)
     assert response.status_code in (201, 202), response.text
     hub.wait_ready(user, timeout=120)
+    READY[(hub.hub_name, user)] = time.monotonic()
 
 
 def preempt(hub: Hub, victim: str = "gus", by: str = "ann", options: Any = None) -> SnapshotRecord:
     """A funded request that needs the victim's slices; the snapshot it left."""
     before = {s.key for s in snapshots(hub, victim)}
-    time.sleep(1.2)  # past the unallocated grace
+    # Past the unallocated grace (1 s) since the victim was ready, whatever ran since.
+    since = time.monotonic() - READY.get((hub.hub_name, victim), time.monotonic())
+    time.sleep(max(0.0, 1.2 - since))
     start(hub, by, options)
     hub.wait_stopped(victim)
     wait_for(
