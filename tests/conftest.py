@@ -1,4 +1,5 @@
-"""How pytest-xdist hands the suite to its workers (``make test`` runs ``-n $(WORKERS)``, 6 by default).
+"""How pytest-xdist hands the suite to its workers (``make test`` runs ``-n $(WORKERS)``,
+6 by default).
 
 A unit of work is a test file, as with xdist's ``loadscope``: a file's module-scoped
 fixtures (a Hub shared by its tests, node engines) then live in one worker. Two
