@@ -10,17 +10,16 @@ PROXY_STAMP := proxy/node_modules/.installed
 
 # pytest-xdist workers. The suite mostly waits (on containers, kernels, the Hub), so
 # more workers than cores pay off; each worker has its own Hubs, ports and state folders.
-WORKERS ?= 6
+WORKERS ?= 4
 XDIST := -n $(WORKERS)
 
-# Debian packages for the engine, the image base, the proxy and the browser test, in one
-# apt-get call when any is missing. Without recommends: Chromium's pull in a desktop's
-# worth of packages (printing, Mesa's LLVM) that a headless test never loads.
+# Debian packages for the engine, the image base and the proxy, in one apt-get call when
+# any is missing. Chromium comes in `browser`, beside the image build (debootstrap does
+# not take apt's lock), so its download is off the longest path.
 packages:
 	@missing=""; \
 	  command -v dockerd >/dev/null || missing="$$missing docker.io"; \
 	  command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
-	  command -v chromium >/dev/null || missing="$$missing chromium fonts-liberation"; \
 	  { command -v node >/dev/null && command -v npm >/dev/null; } || missing="$$missing nodejs npm"; \
 	  if [ -n "$$missing" ]; then \
 	    echo "installing$$missing with apt-get"; \
@@ -72,6 +71,8 @@ images: engine
 	images/build
 
 # Debian's headless Chromium for the browser test (Playwright drives it; no download).
+# Without recommends: they pull in a desktop's worth of packages (printing, Mesa's LLVM)
+# that a headless browser never loads.
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \

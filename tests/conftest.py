@@ -1,5 +1,5 @@
 """How pytest-xdist hands the suite to its workers (``make test`` runs ``-n $(WORKERS)``,
-6 by default).
+4 by default).
 
 A unit of work is a test file, as with xdist's ``loadscope``: a file's module-scoped
 fixtures (a Hub shared by its tests, node engines) then live in one worker. Two
@@ -22,8 +22,14 @@ SHARED_HOSTS = {
     "test_a_frozen_engine_goes_unreachable_and_comes_back_with_nothing_lost": "second_engine",
     "tests/integration/test_tls_node.py": "tls_node",
     "tests/integration/test_snapshot_across_nodes.py": "tls_node",
+    # Not a host: twenty sessions starting at once would push the queue head of the
+    # other test past its 15 s bound, so one worker runs the two in turn.
+    "tests/integration/test_reliability.py::test_restart_under_load_loses_nothing": "bursts",
+    "tests/integration/test_reliability.py::"
+    "test_a_container_that_ends_by_itself_gives_its_gpu_back": "bursts",
 }
-"""A test file, or one test, → the shared-host fixture its tests use."""
+"""A test file, or one test, → the unit of work it shares with others: the shared-host
+fixture its tests use, or a name for tests that must not run at the same time."""
 
 SPLIT = {
     "tests/integration/test_reliability.py",
