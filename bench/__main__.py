@@ -37,8 +37,8 @@ from pathlib import Path
 from bench import bars
 
 TRACE = Path(os.environ.get("BUDGETHUB_OPENB") or "/nonexistent")
-"""The Alibaba trace's folder for the placement benchmark (README, "The Alibaba trace
-under load")."""
+"""The Alibaba trace's folder for the placement benchmark (docs/benchmarks/compare.md,
+"The Alibaba trace under load")."""
 
 PLACEMENT = "placement"
 MODULES: tuple[tuple[str, list[str]], ...] = (

@@ -29,11 +29,12 @@ on every seed:
 ``--against`` runs budget a second time with the setting laid over, on the same
 scenarios, and prints the change run by run with its spread and its price in lost
 work: a cell's verdict on two seeds flips under a one-second change of the cycle
-tick (README, Benchmarks, "Family"), so a rule is judged on the pairs, over many
-seeds, and not on the table. A rule with no setting is judged across two trees:
-``--save PATH`` writes every run's figures as JSON, and ``--paired-with PATH``,
-run in the other tree, prints the same pairs against the budget runs saved there
-(matched on cell, seed, days and ``--small-teams``).
+tick (docs/benchmarks/family.md, "How far one cell's verdict can be trusted"), so a
+rule is judged on the pairs, over many seeds, and not on the table. A rule with no
+setting is judged across two trees: ``--save PATH`` writes every run's figures as
+JSON, and ``--paired-with PATH``, run in the other tree, prints the same pairs
+against the budget runs saved there (matched on cell, seed, days and
+``--small-teams``).
 
 The plot (matplotlib, Agg backend; ``--plot``, default ``out/bench/family.png``)
 has one row per notebook share and, across, debug p90, occupancy and the worst

@@ -60,7 +60,7 @@ always give byte-identical JSON):
   lengths: at 10 the same tasks arrive ten times as densely, which is ten
   times the offered load on the same nodes. The order of arrivals is kept.
   All tasks of this release together ask for fewer GPUs than its cluster has,
-  so a queue also takes fewer nodes: pass a subset of the node list (README).
+  so a queue also takes fewer nodes: pass a subset of the node list (docs/benchmarks/compare.md).
 * **Sizes.** ``cpus`` and ``memory_gib`` as for nodes, at least 1 milli-CPU and
   1 MiB (a scenario needs sizes > 0; one pod in the trace asks for no memory). ``num_gpu`` ≥ 1 with
   ``gpu_milli`` = 1000 is ``gpus: num_gpu``; one GPU with ``gpu_milli`` < 1000
