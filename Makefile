@@ -81,7 +81,7 @@ browser:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check scheduler_core spawner tests bench harness
-	$(BIN)/mypy scheduler_core spawner
+	$(BIN)/mypy scheduler_core spawner harness
 
 test: setup
 	$(BIN)/pytest -q $(XDIST)

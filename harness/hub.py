@@ -279,8 +279,9 @@ class Hub:
         if server:
             url = f"{self.api}/users/{user}/servers/{server}/progress"
         with self.http.get(url, stream=True, timeout=limit) as response:
-            for line in response.iter_lines(decode_unicode=True):
-                if line and line.startswith("data:"):
+            for raw in response.iter_lines(decode_unicode=True):
+                line = raw.decode() if isinstance(raw, bytes) else str(raw)
+                if line.startswith("data:"):
                     yield json.loads(line[5:])
 
     def through_proxy(self, user: str, path: str = "api", server: str = "") -> requests.Response:
