@@ -116,8 +116,6 @@ def make_hub(
     ) -> Hub:
         for node in nodes:
             engines[node.get("engine")] = node.get("tls")
-        directory = tmp_path / f"hub{len(hubs)}"
-        directory.mkdir(exist_ok=True)
         hub = start_hub(
             tmp_path,
             hub_name=hub_name,
