@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+from harness import REPO
 from scheduler_core import model
 from scheduler_core.capacity import Capacity
 from scheduler_core.errors import InputError
@@ -41,8 +42,6 @@ HOUR = 3600
 DAY = 24 * HOUR
 WEEK = 7 * DAY
 
-REPO = Path(__file__).resolve().parents[1]
-"""The checkout."""
 EXAMPLE = REPO / "examples" / "debug-fast-start.json"
 """The example scenario the command-line tests run."""
 TEST_DATA = REPO / "tests" / "data"

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from harness.hub import Hub
 
-REPO = Path(__file__).resolve().parents[1]
-"""The checkout."""
 NODE = "bhprep"
 """The second engine's name (scripts/engine node NAME; its pid file is
 /var/run/budgethub/NAME.pid)."""

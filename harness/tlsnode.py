@@ -29,9 +29,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from harness import REPO
 from spawner.nodes import docker_client
 
-REPO = Path(__file__).resolve().parents[1]
 ENGINE = REPO / "scripts" / "engine"
 RUN_DIR = Path("/var/run/budgethub")
 IMAGES = ("budgethub/base:latest", "budgethub/gpu:latest")

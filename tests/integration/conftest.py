@@ -16,9 +16,10 @@ import docker
 import pytest
 from docker.errors import DockerException, ImageNotFound
 
+from harness import REPO
 from harness.browser import CHROMIUM, FLAGS
 from harness.hub import Hub, new_hub_name, remove_containers, start_hub
-from harness.nodes import NODE, REPO, demo_teams
+from harness.nodes import NODE, demo_teams
 from harness.tlsnode import NetnsUnavailable, TlsNode, start_tls_node, stop_tls_node
 
 IMAGES = ("budgethub/base:latest", "budgethub/gpu:latest", "budgethub/dataprep:latest")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from harness.nodes import REPO
+from harness import REPO
 
 
 @pytest.mark.slow

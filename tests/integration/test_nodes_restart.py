@@ -6,8 +6,9 @@ import subprocess
 
 import docker
 
+from harness import REPO
 from harness.hub import HUB_OWNERS, containers, positions, queue_events, wait_for
-from harness.nodes import NODE, ONE_GPU, REPO, cpu_node, local_gpu_node
+from harness.nodes import NODE, ONE_GPU, cpu_node, local_gpu_node
 
 
 def test_gpu_profile_lands_on_the_gpu_node_and_dataprep_on_the_cpu_node(

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.builders import REPO
+from harness import REPO
 
 
 def _free_port() -> int:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from harness.builders import REPO
+from harness import REPO
 
 pytest.importorskip("IPython")
 
