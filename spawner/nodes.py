@@ -11,7 +11,6 @@ engine's container events are read by one thread of its own (``watch``).
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import logging
 import threading
@@ -26,6 +25,19 @@ from docker.errors import APIError, DockerException, NotFound
 from docker.tls import TLSConfig
 
 from spawner.containers import LABEL_PREFIX, ContainerSpec
+from spawner.runtime import Answer, ContainerState, OwnedElsewhere
+
+# Answer, ContainerState and OwnedElsewhere are every runtime's (spawner.runtime); they
+# stay importable from here.
+__all__ = [
+    "Answer",
+    "ContainerState",
+    "EngineConfig",
+    "NodeBackend",
+    "OwnedElsewhere",
+    "call",
+    "docker_client",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,31 +69,8 @@ class EngineConfig:
     """Real GPUs: hand the NVIDIA runtime the granted device ids."""
 
 
-@dataclass(frozen=True, slots=True)
-class ContainerState:
-    id: str
-    running: bool
-    exit_code: int
-    labels: Mapping[str, str]
-    oom_killed: bool = False
-
-
-class Answer(enum.Enum):
-    """How an engine answered a health ping."""
-
-    OK = "ok"
-    TIMEOUT = "timeout"
-    """Connected, or tried to, and heard nothing in time: a frozen engine, a cut link."""
-    REFUSED = "refused"
-    """Nothing listens (the engine is stopped): its containers are gone with it."""
-
-
-class OwnedElsewhere(RuntimeError):
-    """A container of the session's name belongs to another Hub (or to no Hub)."""
-
-
 class NodeBackend:
-    """One node's Docker engine."""
+    """One node's Docker engine: a `spawner.runtime.Runtime`."""
 
     def __init__(
         self, config: EngineConfig, timeout: float = 30.0, ping_timeout: float = 5.0

@@ -1,0 +1,315 @@
+"""Snapshot recording (docs/snapshots.md): a preempted session's kernels checkpointed
+through its agent, their state copied into the snapshot store and recorded, and the
+oldest snapshots of a server pruned; what a snapshot keeps, in words for its user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from scheduler_core.model import Allocation
+from scheduler_core.store import Store
+from spawner.lifecycle import AGENT_HEADER, Agent, Timeouts
+from spawner.runtime import Runtime
+from spawner.snapshots import (
+    HOME_TARGET,
+    Layout,
+    SnapshotError,
+    capture,
+    new_key,
+    remove,
+    state_dir_in_home,
+    tree_bytes,
+    write_report,
+)
+
+
+def _kernel_entries(
+    checkpoint: Mapping[str, Any] | None, manifests: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per notebook: the variables the snapshot holds (its manifest), what could not be
+    saved and why, and how its kernel answered the final checkpoint."""
+    by_notebook: dict[str, dict[str, Any]] = {}
+    for manifest in manifests:
+        notebook = str(manifest.get("notebook") or manifest.get("key"))
+        variables = manifest.get("variables") or {}
+        unsaved = manifest.get("unsaved") or {}
+        by_notebook[notebook] = {
+            "notebook": notebook,
+            "key": manifest.get("key"),
+            "variables": sorted(str(v) for v in variables),
+            "unsaved": {str(k): str(v) for k, v in dict(unsaved).items()},
+            "state": "not running" if checkpoint is not None else "not asked",
+            "error": None,
+            "bytes": sum(
+                int(v.get("bytes", 0)) for v in dict(variables).values() if isinstance(v, dict)
+            ),
+        }
+    for kernel in (checkpoint or {}).get("kernels") or []:
+        if not isinstance(kernel, dict):
+            continue
+        notebook = str(kernel.get("notebook") or kernel.get("kernel_id"))
+        entry = by_notebook.setdefault(
+            notebook,
+            {
+                "notebook": notebook,
+                "key": None,
+                "variables": sorted(str(v) for v in kernel.get("saved") or []),
+                "unsaved": {},
+                "bytes": int(kernel.get("bytes") or 0),
+            },
+        )
+        entry["state"] = str(kernel.get("state") or "failed")
+        entry["error"] = kernel.get("error")
+        entry["kernel_id"] = kernel.get("kernel_id")
+        for name, why in dict(kernel.get("unsaved") or {}).items():
+            entry["unsaved"].setdefault(str(name), str(why))
+    return [by_notebook[n] for n in sorted(by_notebook)]
+
+
+def snapshot_sentence(report: Mapping[str, Any], most: int = 8) -> str:
+    """What a snapshot keeps and what it does not, in words for the user (plain text)."""
+    kernels = list(report.get("kernels") or [])
+    variables = sum(len(k.get("variables") or []) for k in kernels)
+    notebooks = sum(1 for k in kernels if k.get("variables"))
+    where = (
+        "your files and installed packages stay in your home"
+        if report.get("files") == "kept in the home"
+        else f"your files and installed packages stay in your home ({report.get('files')})"
+    )
+    state = report.get("kernel_state")
+    parts = [f"A snapshot was taken ({report.get('key')}): {where}"]
+    if variables:
+        parts[0] += (
+            f", and {variables} variable{'s' if variables != 1 else ''} of {notebooks} "
+            f"notebook{'s' if notebooks != 1 else ''} come back when you start it again "
+            '(tick "Start fresh" to ignore the snapshot)'
+        )
+    parts[0] += "."
+    if state == "not saved":
+        parts.append(f"The kernel state was not saved at the preemption: {report.get('why')}.")
+    elif state == "partial":
+        parts.append(
+            f"Some kernels were busy ({report.get('why')}); they keep the state of their "
+            "last finished cell."
+        )
+    unsaved = {k: v for k, v in dict(report.get("unsaved") or {}).items() if k != "kernel state"}
+    if unsaved:
+        shown = [f"{name} ({why})" for name, why in list(unsaved.items())[:most]]
+        more = f", and {len(unsaved) - most} more" if len(unsaved) > most else ""
+        parts.append("Not kept: " + ", ".join(shown) + more + ".")
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class SnapshotPolicy:
+    enabled: bool = True
+    keep: int = 3
+    grace: float = 20.0
+
+
+class SnapshotRecording:
+    """Checkpoints, snapshots recorded, pruned and deleted: a mixin of
+    `SessionActuator`, which gives it what is declared below."""
+
+    log: logging.Logger | logging.LoggerAdapter[Any]
+    store: Store
+    layout: Layout | None
+    snapshots: SnapshotPolicy
+    backends: dict[str, Runtime]
+    timeouts: Timeouts
+
+    async def _checkpoint(self, agent: Agent) -> tuple[dict[str, Any] | None, str | None]:
+        """Ask the agent to checkpoint every kernel within the grace: its answer, or why
+        there is none."""
+        grace = self.snapshots.grace
+        request = HTTPRequest(
+            agent.url("checkpoint"),
+            method="POST",
+            headers={AGENT_HEADER: agent.secret, "Content-Type": "application/json"},
+            body=json.dumps({"within": grace}),
+            connect_timeout=min(5.0, grace),
+            request_timeout=grace + 5.0,
+        )
+        try:
+            response = await asyncio.wait_for(AsyncHTTPClient().fetch(request), grace + 6.0)
+            answer = json.loads(response.body)
+        except HTTPClientError as error:
+            if error.code == 599:
+                return None, f"its agent did not answer within {grace:g} s"
+            return None, f"its agent answered {error.code} {error.message}"
+        except TimeoutError:
+            return None, f"its agent did not answer within {grace:g} s"
+        except (OSError, ValueError) as error:
+            return None, f"its agent could not be asked ({error})"
+        if not isinstance(answer, dict):
+            return None, "its agent's answer was not understood"
+        return answer, None
+
+    async def _fetch_state(self, node: str, container_id: str, agent: Agent | None) -> bytes | None:
+        """The kernel state out of a container whose home is a volume on its node."""
+        server = agent.server if agent is not None else ""
+        path = f"{HOME_TARGET}/{state_dir_in_home(server)}"
+        try:
+            return await asyncio.wait_for(
+                self.backends[node].archive(container_id, path), self.timeouts.engine
+            )
+        except Exception as error:
+            self.log.warning("budgethub: %s: fetching the kernel state: %s", container_id, error)
+            return None
+
+    async def _record_snapshot(
+        self,
+        allocation: Allocation,
+        agent: Agent,
+        node: str,
+        now: float,
+        reason: str,
+        checkpoint: dict[str, Any] | None,
+        why_not: str | None,
+        archive: bytes | None,
+    ) -> str:
+        """Copy the kernel state into the snapshot store, record it, keep the newest
+        ``snapshot_keep``; its key."""
+        layout = self.layout
+        assert layout is not None
+        user, server = agent.user, agent.server
+        key = new_key(now)
+        home = layout.home(user)
+        store_error: str | None = None
+        try:
+            captured = await asyncio.to_thread(
+                capture,
+                layout,
+                user,
+                server,
+                key,
+                home=home,
+                state_relative=state_dir_in_home(server),
+                archive=archive,
+            )
+        except SnapshotError as error:
+            captured = None
+            store_error = str(error)
+        kernels = _kernel_entries(checkpoint, captured.manifests if captured else [])
+        saved = [f"{k['notebook']}:{name}" for k in kernels for name in k["variables"]]
+        unsaved: dict[str, str] = {}
+        for k in kernels:
+            for name, why in k["unsaved"].items():
+                unsaved[f"{k['notebook']}:{name}"] = str(why)
+        notebooks = (checkpoint or {}).get("notebooks") or {}
+        for path, why in dict(notebooks.get("not_flushed") or {}).items():
+            unsaved[f"{path} (unsaved changes)"] = str(why)
+        if store_error is not None:
+            kernel_state = "not saved"
+            why = store_error
+        elif why_not is not None:
+            kernel_state = "not saved"
+            why = why_not
+        elif any(k["state"] not in ("saved", "not running") for k in kernels):
+            kernel_state = "partial"
+            why = "; ".join(
+                f"{k['notebook']}: {k['state']}" + (f" ({k['error']})" if k.get("error") else "")
+                for k in kernels
+                if k["state"] not in ("saved", "not running")
+            )
+        else:
+            kernel_state, why = "saved", None
+        if kernel_state == "not saved":
+            unsaved["kernel state"] = str(why)
+        home_bytes = await asyncio.to_thread(tree_bytes, home) if home is not None else None
+        sizes = {
+            "kernels": captured.kernel_bytes if captured else 0,
+            "home": home_bytes,
+        }
+        report: dict[str, Any] = {
+            "key": key,
+            "user": user,
+            "server": server,
+            "node": node,
+            "time": now,
+            "reason": reason,
+            "image": agent.image,
+            "kernel_state": kernel_state,
+            "why": why,
+            "kernels": kernels,
+            "notebooks": {
+                "saved": list(notebooks.get("saved") or []),
+                "not_flushed": dict(notebooks.get("not_flushed") or {}),
+            },
+            "unsaved": unsaved,
+            "files": "kept in the home" if home is not None else f"kept in its volume on {node}",
+            "skipped": captured.skipped if captured else [],
+            "sizes": sizes,
+            "checkpoint_elapsed": (checkpoint or {}).get("elapsed"),
+        }
+        if captured is not None:
+            try:
+                await asyncio.to_thread(write_report, captured.path, report)
+            except OSError as error:
+                self.log.warning("budgethub: %s: writing its report: %s", key, error)
+        self.store.save_snapshot(
+            allocation.id,
+            now,
+            agent.image,
+            saved=saved,
+            unsaved=unsaved,
+            key=key,
+            server=server,
+            node=node,
+            sizes=sizes,
+            kernels=kernels,
+            report=report,
+        )
+        self.store.append_event(
+            time.time(),
+            "snapshot",
+            {"request": allocation.id, "key": key, "kernel_state": kernel_state, "why": why},
+        )
+        self.log.info(
+            "budgethub: %s: snapshot %s (%s, %d variables, %d bytes of kernel state)",
+            allocation.id,
+            key,
+            kernel_state,
+            len(saved),
+            sizes["kernels"],
+        )
+        if captured is not None:
+            await asyncio.to_thread(self.prune, user, server)
+        return key
+
+    def prune(self, user: str, server: str) -> None:
+        """Keep the newest ``snapshot_keep`` snapshots of a server; delete the others."""
+        layout = self.layout
+        if layout is None:
+            return
+        kept = self.store.list_snapshots(user=user, server=server)
+        old = kept[: max(0, len(kept) - self.snapshots.keep)]
+        if not old:
+            return
+        for record in old:
+            try:
+                remove([layout.snapshot_dir(user, server, record.key)])
+            except SnapshotError:
+                pass
+        self.store.delete_snapshots(r.key for r in old)
+
+    def delete_snapshots(self, user: str, server: str | None) -> int:
+        """Delete a server's snapshots (``server`` None: all of the user's), rows and
+        files; how many."""
+        records = self.store.list_snapshots(user=user, server=server)
+        layout = self.layout
+        if layout is not None:
+            if server is None:
+                remove([layout.user_dir(user)])
+            else:
+                remove([layout.server_dir(user, server)])
+        return self.store.delete_snapshots(r.key for r in records)
