@@ -9,10 +9,10 @@ trait definitions and this module holds nothing but configuration.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from traitlets import Bool, Dict, Float, Integer, List, Tuple, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, Tuple, Type, Unicode, default
 from traitlets.config import SingletonConfigurable
 
 from scheduler_core.errors import InputError
@@ -21,7 +21,16 @@ from scheduler_core.scenario import parse_node_list, parse_pools, parse_teams
 from scheduler_core.settings import SETTING_NAMES, SettingError, Settings, settings_from_mapping
 from spawner.containers import DEFAULT_HUB
 from spawner.inventory import InventoryError, nvml_gpus
-from spawner.nodes import EngineConfig
+from spawner.nodes import EngineConfig, NodeBackend
+from spawner.runtime import Runtime
+from spawner.slurm import (
+    SlurmConfigError,
+    SlurmError,
+    SlurmRuntime,
+    SlurmSettings,
+    parse_partitions,
+    read_cluster,
+)
 
 ENGINE_KEYS = frozenset({"engine", "tls", "address", "network", "storage"})
 """Keys of ``c.BudgetScheduler.nodes`` that only the Hub knows: how to reach each engine."""
@@ -43,10 +52,12 @@ class Cluster:
     teams: tuple[Team, ...]
     nodes: tuple[Node, ...]
     engines: Mapping[str, EngineConfig]
+    runtimes: Mapping[str, Runtime] = field(default_factory=dict)
+    """Nodes whose sessions another runtime runs (Slurm), by name; the rest are engines."""
 
 
 def parse_nodes(
-    raw: list[Any], pools: Mapping[str, Pool], nvml: Any = None
+    raw: list[Any], pools: Mapping[str, Pool], nvml: Any = None, *, others: bool = False
 ) -> tuple[list[Node], dict[str, EngineConfig]]:
     """Nodes and their engines from ``c.BudgetScheduler.nodes``; ConfigError names a bad key.
 
@@ -63,7 +74,7 @@ def parse_nodes(
 
     try:
         parsed = parse_node_list(raw, pools, extra_keys=ENGINE_KEYS, read_gpus=read_gpus)
-        if not parsed:
+        if not parsed and not others:
             raise InputError("nodes", "declares no node")
         nodes: list[Node] = []
         engines: dict[str, EngineConfig] = {}
@@ -181,6 +192,45 @@ class SchedulerConfig(SingletonConfigurable):
         'tls': {'ca', 'cert', 'key'}, 'address': where sessions answer, 'cpus',
         'memory_gib', 'labels', 'storage': {name: path on the node}, 'gpus': count of
         virtual GPUs or 'nvml', 'gpu_model', 'mig': {index: [profiles]}}]"""
+    ).tag(config=True)
+
+    # -- Slurm (docs/slurm.md) -----------------------------------------------------
+
+    slurm_partitions: Dict[str, Any] = Dict(
+        help="""Pools whose nodes, GPUs and sessions are a Slurm partition's: {'gpu': 'gpu'} or
+        {'gpu': {'partition': 'gpu', 'gres': 'gpu', 'nodes': ['n1', 'n2']}}. Their nodes are
+        read from Slurm (not listed in ``nodes``) and each session is a job pinned to the
+        node and GPUs the scheduler chose. Slurm preemption must be off in the partition."""
+    ).tag(config=True)
+    slurm_conf = Unicode(
+        "", help="SLURM_CONF for Slurm's commands run by the Hub (empty: Slurm's default)."
+    ).tag(config=True)
+    slurm_bin_dir = Unicode(
+        "", help="Directory of sbatch, squeue, scancel and scontrol (empty: on PATH)."
+    ).tag(config=True)
+    slurm_session_env = Unicode(
+        "/opt/budgethub/session-env",
+        help="""Prefix, on every node of the partition, of the session environment that
+        ``images/session-env PREFIX`` makes (the session image's software in a venv).""",
+    ).tag(config=True)
+    slurm_command_prefix = List(
+        Unicode(),
+        help="""Words put before the session's command in its job, e.g. a container
+        runtime: ['apptainer', 'exec', '--bind', '/shared', '/shared/session.sif'].""",
+    ).tag(config=True)
+    slurm_time_limit = Unicode(
+        "7-00:00:00", help="Time limit of a session's job (sbatch --time)."
+    ).tag(config=True)
+    slurm_pending_timeout = Float(
+        30.0,
+        help="""Seconds a session's job may stay pending before it is cancelled and counts as
+        a failed start (with Slurm's reason); it waits again, up to ``launch_attempts``.""",
+    ).tag(config=True)
+    slurm_runtime_class = Type(
+        SlurmRuntime, help="The runtime of Slurm nodes (a site may subclass it)."
+    ).tag(config=True)
+    docker_runtime_class = Type(
+        NodeBackend, help="The runtime of nodes with a Docker engine (a site may subclass it)."
     ).tag(config=True)
 
     # -- sessions ----------------------------------------------------------------
@@ -304,5 +354,53 @@ class SchedulerConfig(SingletonConfigurable):
             teams = parse_teams(self.teams, pools)
         except InputError as error:
             raise ConfigError(error.where, error.reason) from None
-        nodes, engines = parse_nodes(self.nodes, pools)
-        return Cluster(settings, pools, tuple(teams), tuple(nodes), engines)
+        nodes, engines = parse_nodes(self.nodes, pools, others=bool(self.slurm_partitions))
+        slurm_nodes, runtimes = self._slurm(pools)
+        for i, node in enumerate(nodes):
+            if node.pool in self._slurm_pools:
+                raise ConfigError(
+                    f"nodes[{i}].pool",
+                    f"pool {node.pool!r} takes its nodes from Slurm (slurm_partitions); "
+                    "do not list them in nodes",
+                )
+        ping = self.ping_timeout
+        for name, engine in engines.items():
+            runtimes[name] = self.docker_runtime_class(engine, ping_timeout=ping)
+        return Cluster(settings, pools, tuple(teams), (*nodes, *slurm_nodes), engines, runtimes)
+
+    _slurm_pools: frozenset[str] = frozenset()
+    _slurm_read: tuple[list[Node], dict[str, Runtime]] | None = None
+
+    def _slurm(self, pools: Mapping[str, Pool]) -> tuple[list[Node], dict[str, Runtime]]:
+        """The nodes and runtimes of the pools on Slurm, read from Slurm once."""
+        if not self.slurm_partitions:
+            return [], {}
+        if self._slurm_read is None:
+            try:
+                configs = parse_partitions(self.slurm_partitions, pools)
+                if not self.home_root:
+                    raise SlurmConfigError(
+                        "home_root",
+                        "must be set when a pool runs on Slurm (slurm_partitions): a session's "
+                        "home must be on storage every node of the partition mounts",
+                    )
+                settings = SlurmSettings(
+                    conf=self.slurm_conf,
+                    bin_dir=self.slurm_bin_dir,
+                    session_env=self.slurm_session_env,
+                    command_prefix=tuple(self.slurm_command_prefix),
+                    time_limit=self.slurm_time_limit,
+                    pending_timeout=self.slurm_pending_timeout,
+                    timeout=self.engine_timeout,
+                )
+                read = read_cluster(
+                    configs, pools, settings, self.hub_name, runtime=self.slurm_runtime_class
+                )
+            except SlurmConfigError as error:
+                raise ConfigError(error.key, error.reason) from None
+            except SlurmError as error:
+                raise ConfigError("slurm_conf", f"Slurm does not answer: {error}") from None
+            self._slurm_pools = frozenset(c.pool for c in configs)
+            self._slurm_read = (read.nodes, dict(read.runtimes))
+        nodes, runtimes = self._slurm_read
+        return list(nodes), dict(runtimes)

@@ -198,6 +198,7 @@ class BudgetScheduler(SchedulerConfig):
                 enabled=self.snapshots, keep=self.snapshot_keep, grace=self.snapshot_grace
             ),
             agents=self.agents,
+            runtimes=cluster.runtimes,
         )
 
     def layout(self) -> Layout:

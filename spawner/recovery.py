@@ -50,8 +50,11 @@ async def recover(
     """Nodes whose engine did not answer: their sessions may well still run."""
     for name, backend in actuator.backends.items():
         answer = await backend.ping()
-        if answer is not Answer.OK:
-            health = Health.DOWN if answer is Answer.REFUSED else Health.UNREACHABLE
+        if answer is Answer.DRAINING:
+            core.set_health(name, Health.DRAINING)  # it answers: its sessions are listed
+        elif answer is not Answer.OK:
+            down = answer in (Answer.REFUSED, Answer.DOWN)
+            health = Health.DOWN if down else Health.UNREACHABLE
             core.set_health(name, health)
             if health is Health.UNREACHABLE:
                 actuator.mark_unreachable(name, now)
@@ -64,6 +67,22 @@ async def recover(
             else:  # ended while no Hub watched: nothing holds it any more
                 await backend.remove(container.id)
     recovered = Recovered()
+    active = {a.id for a in store.active_allocations()}
+    for request_id in sorted(set(found) - active):
+        # Running, labelled by this Hub, but not a session the store holds: it holds
+        # resources nothing charges. Reported, never killed blindly.
+        actuator.log.warning(
+            "budgethub: a session of this Hub runs that the store does not know: %s", request_id
+        )
+        store.append_event(now, "unknown", {"request": request_id})
+    for name, backend in actuator.backends.items():
+        foreign = getattr(backend, "foreign_jobs", None)
+        if foreign is not None and name not in unknown:
+            for job in await foreign():
+                actuator.log.warning(
+                    "budgethub: node %s: a job budgethub did not start: %s", name, job
+                )
+                store.append_event(now, "unknown", {"node": name, "job": job})
     for allocation in store.active_allocations():
         kept = allocation.id in found or bool(unknown & set(allocation.node_names))
         if kept and allocation.request.pool in core.pools:

@@ -133,9 +133,12 @@ def ensure_home(path: Path) -> None:
 def _ensure_store_dirs(layout: Layout, user: str, server: str) -> Path:
     root = layout.snapshot_root
     hub_dir = root / safe_name(layout.hub)
-    if not hub_dir.is_dir():
-        hub_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(hub_dir, 0o711)
+    # Passable, not listable (0711), as above the homes: a session that reads its
+    # restore straight from the store (a Slurm job, as the session user) must reach it.
+    for made in (root, hub_dir):
+        if not made.is_dir():
+            made.mkdir(parents=True, exist_ok=True)
+            os.chmod(made, 0o711)
     _owned_dir(layout.user_dir(user))
     server_dir = layout.server_dir(user, server)
     _owned_dir(server_dir)

@@ -1,0 +1,757 @@
+"""Sessions as Slurm jobs: the runtime for pools that name a Slurm partition.
+
+budgethub decides who runs, where and on which GPUs; Slurm runs the session there. A
+granted session becomes one batch job pinned with ``--nodelist`` to the node the
+scheduler chose, with the CPUs, memory and a time limit of its grant, the request in its
+comment (with the rest of its labels) and each granted whole GPU bound as a GRES of its
+own type. The site gives each GPU a type of its own in ``gres.conf`` (``gpu:g0:1,
+gpu:g1:1``); then ``--gres=gpu:g1:1`` is that exact GPU, Slurm enforces it (it sets
+``CUDA_VISIBLE_DEVICES``, and its cgroup plugin limits the devices where the site runs
+it), and ``scontrol show -d job`` shows its index. A GRES type that counts several GPUs
+is bound by count only (Slurm picks which). A fraction of a GPU asks Slurm for no GRES:
+Slurm cannot share one GPU between jobs that way, so budgethub's booking alone keeps
+fractions apart, and the job is shown its GPU by ``CUDA_VISIBLE_DEVICES``.
+
+The session runs from an environment on the node, as batchspawner runs it: a venv on
+shared storage made by ``images/session-env`` with the session image's software (the
+same JupyterHub, JupyterLab, agent and kernel extension), so snapshots work unchanged.
+That needs nothing on the nodes but the mount: Debian ships no Apptainer, and Docker or
+Podman under slurmd would need root on every node. A site whose jobs must run in a
+container sets ``slurm_command_prefix`` (``apptainer exec --bind … session.sif``).
+
+Slurm's commands (``sbatch``, ``squeue``, ``scancel``, ``scontrol``) are run as
+subprocesses with ``SLURM_CONF``; one `SlurmPartition` per partition asks Slurm for all
+its nodes and jobs at once (node states and job lists are cached for a second, and one
+thread per partition follows the jobs' ends), so a hundred nodes cost one ``squeue``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scheduler_core.model import Gpu, Node, PoolKind
+from spawner.containers import LABEL_PREFIX, SESSION_USER, ContainerSpec
+from spawner.nodes import EngineConfig
+from spawner.runtime import Answer, ContainerState
+
+ACTIVE = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "SUSPENDED",
+        "COMPLETING",
+        "REQUEUED",
+        "RESIZING",
+        "STOPPED",
+        "SIGNALING",
+        "STAGE_OUT",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESV_DEL_HOLD",
+    }
+)
+"""Job states in which the job still holds (or will hold) its node's resources."""
+NODE_KEY = f"{LABEL_PREFIX}.node"
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; the message is Slurm's."""
+
+
+class SlurmConfigError(ValueError):
+    """``c.BudgetScheduler.<key>`` names something Slurm does not have."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """How the Hub reaches Slurm and what a session's job carries."""
+
+    conf: str = ""
+    """``SLURM_CONF`` for Slurm's commands ("": Slurm's default)."""
+    bin_dir: str = ""
+    """Where ``sbatch`` and the rest are ("": on PATH)."""
+    session_env: str = "/opt/budgethub/session-env"
+    command_prefix: tuple[str, ...] = ()
+    time_limit: str = "7-00:00:00"
+    pending_timeout: float = 30.0
+    timeout: float = 15.0
+    watch_interval: float = 2.0
+
+
+def parse_record(line: str) -> dict[str, str]:
+    """One ``scontrol -o show …`` record as a dict; values may hold spaces."""
+    fields: dict[str, str] = {}
+    matches = list(re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9/:_]*)=", line))
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        fields[match.group(1)] = line[match.end() : end].strip()
+    return fields
+
+
+@dataclass(frozen=True)
+class GresEntry:
+    name: str
+    type: str
+    count: int
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}:{self.type}:1" if self.type else f"{self.name}:1"
+
+
+def parse_gres(text: str) -> list[GresEntry]:
+    """``gpu:g0:1,gpu:g1:1`` or ``gpu:a100:4(S:0-1)`` or ``gpu:2``."""
+    entries: list[GresEntry] = []
+    if not text or text == "(null)":
+        return entries
+    for part in re.split(r",(?![^(]*\))", text):
+        part = re.sub(r"\(.*\)$", "", part.strip())
+        bits = part.split(":")
+        if len(bits) == 1:
+            entries.append(GresEntry(bits[0], "", 1))
+        elif len(bits) == 2:
+            if bits[1].isdigit():
+                entries.append(GresEntry(bits[0], "", int(bits[1])))
+            else:
+                entries.append(GresEntry(bits[0], bits[1], 1))
+        else:
+            count = int(bits[2]) if bits[2].isdigit() else 1
+            entries.append(GresEntry(bits[0], bits[1], count))
+    return entries
+
+
+@dataclass(frozen=True)
+class SlurmGpu:
+    """How one of budgethub's GPUs is asked of Slurm."""
+
+    gres: str | None
+    """``gpu:g1:1``: the GRES that binds this GPU alone; None when its type counts several."""
+    typed: str
+    """``gpu:a100:1``: asks for one GPU of its type (bound by count)."""
+    index: int
+
+
+@dataclass(frozen=True)
+class SlurmNodeInfo:
+    name: str
+    address: str
+    cpus: float
+    memory_mib: int
+    state: str
+    reason: str
+    gres: tuple[GresEntry, ...]
+
+
+def node_health(state: str) -> Answer:
+    """Slurm's node state (``IDLE+DRAIN``, ``DOWN*``, ``MIXED``) as a health answer."""
+    flags = set(re.split(r"[+]", state.upper().rstrip("*$~#!%@^-")))
+    if state.endswith("*") or "NOT_RESPONDING" in flags:
+        return Answer.TIMEOUT
+    if flags & {"DOWN", "FAIL", "FUTURE", "POWERED_DOWN", "POWERING_DOWN"}:
+        return Answer.DOWN
+    if flags & {"DRAIN", "DRAINING", "DRAINED", "REBOOT_REQUESTED", "FAILING", "MAINT"}:
+        return Answer.DRAINING
+    return Answer.OK
+
+
+class SlurmPartition:
+    """One Slurm partition: its nodes, its jobs and the commands that ask for them."""
+
+    def __init__(self, partition: str, settings: SlurmSettings, hub: str) -> None:
+        self.partition = partition
+        self.settings = settings
+        self.hub = hub
+        self._nodes: tuple[float, dict[str, dict[str, str]]] = (0.0, {})
+        self._jobs: tuple[float, list[JobRow]] = (0.0, [])
+        self._lock = threading.Lock()
+        self._watchers: dict[str, Callable[[ContainerState], None]] = {}
+        self._watch: threading.Thread | None = None
+        self._seen: dict[str, ContainerState] = {}
+        self.slurmd_port = 6818
+
+    # -- commands --------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.settings.conf:
+            env["SLURM_CONF"] = self.settings.conf
+        return env
+
+    def command(self, *args: str, input: str | None = None) -> str:
+        """Run one of Slurm's commands; its output, or SlurmError with Slurm's words."""
+        exe = os.path.join(self.settings.bin_dir, args[0]) if self.settings.bin_dir else args[0]
+        try:
+            done = subprocess.run(
+                [exe, *args[1:]],
+                env=self.env(),
+                input=input,
+                capture_output=True,
+                text=True,
+                timeout=self.settings.timeout,
+            )
+        except FileNotFoundError:
+            raise SlurmError(f"{exe} is not installed here") from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{args[0]} did not answer in {self.settings.timeout:g} s") from None
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().replace("\n", "; ")
+            raise SlurmError(said or f"{args[0]} exited with {done.returncode}")
+        return done.stdout
+
+    async def acommand(self, *args: str, input: str | None = None) -> str:
+        return await asyncio.to_thread(self.command, *args, input=input)
+
+    # -- what Slurm has ---------------------------------------------------------
+
+    def describe(self) -> dict[str, str]:
+        """The partition's record (``scontrol show partition``)."""
+        out = self.command("scontrol", "-o", "show", "partition", self.partition)
+        return parse_record(out.strip())
+
+    def node_names(self) -> list[str]:
+        nodes = self.describe().get("Nodes", "")
+        if not nodes or nodes == "(null)":
+            return []
+        return self.command("scontrol", "show", "hostnames", nodes).split()
+
+    def read_config(self) -> None:
+        """What the Hub needs of slurm.conf: the port slurmd listens on."""
+        for line in self.command("scontrol", "show", "config").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "SlurmdPort" and value.strip().isdigit():
+                self.slurmd_port = int(value.strip())
+
+    def nodes(self, fresh: bool = False) -> dict[str, dict[str, str]]:
+        """Every node of the partition by name (cached for a second)."""
+        with self._lock:
+            at, known = self._nodes
+            if fresh or time.monotonic() - at > 1.0:
+                out = self.command("scontrol", "-o", "show", "node")
+                records = [parse_record(line) for line in out.splitlines() if line.strip()]
+                known = {
+                    r["NodeName"]: r
+                    for r in records
+                    if self.partition in r.get("Partitions", "").split(",")
+                }
+                self._nodes = (time.monotonic(), known)
+            return known
+
+    def node_info(self, name: str) -> SlurmNodeInfo | None:
+        record = self.nodes().get(name)
+        if record is None:
+            return None
+        cpus = record.get("CPUEfctv") or record.get("CPUTot") or "0"
+        return SlurmNodeInfo(
+            name=name,
+            address=record.get("NodeAddr", name),
+            cpus=float(cpus),
+            memory_mib=int(record.get("RealMemory", "0") or 0),
+            state=record.get("State", "UNKNOWN"),
+            reason=record.get("Reason", ""),
+            gres=tuple(parse_gres(record.get("Gres", ""))),
+        )
+
+    def jobs(self, fresh: bool = False) -> list[JobRow]:
+        """This Hub's jobs in the partition, ended ones included while Slurm keeps them."""
+        with self._lock:
+            at, known = self._jobs
+            if fresh or time.monotonic() - at > 1.0:
+                out = self.command(
+                    "squeue", "-h", "-t", "all", "-p", self.partition, "-o", "%i|%T|%r|%n|%N|%k"
+                )
+                known = []
+                for line in out.splitlines():
+                    row = job_row(line)
+                    if row is not None and row.labels.get(f"{LABEL_PREFIX}.hub") == self.hub:
+                        known.append(row)
+                self._jobs = (time.monotonic(), known)
+            return known
+
+    def job_state(self, job: str) -> ContainerState | None:
+        """One job as a session's state; None once Slurm has forgotten it."""
+        try:
+            out = self.command("squeue", "-h", "-t", "all", "-j", job, "-o", "%i|%T|%r|%n|%N|%k")
+        except SlurmError as error:
+            if "Invalid job id" in str(error):
+                return None
+            raise
+        row = job_row(out.strip()) if out.strip() else None
+        if row is None:
+            return None
+        return self._state(row)
+
+    def _state(self, row: JobRow) -> ContainerState:
+        state = row.state
+        if state in ACTIVE:
+            return ContainerState(row.id, True, 0, row.labels)
+        code = 0
+        try:
+            record = parse_record(self.command("scontrol", "-o", "show", "job", row.id))
+            status, _, signal_number = record.get("ExitCode", "0:0").partition(":")
+            code = int(status) or (128 + int(signal_number) if int(signal_number or 0) else 0)
+        except (SlurmError, ValueError):
+            code = 0
+        if state != "COMPLETED" and code == 0:
+            code = 1
+        labels = {
+            **row.labels,
+            f"{LABEL_PREFIX}.slurm-state": state,
+            f"{LABEL_PREFIX}.slurm-reason": row.reason,
+        }
+        return ContainerState(row.id, False, code, labels, oom_killed=state == "OUT_OF_MEMORY")
+
+    # -- following the jobs' ends ----------------------------------------------------
+
+    def follow(self, node: str, on_exit: Callable[[ContainerState], None]) -> None:
+        self._watchers[node] = on_exit
+        if self._watch is None:
+            self._watch = threading.Thread(
+                target=self._follow, name=f"budgethub-slurm-{self.partition}", daemon=True
+            )
+            self._watch.start()
+
+    def _follow(self) -> None:
+        """Every ``watch_interval``: a job of this Hub that was running and has ended (or
+        is gone) is reported to its node's watcher, once."""
+        running: dict[str, JobRow] = {}
+        while True:
+            time.sleep(self.settings.watch_interval)
+            try:
+                rows = {r.id: r for r in self.jobs(fresh=True)}
+            except SlurmError:
+                continue
+            for job, row in list(running.items()):
+                now = rows.get(job)
+                if now is not None and now.state in ACTIVE:
+                    continue
+                del running[job]
+                ended = (
+                    self._state(now)
+                    if now is not None
+                    else ContainerState(job, False, 0, row.labels)
+                )
+                watcher = self._watchers.get(row.labels.get(NODE_KEY, ""))
+                if watcher is not None:
+                    watcher(ended)
+            for job, row in rows.items():
+                if row.state in ("RUNNING", "COMPLETING", "CONFIGURING"):
+                    running.setdefault(job, row)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job as ``squeue`` lists it; its labels come from its comment."""
+
+    id: str
+    state: str
+    reason: str
+    asked: str
+    node: str
+    labels: Mapping[str, str]
+
+
+def job_row(line: str) -> JobRow | None:
+    """A ``squeue -o %i|%T|%r|%n|%N|%k`` line."""
+    bits = line.split("|", 5)
+    if len(bits) != 6:
+        return None
+    job, state, reason, asked, node, comment = bits
+    try:
+        labels = json.loads(comment)
+    except ValueError:
+        labels = None
+    if not isinstance(labels, dict):
+        labels = {}
+    return JobRow(job, state, reason, asked, node, {str(k): str(v) for k, v in labels.items()})
+
+
+class SlurmRuntime:
+    """One node of a Slurm partition, behind the session runtime interface."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        partition: SlurmPartition,
+        gpus: Mapping[str, SlurmGpu],
+    ) -> None:
+        self.config = config
+        self.partition = partition
+        self.gpus = dict(gpus)
+        """budgethub's GPU uuid on this node → how Slurm is asked for it."""
+        self.settings = partition.settings
+
+    @property
+    def node(self) -> str:
+        return self.config.node
+
+    # -- health --------------------------------------------------------------------
+
+    async def ping(self) -> Answer:
+        """Slurm's word on the node (down, drained), and whether its slurmd answers:
+        one that refuses or does not answer leaves the node unreachable (its jobs may
+        still run: slurmstepd outlives slurmd), then down after the grace."""
+        try:
+            nodes = await asyncio.to_thread(self.partition.nodes)
+        except SlurmError:
+            return Answer.TIMEOUT
+        record = nodes.get(self.node)
+        if record is None:
+            return Answer.DOWN
+        said = node_health(record.get("State", ""))
+        if said is not Answer.OK and said is not Answer.DRAINING:
+            return said
+        try:
+            _reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.config.address, self.partition.slurmd_port),
+                self.settings.timeout / 3,
+            )
+            writer.close()
+        except (OSError, TimeoutError):
+            return Answer.TIMEOUT
+        return said
+
+    def watch(self, hub: str, on_exit: Callable[[ContainerState], None]) -> None:
+        self.partition.follow(self.node, on_exit)
+
+    # -- a session as a job ------------------------------------------------------------
+
+    def job_script(self, spec: ContainerSpec) -> tuple[str, list[str]]:
+        """The batch script and sbatch's options for a session's spec."""
+        paths = {m.target: m.source for m in spec.mounts if m.kind == "bind"}
+        volumes = [m for m in spec.mounts if m.kind != "bind"]
+        if volumes:
+            raise RuntimeError(
+                "a Slurm session needs its home on shared storage (set c.BudgetScheduler.home_root)"
+            )
+
+        def on_node(value: str) -> str:
+            for target, source in sorted(paths.items(), key=lambda kv: -len(kv[0])):
+                if value == target or value.startswith(target + "/"):
+                    return source + value[len(target) :]
+            return value
+
+        slices = json.loads(spec.environment.get("BUDGETHUB_GPU_SLICES", "[]"))
+        gres: list[str] = []
+        visible: list[str] = []
+        for piece in slices:
+            gpu = self.gpus.get(str(piece.get("uuid", "")))
+            if gpu is None:
+                raise RuntimeError(f"Slurm has no GPU {piece.get('uuid')} on this node")
+            if piece.get("kind") == "fraction" and float(piece.get("weight", 1)) < 1:
+                visible.append(str(gpu.index))
+            else:
+                gres.append(gpu.gres or gpu.typed)
+        env = {k: on_node(v) for k, v in spec.environment.items()}
+        env.pop("NVIDIA_VISIBLE_DEVICES", None)
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        if visible and not gres:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
+        home = env.get("HOME", "/tmp")
+        command = [_on_node_option(part, on_node) for part in spec.command]
+        executable = command[0]
+        if not os.path.isabs(executable) and not self.settings.command_prefix:
+            command[0] = os.path.join(self.settings.session_env, "bin", executable)
+        lines = [
+            "#!/bin/bash",
+            f"# budgethub session {spec.name}: written by the Hub, run by Slurm on {self.node}",
+            *(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()) if _name_ok(k)),
+            'export PATH="'
+            + os.path.join(self.settings.session_env, "bin")
+            + ':/usr/local/bin:/usr/bin:/bin"',
+            f"cd {shlex.quote(home)} || exit 1",
+            "exec " + " ".join(shlex.quote(p) for p in [*self.settings.command_prefix, *command]),
+        ]
+        labels = {**spec.labels, NODE_KEY: self.node}
+        options = [
+            f"--job-name={spec.name}",
+            f"--comment={json.dumps(labels, separators=(',', ':'), sort_keys=True)}",
+            f"--partition={self.partition.partition}",
+            f"--nodelist={self.node}",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--cpus-per-task={max(1, math.ceil(spec.nano_cpus / 1e9))}",
+            f"--mem={max(1, spec.mem_limit_bytes // 2**20)}M",
+            f"--time={self.settings.time_limit}",
+            f"--output={home}/.budgethub-slurm-%j.log",
+            f"--chdir={home}",
+            "--export=NONE",
+            "--no-requeue",
+            "--parsable",
+        ]
+        if gres:
+            options.append(f"--gres={','.join(gres)}")
+        if os.geteuid() == 0:
+            uid, _, gid = SESSION_USER.partition(":")
+            options += [f"--uid={uid}", f"--gid={gid}"]
+        return "\n".join(lines) + "\n", options
+
+    async def launch(self, spec: ContainerSpec) -> str:
+        """Submit the session's job; its id once Slurm runs it. A job Slurm refuses,
+        fails, or keeps pending past ``pending_timeout`` is cancelled, with Slurm's reason."""
+        script, options = self.job_script(spec)
+        try:
+            out = await self.partition.acommand("sbatch", *options, input=script)
+        except SlurmError as error:
+            raise RuntimeError(f"Slurm refused the job: {error}") from None
+        job = out.strip().split(";")[0]
+        deadline = time.monotonic() + self.settings.pending_timeout
+        interval = 0.05
+        reason = ""
+        while time.monotonic() < deadline:
+            state = await asyncio.to_thread(self._row, job)
+            if state is None:
+                raise RuntimeError(f"Slurm lost job {job}")
+            if state.state in ("RUNNING", "CONFIGURING"):
+                return job
+            if state.state not in ACTIVE:
+                ended = await asyncio.to_thread(self.partition._state, state)
+                raise RuntimeError(
+                    f"Slurm job {job} ended {state.state} before it ran"
+                    + (f" ({state.reason})" if state.reason not in ("", "None") else "")
+                    + f", exit {ended.exit_code}"
+                )
+            reason = state.reason
+            await asyncio.sleep(interval)
+            interval = min(interval * 1.5, 0.5)
+        await self.remove(job)
+        raise RuntimeError(
+            f"Slurm kept job {job} pending for {self.settings.pending_timeout:g} s"
+            + (f" ({reason})" if reason and reason != "None" else "")
+        )
+
+    def _row(self, job: str) -> JobRow | None:
+        try:
+            out = self.partition.command(
+                "squeue", "-h", "-t", "all", "-j", job, "-o", "%i|%T|%r|%n|%N|%k"
+            )
+        except SlurmError as error:
+            if "Invalid job id" in str(error):
+                return None
+            raise
+        return job_row(out.strip())
+
+    async def state(self, session_id: str) -> ContainerState | None:
+        return await asyncio.to_thread(self.partition.job_state, session_id)
+
+    async def remove(self, session_id: str, grace: float = 5.0) -> None:
+        """``scancel`` (SIGTERM, then SIGKILL after Slurm's KillWait), and return only once
+        Slurm says the job has ended: its slices are free only then."""
+        try:
+            await self.partition.acommand("scancel", session_id)
+        except SlurmError as error:
+            if "Invalid job id" not in str(error):
+                raise
+        interval = 0.05
+        while True:  # bounded by the caller's engine_timeout
+            state = await self.state(session_id)
+            if state is None or not state.running:
+                return
+            await asyncio.sleep(interval)
+            interval = min(interval * 1.5, 0.5)
+
+    async def sessions(self, hub: str) -> list[ContainerState]:
+        rows = await asyncio.to_thread(self.partition.jobs, True)
+        return [
+            ContainerState(r.id, r.state in ACTIVE, 0, r.labels)
+            for r in rows
+            if r.labels.get(NODE_KEY) == self.node
+        ]
+
+    async def foreign_jobs(self) -> list[str]:
+        """Jobs on this node of budgethub's partition that this Hub did not start: they hold
+        resources the budget does not see (reported at the Hub's start)."""
+        out = await self.partition.acommand(
+            "squeue",
+            "-h",
+            "-p",
+            self.partition.partition,
+            "-w",
+            self.node,
+            "-o",
+            "%i|%T|%r|%n|%N|%k",
+        )
+        found = []
+        for line in out.splitlines():
+            row = job_row(line)
+            if row is not None and row.labels.get(f"{LABEL_PREFIX}.hub") != self.partition.hub:
+                found.append(f"job {row.id} ({row.state})")
+        return found
+
+    async def archive(self, session_id: str, path: str) -> bytes | None:
+        return None  # homes are on shared storage: the Hub reads the state there
+
+    async def logs(self, session_id: str, tail: int = 20) -> str:
+        try:
+            record = parse_record(
+                await self.partition.acommand("scontrol", "-o", "show", "job", session_id)
+            )
+        except SlurmError as error:
+            return f"(no log: {error})"
+        path = Path(record.get("StdOut", ""))
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError as error:
+            return f"(no log at {path}: {error.strerror})"
+        return "\n".join(lines[-tail:])
+
+
+def _on_node_option(part: str, on_node: Callable[[str], str]) -> str:
+    """``--ServerApp.root_dir=/home/jovyan`` with the path as the node sees it."""
+    key, equals, value = part.partition("=")
+    return f"{key}={on_node(value)}" if equals else on_node(part)
+
+
+def _name_ok(key: str) -> bool:
+    return re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) is not None
+
+
+# -- the cluster as Slurm has it ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """``c.BudgetScheduler.slurm_partitions[pool]``."""
+
+    pool: str
+    partition: str
+    gres: str = "gpu"
+    nodes: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"slurm_partitions.{self.pool}"
+
+
+def parse_partitions(raw: Any, pools: Mapping[str, Any]) -> list[PartitionConfig]:
+    """``{'gpu': 'gpu'}`` or ``{'gpu': {'partition': 'gpu', 'gres': 'gpu', 'nodes': […]}}``."""
+    if not isinstance(raw, Mapping):
+        raise SlurmConfigError("slurm_partitions", "must map pool names to partitions")
+    found = []
+    for pool, value in raw.items():
+        key = f"slurm_partitions.{pool}"
+        if pool not in pools:
+            raise SlurmConfigError(key, f"unknown pool {pool!r}")
+        if isinstance(value, str):
+            value = {"partition": value}
+        if not isinstance(value, Mapping):
+            raise SlurmConfigError(
+                key, "must be a partition name or {'partition', 'gres', 'nodes'}"
+            )
+        unknown = set(value) - {"partition", "gres", "nodes"}
+        if unknown:
+            raise SlurmConfigError(f"{key}.{sorted(unknown)[0]}", "unknown key")
+        partition = value.get("partition")
+        if not isinstance(partition, str) or not partition:
+            raise SlurmConfigError(f"{key}.partition", "must name a Slurm partition")
+        gres = value.get("gres", "gpu")
+        if not isinstance(gres, str) or not gres:
+            raise SlurmConfigError(f"{key}.gres", "must name a GRES (e.g. 'gpu')")
+        nodes = value.get("nodes", [])
+        if (
+            not isinstance(nodes, Sequence)
+            or isinstance(nodes, str)
+            or not all(isinstance(n, str) for n in nodes)
+        ):
+            raise SlurmConfigError(f"{key}.nodes", "must be a list of node names")
+        found.append(PartitionConfig(str(pool), partition, gres, tuple(nodes)))
+    return found
+
+
+@dataclass
+class SlurmCluster:
+    """The nodes and runtimes of every pool that names a Slurm partition."""
+
+    nodes: list[Node] = field(default_factory=list)
+    runtimes: dict[str, SlurmRuntime] = field(default_factory=dict)
+
+
+def read_cluster(
+    configs: Sequence[PartitionConfig],
+    pools: Mapping[str, Any],
+    settings: SlurmSettings,
+    hub: str,
+    runtime: type[SlurmRuntime] | None = None,
+) -> SlurmCluster:
+    """Ask Slurm for each partition's nodes, CPUs, memory, GPUs and states; a partition,
+    node or GRES that Slurm does not have is a SlurmConfigError naming the key."""
+    cluster = SlurmCluster()
+    for config in configs:
+        partition = SlurmPartition(config.partition, settings, hub)
+        try:
+            record = partition.describe()
+        except SlurmError as error:
+            raise SlurmConfigError(
+                f"{config.key}.partition",
+                f"Slurm has no partition {config.partition!r} ({error})",
+            ) from None
+        preempt = record.get("PreemptMode", "OFF").upper()
+        if preempt not in ("OFF", ""):
+            raise SlurmConfigError(
+                f"{config.key}.partition",
+                f"partition {config.partition!r} has PreemptMode={preempt}; budgethub owns "
+                "the partition and preempts itself: set PreemptMode=OFF there",
+            )
+        partition.read_config()
+        names = partition.node_names()
+        for i, name in enumerate(config.nodes):
+            if name not in names:
+                raise SlurmConfigError(
+                    f"{config.key}.nodes[{i}]",
+                    f"Slurm partition {config.partition!r} has no node {name!r} "
+                    f"(it has {', '.join(names) or 'none'})",
+                )
+        chosen = list(config.nodes) or names
+        gpu_pool = getattr(pools[config.pool], "kind", None) is PoolKind.GPU
+        any_gres = False
+        for name in chosen:
+            info = partition.node_info(name)
+            if info is None:
+                raise SlurmConfigError(config.key, f"Slurm does not describe node {name!r}")
+            entries = [e for e in info.gres if e.name == config.gres]
+            any_gres = any_gres or bool(entries)
+            gpus: list[Gpu] = []
+            binding: dict[str, SlurmGpu] = {}
+            if gpu_pool:
+                for entry in entries:
+                    for _ in range(entry.count):
+                        uuid = f"slurm:{name}:{len(gpus)}"
+                        index = len(gpus)
+                        gpus.append(Gpu(uuid=uuid, index=index, model=entry.type or "GPU"))
+                        binding[uuid] = SlurmGpu(
+                            gres=entry.spec if entry.count == 1 else None,
+                            typed=f"{entry.name}:{entry.type}:1"
+                            if entry.type
+                            else f"{entry.name}:1",
+                            index=index,
+                        )
+            # Ready as configured: Slurm's own state (down, drained) comes with the first
+            # health check, and goes again when Slurm returns the node.
+            cluster.nodes.append(
+                Node(name, config.pool, info.cpus, info.memory_mib / 1024, tuple(gpus))
+            )
+            engine = EngineConfig(node=name, address=info.address, network="host")
+            cluster.runtimes[name] = (runtime or SlurmRuntime)(engine, partition, binding)
+        if gpu_pool and not any_gres:
+            raise SlurmConfigError(
+                f"{config.key}.gres",
+                f"no node of Slurm partition {config.partition!r} has GRES {config.gres!r}",
+            )
+    return cluster

@@ -1,0 +1,165 @@
+"""What the Slurm runtime reads from Slurm's commands and what it writes into a job, without
+a cluster (the integration tests run the same code against a real one)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scheduler_core.model import NodeGrant, Slice, SliceKind
+from spawner.containers import SessionIdentity, build_container
+from spawner.nodes import EngineConfig
+from spawner.runtime import Answer
+from spawner.slurm import (
+    GresEntry,
+    SlurmConfigError,
+    SlurmGpu,
+    SlurmPartition,
+    SlurmRuntime,
+    SlurmSettings,
+    job_row,
+    node_health,
+    parse_gres,
+    parse_partitions,
+    parse_record,
+)
+
+
+def test_a_record_keeps_values_with_spaces():
+    line = (
+        "NodeName=bhs1 Arch=x86_64 State=IDLE+DRAIN Gres=gpu:g0:1,gpu:g1:1 NodeAddr=10.0.0.2 "
+        "Reason=disk swap [root@2026-12-06T03:06:21] CfgTRES=cpu=4,mem=8G"
+    )
+    record = parse_record(line)
+    assert record["NodeName"] == "bhs1" and record["State"] == "IDLE+DRAIN"
+    assert record["Reason"] == "disk swap [root@2026-12-06T03:06:21]"
+    assert record["CfgTRES"] == "cpu=4,mem=8G"
+
+
+@pytest.mark.parametrize(
+    ("text", "entries"),
+    [
+        ("gpu:g0:1,gpu:g1:1", [GresEntry("gpu", "g0", 1), GresEntry("gpu", "g1", 1)]),
+        ("gpu:a100:4(S:0-1)", [GresEntry("gpu", "a100", 4)]),
+        ("gpu:2", [GresEntry("gpu", "", 2)]),
+        ("gpu:h100:2(S:0),nic:1", [GresEntry("gpu", "h100", 2), GresEntry("nic", "", 1)]),
+        ("(null)", []),
+        ("", []),
+    ],
+)
+def test_gres_lists(text, entries):
+    assert parse_gres(text) == entries
+
+
+@pytest.mark.parametrize(
+    ("state", "answer"),
+    [
+        ("IDLE", Answer.OK),
+        ("MIXED", Answer.OK),
+        ("ALLOCATED", Answer.OK),
+        ("IDLE+DRAIN", Answer.DRAINING),
+        ("MIXED+DRAIN", Answer.DRAINING),
+        ("DOWN", Answer.DOWN),
+        ("DOWN+DRAIN", Answer.DOWN),
+        ("IDLE*", Answer.TIMEOUT),
+        ("DOWN*", Answer.TIMEOUT),
+        ("IDLE+NOT_RESPONDING", Answer.TIMEOUT),
+    ],
+)
+def test_node_states(state, answer):
+    assert node_health(state) is answer
+
+
+def test_a_job_row_carries_the_labels_of_its_comment():
+    labels = {"org.budgethub.request": "ann//1", "org.budgethub.hub": "h"}
+    row = job_row(f"12|RUNNING|None|bhs1|bhs1|{json.dumps(labels)}")
+    assert row is not None and row.id == "12" and row.state == "RUNNING"
+    assert row.labels == labels
+    foreign = job_row("13|PENDING|Resources|||(null)")
+    assert foreign is not None and foreign.labels == {}
+    assert job_row("garbage") is None
+
+
+POOLS = {"gpu": object(), "cpu": object()}
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ([], "slurm_partitions"),
+        ({"tpu": "x"}, "slurm_partitions.tpu"),
+        ({"gpu": 3}, "slurm_partitions.gpu"),
+        ({"gpu": {"partition": ""}}, "slurm_partitions.gpu.partition"),
+        ({"gpu": {"partition": "p", "gres": ""}}, "slurm_partitions.gpu.gres"),
+        ({"gpu": {"partition": "p", "nodes": "n1"}}, "slurm_partitions.gpu.nodes"),
+        ({"gpu": {"partition": "p", "colour": "red"}}, "slurm_partitions.gpu.colour"),
+    ],
+)
+def test_bad_partition_settings_name_their_key(raw, key):
+    with pytest.raises(SlurmConfigError) as error:
+        parse_partitions(raw, POOLS)
+    assert error.value.key == key
+
+
+def runtime() -> SlurmRuntime:
+    settings = SlurmSettings(session_env="/shared/env", time_limit="1-00:00:00")
+    partition = SlurmPartition("gpu", settings, "hub")
+    gpus = {
+        "slurm:bhs2:0": SlurmGpu("gpu:g0:1", "gpu:g0:1", 0),
+        "slurm:bhs2:1": SlurmGpu("gpu:g1:1", "gpu:g1:1", 1),
+    }
+    return SlurmRuntime(EngineConfig(node="bhs2", address="10.0.0.6"), partition, gpus)
+
+
+def spec(*slices: Slice, restore: str | None = None):
+    identity = SessionIdentity("ann", "", "ann//1", "nlp", "notebook", "hub")
+    grant = NodeGrant("bhs2", slices, 1.5, 2.0)
+    return build_container(
+        identity,
+        "budgethub/base:latest",
+        grant,
+        hub_env={"JUPYTERHUB_API_TOKEN": "s3cret 'quoted'"},
+        port=61001,
+        ip="10.0.0.6",
+        nvidia=False,
+        home="/shared/homes/hub/ann",
+        restore_dir=restore,
+        extra_env={"BUDGETHUB_STATE_DIR": "/home/jovyan/.budgethub/servers/default"},
+    )
+
+
+def whole(index: int) -> Slice:
+    return Slice(f"slurm:bhs2:{index}", SliceKind.WHOLE, 1000)
+
+
+def test_a_session_becomes_a_job_pinned_to_its_node_and_gpus():
+    script, options = runtime().job_script(spec(whole(1), restore="/shared/snaps/k"))
+    assert "--nodelist=bhs2" in options and "--partition=gpu" in options
+    assert "--gres=gpu:g1:1" in options
+    assert "--cpus-per-task=2" in options and "--mem=2048M" in options
+    assert "--time=1-00:00:00" in options and "--export=NONE" in options
+    comment = next(o for o in options if o.startswith("--comment="))
+    labels = json.loads(comment.split("=", 1)[1])
+    assert labels["org.budgethub.request"] == "ann//1"
+    assert labels["org.budgethub.node"] == "bhs2"
+    # Paths as the node sees them; Slurm, not the script, names the GPU.
+    assert "export HOME=/shared/homes/hub/ann" in script
+    assert "BUDGETHUB_STATE_DIR=/shared/homes/hub/ann/.budgethub/servers/default" in script
+    assert "BUDGETHUB_RESTORE_DIR=/shared/snaps/k" in script
+    assert "CUDA_VISIBLE_DEVICES" not in script
+    assert "export JUPYTERHUB_API_TOKEN='s3cret '\"'\"'quoted'\"'\"''" in script
+    assert "exec /shared/env/bin/jupyterhub-singleuser --ip=10.0.0.6 --port=61001" in script
+    assert "--ServerApp.root_dir=/shared/homes/hub/ann" in script
+
+
+def test_a_fraction_asks_slurm_for_no_gres_and_names_its_gpu():
+    fraction = Slice("slurm:bhs2:1", SliceKind.FRACTION, 250)
+    script, options = runtime().job_script(spec(fraction))
+    assert not any(o.startswith("--gres") for o in options)
+    assert "export CUDA_VISIBLE_DEVICES=1" in script
+
+
+def test_a_gpu_slurm_does_not_have_is_refused():
+    with pytest.raises(RuntimeError, match="Slurm has no GPU"):
+        runtime().job_script(spec(whole(7)))
