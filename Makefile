@@ -6,21 +6,26 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROXY_STAMP := proxy/node_modules/.installed
 
-.PHONY: test lint unit integration bench demo engine images browser proxy postgres clean packages setup
+.PHONY: test lint unit integration bench demo engine images browser proxy postgres clean packages setup session-env
 
 # pytest-xdist workers. The suite mostly waits (on containers, kernels, the Hub), so
 # more workers than cores pay off; each worker has its own Hubs, ports and state folders.
 WORKERS ?= 4
 XDIST := -n $(WORKERS)
 
-# Debian packages for the engine, the image base and the proxy, in one apt-get call when
-# any is missing. Chromium comes in `browser`, beside the image build (debootstrap does
-# not take apt's lock), so its download is off the longest path.
+# Debian packages for the engine, the image base, the proxy and the Slurm test cluster
+# (slurmctld, slurmd, munge, and Debian's Python for the session environment), in one
+# apt-get call when any is missing. Chromium comes in `browser`, beside the image build
+# (debootstrap does not take apt's lock), so its download is off the longest path.
 packages:
 	@missing=""; \
 	  command -v dockerd >/dev/null || missing="$$missing docker.io"; \
 	  command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
 	  { command -v node >/dev/null && command -v npm >/dev/null; } || missing="$$missing nodejs npm"; \
+	  for pair in slurmctld:slurmctld slurmd:slurmd munged:munge; do \
+	    test -x /usr/sbin/$${pair%%:*} || missing="$$missing $${pair#*:}"; done; \
+	  command -v sbatch >/dev/null || missing="$$missing slurm-client"; \
+	  /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	  if [ -n "$$missing" ]; then \
 	    echo "installing$$missing with apt-get"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
@@ -30,7 +35,7 @@ packages:
 # Everything the suite needs, the independent parts at once: the venv and lint, the
 # proxy, PostgreSQL, and the engine with the images (the longest, from a debootstrap).
 setup: packages
-	$(MAKE) --no-print-directory -j4 --output-sync=target lint $(PROXY_STAMP) postgres images browser
+	$(MAKE) --no-print-directory -j4 --output-sync=target lint $(PROXY_STAMP) postgres images browser session-env
 
 
 # The virtual environment is rebuilt when pyproject.toml changes. The session images'
@@ -69,6 +74,12 @@ engine:
 
 images: engine
 	images/build
+
+# The session environment Slurm nodes run sessions from (images/session-env; the Slurm
+# tests' nodes share this machine's disk). A second run with nothing changed does nothing.
+SESSION_ENV ?= /var/cache/budgethub/session-env
+session-env:
+	images/session-env $(SESSION_ENV)
 
 # Debian's headless Chromium for the browser test (Playwright drives it; no download).
 # Without recommends: they pull in a desktop's worth of packages (printing, Mesa's LLVM)

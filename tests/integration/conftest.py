@@ -15,6 +15,7 @@ from typing import Any
 import docker
 import pytest
 from docker.errors import DockerException, ImageNotFound
+from slurm_fixtures import slurm, slurm_hub  # noqa: F401 - the Slurm tests' fixtures
 
 from harness import REPO
 from harness.browser import CHROMIUM, FLAGS

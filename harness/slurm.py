@@ -1,0 +1,355 @@
+"""A real Slurm cluster for the tests: one ``slurmctld`` and a ``slurmd`` per node, each
+node in a network namespace of its own, with fake GPUs.
+
+Debian's daemons run under their own names (``/usr/sbin/slurmd``), or a node's ``Gres=``
+is ignored. Each ``slurmd`` joins its namespace with ``nsenter --net`` and gets its
+hostname from ``unshare --uts``: ``ip netns exec`` would remount ``/sys`` and slurmd then
+fails on cgroups. The GPUs are character devices named in ``gres.conf``
+(``AutoDetect=off``), one GRES type per GPU (``g0``, ``g1``) so a job can ask for one exact
+GPU, as Slurm's own test suite fakes them. ``munged`` has a socket of its own
+(``AuthInfo=socket=``), so nothing of this machine's Slurm or munge is touched.
+
+Addresses: node ``i`` has a veth pair with a /30 (host side ``10.232.B.1``, namespace side
+``10.232.B.2``, B from the xdist worker and ``i``), and a default route back to the host,
+so every node reaches ``slurmctld`` on the first node's host-side address and the Hub
+reaches each session at its node's address. No traffic leaves this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+DAEMONS = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged")
+
+
+class SlurmUnavailable(RuntimeError):
+    """This machine cannot run the test cluster (not root, no Slurm, no namespaces)."""
+
+
+def slurm_possible() -> str | None:
+    """None when the cluster can run here; otherwise why not."""
+    if os.geteuid() != 0:
+        return "the Slurm test cluster needs root (network namespaces, slurmd)"
+    missing = [d for d in DAEMONS if not os.path.exists(d)]
+    if missing:
+        return f"missing {', '.join(missing)}: apt-get install {' '.join(SLURM_PACKAGES)}"
+    for tool in ("ip", "nsenter", "unshare", "sbatch", "scontrol"):
+        if shutil.which(tool) is None:
+            return f"the {tool} command is needed"
+    return None
+
+
+def _worker() -> int:
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    digits = "".join(c for c in name if c.isdigit())
+    return int(digits) if digits else 0
+
+
+@dataclass
+class SlurmNode:
+    name: str
+    gpus: int
+    cpus: int = 4
+    memory_mib: int = 8192
+    address: str = ""
+    host_address: str = ""
+    netns: str = ""
+    veth: str = ""
+    slurmd: subprocess.Popen[bytes] | None = None
+
+
+@dataclass
+class SlurmCluster:
+    """``start`` it, hand ``env`` (``SLURM_CONF``) to whoever runs Slurm's commands, and
+    ``stop`` it; ``stop`` also ends every job's processes in the namespaces."""
+
+    root: Path
+    nodes: list[SlurmNode]
+    partition: str = "gpu"
+    port: int = 0
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    @property
+    def controller(self) -> str:
+        return self.nodes[0].host_address
+
+    def run(self, *args: str, check: bool = True, timeout: float = 30) -> str:
+        """One of Slurm's commands against this cluster; its output."""
+        done = subprocess.run(
+            list(args), env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        if check and done.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
+        return done.stdout
+
+    # -- start -----------------------------------------------------------------
+
+    def start(self) -> None:
+        why = slurm_possible()
+        if why:
+            raise SlurmUnavailable(why)
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o755)
+        worker = _worker()
+        self.port = 6900 + 10 * worker
+        for i, node in enumerate(self.nodes):
+            block = 4 * (8 * worker + i)
+            node.netns = f"bhslurm{worker}-{node.name}"
+            node.veth = f"bhs{worker}x{i}"
+            node.host_address = f"10.232.{block // 256}.{block % 256 + 1}"
+            node.address = f"10.232.{block // 256}.{block % 256 + 2}"
+            self._netns(node)
+        self._munge()
+        self._config()
+        ctl = self._spawn(
+            [
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                'hostname bhctl && exec "$@"',
+                "-",
+                "/usr/sbin/slurmctld",
+                "-D",
+                "-i",
+                "-f",
+                str(self.conf),
+            ],
+            "slurmctld.out",
+        )
+        self.procs.append(ctl)
+        self._wait(lambda: self.run("scontrol", "ping", check=False).count("UP") > 0, "slurmctld")
+        for node in self.nodes:
+            self.start_slurmd(node)
+        self.wait_idle()
+
+    def _netns(self, node: SlurmNode) -> None:
+        self._drop_netns(node)
+        steps = [
+            ["ip", "netns", "add", node.netns],
+            [
+                "ip",
+                "link",
+                "add",
+                node.veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                node.netns,
+            ],
+            ["ip", "addr", "add", f"{node.host_address}/30", "dev", node.veth],
+            ["ip", "link", "set", node.veth, "up"],
+            ["ip", "-n", node.netns, "addr", "add", f"{node.address}/30", "dev", "eth0"],
+            ["ip", "-n", node.netns, "link", "set", "eth0", "up"],
+            ["ip", "-n", node.netns, "link", "set", "lo", "up"],
+            ["ip", "-n", node.netns, "route", "add", "default", "via", node.host_address],
+        ]
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True, timeout=30)
+
+    def _drop_netns(self, node: SlurmNode) -> None:
+        subprocess.run(["ip", "link", "del", node.veth], capture_output=True, timeout=30)
+        subprocess.run(["ip", "netns", "del", node.netns], capture_output=True, timeout=30)
+
+    def _munge(self) -> None:
+        key = self.root / "munge.key"
+        key.write_bytes(secrets.token_bytes(1024))
+        os.chmod(key, 0o400)
+        self.procs.append(
+            self._spawn(
+                [
+                    "/usr/sbin/munged",
+                    "-F",
+                    "--force",
+                    f"--socket={self.root / 'munge.sock'}",
+                    f"--key-file={key}",
+                    f"--log-file={self.root / 'munged.log'}",
+                    f"--pid-file={self.root / 'munged.pid'}",
+                    f"--seed-file={self.root / 'munged.seed'}",
+                ],
+                "munged.out",
+            )
+        )
+        self._wait(lambda: (self.root / "munge.sock").exists(), "munged")
+
+    def _config(self) -> None:
+        dev = self.root / "dev"
+        lines = [
+            "ClusterName=bhtest",
+            f"SlurmctldHost=bhctl({self.controller})",
+            f"SlurmctldPort={self.port}",
+            f"SlurmdPort={self.port + 1}",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={self.root / 'munge.sock'}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"StateSaveLocation={self.root / 'state'}",
+            f"SlurmdSpoolDir={self.root / 'spool'}/%n",
+            f"SlurmctldPidFile={self.root / 'slurmctld.pid'}",
+            f"SlurmdPidFile={self.root / 'slurmd'}-%n.pid",
+            f"SlurmctldLogFile={self.root / 'slurmctld.log'}",
+            f"SlurmdLogFile={self.root / 'slurmd'}-%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SlurmdParameters=config_overrides",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_CPU_Memory",
+            "GresTypes=gpu",
+            "PreemptType=preempt/none",
+            "PreemptMode=OFF",
+            "SchedulerType=sched/backfill",
+            "SlurmdTimeout=20",
+            "ReturnToService=2",
+            "KillWait=5",
+            "MinJobAge=600",
+            "MpiDefault=none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "SwitchType=switch/none",
+        ]
+        gres = ["AutoDetect=off"]
+        for node in self.nodes:
+            types = ",".join(f"gpu:g{g}:1" for g in range(node.gpus))
+            lines.append(
+                f"NodeName={node.name} NodeAddr={node.address} NodeHostname={node.name} "
+                f"CPUs={node.cpus} RealMemory={node.memory_mib}"
+                + (f" Gres={types}" if types else "")
+                + " State=UNKNOWN"
+            )
+            (dev / node.name).mkdir(parents=True, exist_ok=True)
+            for g in range(node.gpus):
+                device = dev / node.name / f"nvidia{g}"
+                if not device.exists():
+                    os.mknod(device, 0o666 | 0o020000, os.makedev(195, g))
+                gres.append(f"NodeName={node.name} Name=gpu Type=g{g} File={device}")
+        names = ",".join(n.name for n in self.nodes)
+        lines.append(
+            f"PartitionName={self.partition} Nodes={names} Default=YES MaxTime=INFINITE "
+            "State=UP PreemptMode=OFF OverSubscribe=NO"
+        )
+        self.conf.write_text("\n".join(line for line in lines if line) + "\n")
+        (self.root / "gres.conf").write_text("\n".join(gres) + "\n")
+        (self.root / "state").mkdir(exist_ok=True)
+        for node in self.nodes:
+            (self.root / "spool" / node.name).mkdir(parents=True, exist_ok=True)
+
+    def _spawn(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
+        with open(self.root / log, "ab") as out:  # the daemon keeps its own copy
+            return subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+
+    def start_slurmd(self, node: SlurmNode) -> None:
+        """(Re)start a node's slurmd in its namespace, under its own hostname."""
+        node.slurmd = self._spawn(
+            [
+                "nsenter",
+                f"--net=/run/netns/{node.netns}",
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                f'hostname {node.name} && exec "$@"',
+                "-",
+                "/usr/sbin/slurmd",
+                "-D",
+                "-N",
+                node.name,
+                "-f",
+                str(self.conf),
+            ],
+            f"slurmd-{node.name}.out",
+        )
+
+    def kill_slurmd(self, node: SlurmNode) -> None:
+        """SIGKILL a node's slurmd (its jobs' processes are left to ``stop``)."""
+        if node.slurmd is not None:
+            os.killpg(node.slurmd.pid, signal.SIGKILL)
+            node.slurmd.wait(timeout=30)
+            node.slurmd = None
+
+    def _wait(self, ready: object, what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():  # type: ignore[operator]
+                return
+            time.sleep(0.3)
+        logs = "\n".join(
+            f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.root.glob("*.log"))
+        )
+        raise SlurmUnavailable(f"{what} did not come up in {timeout:g} s\n{logs}")
+
+    def node_state(self, name: str) -> str:
+        return self.run("sinfo", "-h", "-n", name, "-o", "%T", check=False).strip()
+
+    def wait_idle(self, timeout: float = 60) -> None:
+        """Until every node is idle in Slurm's view."""
+        self._wait(
+            lambda: all(self.node_state(n.name) == "idle" for n in self.nodes),
+            "the slurmd nodes",
+            timeout,
+        )
+
+    def jobs(self) -> list[dict[str, str]]:
+        """Every job Slurm knows now (``squeue``): id, name, state, node, comment."""
+        out = self.run("squeue", "-h", "-a", "-t", "all", "-o", "%i|%j|%T|%N|%k")
+        rows = []
+        for line in out.splitlines():
+            job, name, state, node, comment = line.split("|", 4)
+            rows.append({"id": job, "name": name, "state": state, "node": node, "comment": comment})
+        return rows
+
+    def job_detail(self, job: str) -> str:
+        return self.run("scontrol", "show", "-d", "job", job)
+
+    # -- stop ------------------------------------------------------------------
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            self._kill_netns_procs(node)
+            if node.slurmd is not None:
+                self.kill_slurmd(node)
+        for proc in reversed(self.procs):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=15)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for node in self.nodes:
+            self._kill_netns_procs(node)
+            self._drop_netns(node)
+
+    def _kill_netns_procs(self, node: SlurmNode) -> None:
+        """Every process in the node's namespace: slurmd, slurmstepd and the sessions."""
+        found = subprocess.run(
+            ["ip", "netns", "pids", node.netns], capture_output=True, text=True, timeout=30
+        )
+        for pid in found.stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass

@@ -1,0 +1,200 @@
+"""Shared set-up for the Slurm tests (tests/integration/test_slurm_*.py).
+
+A real two-node Slurm cluster (harness/slurm.py: slurmctld, two slurmd in network
+namespaces of their own, munge, fake GPUs as GRES), one per test file, and a Hub whose
+``gpu`` pool is its partition. Sessions run from the session environment that
+``images/session-env`` makes, as the session user (uid 1000), so their homes and
+snapshots live under a directory that user can reach (pytest's own tmp is 0700).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import REPO
+from harness.hub import Hub, wait_for
+from harness.slurm import SlurmCluster, SlurmNode, slurm_possible
+from scheduler_core.store import SnapshotRecord, Store
+
+SESSION_ENV = Path(os.environ.get("BUDGETHUB_SESSION_ENV", "/var/cache/budgethub/session-env"))
+PROFILES = [
+    {
+        "slug": "notebook",
+        "display_name": "Notebook",
+        "description": "a GPU notebook",
+        "class": "interactive",
+        "pool": "gpu",
+        "image": "budgethub/base:latest",
+        "gpus": [1, 2],
+        "cpus": 1,
+        "memory_gib": 1,
+        "min_runtime": "1h",
+        "max_min_runtime": "8h",
+    }
+]
+ONE = {"profile": "notebook", "gpus": 1}
+TWO = {"profile": "notebook", "gpus": 2}
+TEAMS = [
+    {"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}},
+    {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
+]
+GROUPS = {"nlp": ["ann", "cy"], "guests": ["gus", "bo"]}
+
+
+def session_env() -> Path:
+    """The session environment, made once (``images/session-env``; cached)."""
+    subprocess.run(
+        [str(REPO / "images" / "session-env"), str(SESSION_ENV)], check=True, timeout=900
+    )
+    return SESSION_ENV
+
+
+def session_user() -> None:
+    """Slurm runs a job as a user it can look up: uid 1000 must exist (any name)."""
+    if subprocess.run(["getent", "passwd", "1000"], capture_output=True).returncode != 0:
+        subprocess.run(
+            ["useradd", "-u", "1000", "-g", "100", "-M", "-s", "/usr/sbin/nologin", "bhsession"],
+            check=True,
+        )
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    why = slurm_possible()
+    if why:
+        pytest.fail(f"the Slurm tests need a Slurm cluster here: {why}")
+    session_user()
+    session_env()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    root = Path(f"/var/tmp/budgethub-slurm-{worker}")
+    shutil.rmtree(root, ignore_errors=True)
+    cluster = SlurmCluster(root, [SlurmNode("bhs1", gpus=1), SlurmNode("bhs2", gpus=2)])
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def slurm_hub(
+    make_hub: Callable[..., Hub], slurm: SlurmCluster, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Hub]]:
+    """``slurm_hub(**traits)``: a Hub whose gpu pool is the cluster's partition. After the
+    test every job is cancelled and every node is back (slurmd running, not drained)."""
+    shared = Path(f"{slurm.root}-shared") / request.node.name[:40]
+    shutil.rmtree(shared, ignore_errors=True)
+    shared.mkdir(parents=True)
+    for path in (shared, shared.parent):
+        os.chmod(path, 0o755)
+
+    def make(extra: str = "", **traits: Any) -> Hub:
+        settings: dict[str, Any] = {
+            "slurm_partitions": {"gpu": "gpu"},
+            "slurm_conf": str(slurm.conf),
+            "slurm_session_env": str(SESSION_ENV),
+            "slurm_pending_timeout": 10.0,
+            "home_root": str(shared / "homes"),
+            "snapshot_root": str(shared / "snapshots"),
+            "snapshot_grace": 15.0,
+            "unallocated_grace": 1.0,
+            "idle_poll": 0.0,
+        }
+        settings.update(traits)
+        lines = "".join(f"c.BudgetScheduler.{k} = {v!r}\n" for k, v in settings.items())
+        lines += f"c.JupyterHub.hub_ip = {slurm.controller!r}\n"
+        return make_hub(
+            nodes=[], teams=TEAMS, groups=GROUPS, profiles=PROFILES, extra=lines + extra
+        )
+
+    try:
+        yield make
+    finally:
+        slurm.run("scancel", "--partition", slurm.partition, check=False)
+        for node in slurm.nodes:
+            if node.slurmd is None:
+                slurm.start_slurmd(node)
+            slurm.run("scontrol", "update", f"nodename={node.name}", "state=resume", check=False)
+        slurm.run(
+            "scontrol",
+            "update",
+            f"partitionname={slurm.partition}",
+            "maxtime=infinite",
+            check=False,
+        )
+        wait_for(lambda: not active_jobs(slurm), 60, "the tests' jobs to end")
+        slurm.wait_idle()
+
+
+def active_jobs(slurm: SlurmCluster) -> list[dict[str, str]]:
+    return [j for j in slurm.jobs() if j["state"] in ("PENDING", "RUNNING", "COMPLETING")]
+
+
+def owner(job: dict[str, str]) -> str:
+    """The user whose session a job is (from the labels in its comment)."""
+    try:
+        return str(json.loads(job["comment"]).get("org.budgethub.user", ""))
+    except ValueError:
+        return ""
+
+
+def job_of(slurm: SlurmCluster, user: str) -> dict[str, str]:
+    """The one running job of a user's session."""
+    found = [j for j in slurm.jobs() if j["state"] == "RUNNING" and owner(j) == user]
+    assert len(found) == 1, slurm.jobs()
+    return found[0]
+
+
+def gres_indices(detail: str) -> list[int]:
+    """The GPU indices ``scontrol show -d job`` says a job holds: ``GRES=gpu:g1:1(IDX:1)``."""
+    indices: list[int] = []
+    for part in detail.split("IDX:")[1:]:
+        text = part.split(")", 1)[0]
+        for piece in text.split(","):
+            low, _, high = piece.partition("-")
+            indices.extend(range(int(low), int(high or low) + 1))
+    return indices
+
+
+def store_of(hub: Hub) -> Store:
+    return Store.create(f"sqlite:///{hub.directory}/budgethub.sqlite")
+
+
+def snapshots(hub: Hub, user: str, server: str = "") -> list[SnapshotRecord]:
+    store = store_of(hub)
+    try:
+        return store.list_snapshots(user=user, server=server)
+    finally:
+        store.engine.dispose()
+
+
+def granted(hub: Hub) -> dict[str, tuple[str, list[int]]]:
+    """Per user, the node and GPU indices the scheduler booked (its store)."""
+    store = store_of(hub)
+    try:
+        found = {}
+        for allocation in store.active_allocations():
+            grant = allocation.grants[0]
+            found[allocation.request.user] = (
+                grant.node,
+                sorted(int(s.gpu_uuid.rsplit(":", 1)[-1]) for s in grant.slices),
+            )
+        return found
+    finally:
+        store.engine.dispose()
+
+
+def start(hub: Hub, user: str, options: dict[str, Any] | None = None) -> None:
+    response = hub.spawn(user, options or ONE)
+    assert response.status_code in (201, 202), response.text
+    hub.wait_ready(user, timeout=120)
+    time.sleep(1.2)  # past the unallocated grace (1 s), for the preemption tests
