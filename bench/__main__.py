@@ -14,6 +14,8 @@ against its bar in bench/bars.toml.
 * bench.snapshot — preemption decision -> slices free, restore start -> variables available
   (1 GiB of kernel variables, 1 GiB of home files)
 * bench.service — the budget service's API and pages: 150 users, 15 teams, 2,000 requests
+* bench.slurm — a session as a Slurm job against the same session on Docker, and
+  preemption decision -> slices free on Slurm (a real two-node cluster; root)
 
 Each module's ``collect(argv)`` prints as its ``main`` does and returns its figures,
 keyed by the ids in bars.toml (the module's FIGURES). Exit status: 0 when every figure
@@ -53,6 +55,7 @@ MODULES: tuple[tuple[str, list[str]], ...] = (
     ("snapshot_cells", []),
     ("snapshot", []),
     ("service", []),
+    ("slurm", []),
 )
 """What `make bench` runs, in order, with each module's arguments."""
 NAMES = tuple(name for name, _ in MODULES)
