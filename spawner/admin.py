@@ -17,13 +17,19 @@ from scheduler_core.errors import InputError
 from scheduler_core.model import Health, Pool, Team
 from scheduler_core.scenario import parse_teams
 from scheduler_core.settings import SettingError, Settings, settings_from_mapping
+from spawner.profiles import human_duration
 
 DAY = 86400.0
 LIMITS: Mapping[str, tuple[float, float]] = {
     "lookback": (3600.0, 365 * DAY),
-    "max_min_runtime": (0.0, 30 * DAY),
+    "max_min_runtime": (60.0, 7 * DAY),
 }
-"""What an admin may set each setting to, in seconds (inclusive)."""
+"""What an admin may set each setting to, in seconds (inclusive): a lookback window of
+an hour to a year; a cap on the protected minimum runtime of a minute to a week (0 would
+protect nothing and make every promise of the spawn form untrue)."""
+SHARE_MIN = 0.001
+"""The smallest share other than 0 an admin may give (0.1 % of a pool): a smaller one
+funds nothing a session could use and makes the team's ratio astronomical."""
 NODE_STATES = (Health.READY.value, Health.DRAINING.value)
 """What an admin may set a node to: drain it, or return it to service."""
 
@@ -86,11 +92,7 @@ def change_team(
             field = f"share.{pool}"
             if pool not in pools:
                 raise AdminError(field, f"unknown pool {pool!r} (pools: {', '.join(pools)})")
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise AdminError(field, f"must be a number, not {value!r}")
-            if not 0.0 <= value <= 1.0:
-                raise AdminError(field, f"must be between 0 and 1, not {value!r}")
-            spec["share"][pool] = float(value)
+            spec["share"][pool] = check_share(field, value)
     if parent is not _MISSING:
         if parent is not None and (not isinstance(parent, str) or parent not in by_name):
             raise AdminError("parent", f"unknown team {parent!r}")
@@ -111,6 +113,19 @@ def change_team(
         raise AdminError(field, error.reason) from None
 
 
+def check_share(field: str, value: Any) -> float:
+    """A share an admin may give: 0 (none), or from `SHARE_MIN` to 1."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AdminError(field, f"must be a number, not {value!r}")
+    if not 0.0 <= value <= 1.0:  # NaN fails this too
+        raise AdminError(field, f"must be between 0 and 1, not {value!r}")
+    if 0.0 < value < SHARE_MIN:
+        raise AdminError(
+            field, f"must be 0 or at least {SHARE_MIN:g} (a thousandth of the pool), not {value!r}"
+        )
+    return float(value)
+
+
 def check_setting(key: Any, value: Any) -> float:
     """A duration setting an admin may change, in seconds ("7d", "8h" or a number)."""
     if key not in LIMITS:
@@ -124,8 +139,12 @@ def check_setting(key: Any, value: Any) -> float:
     except SettingError as error:
         raise AdminError(key, error.reason) from None
     low, high = LIMITS[key]
-    if not low <= seconds <= high:
-        raise AdminError(key, f"must be between {low:g} s and {high:g} s, not {seconds:g} s")
+    if not low <= seconds <= high:  # NaN fails this too
+        raise AdminError(
+            key,
+            f"must be between {human_duration(low)} and {human_duration(high)} "
+            f"({low:g} s to {high:g} s), not {seconds:g} s",
+        )
     return seconds
 
 
