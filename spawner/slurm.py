@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import re
@@ -65,6 +66,7 @@ ACTIVE = frozenset(
 )
 """Job states in which the job still holds (or will hold) its node's resources."""
 NODE_KEY = f"{LABEL_PREFIX}.node"
+log = logging.getLogger(__name__)
 
 
 class SlurmError(RuntimeError):
@@ -184,7 +186,6 @@ class SlurmPartition:
         self._lock = threading.Lock()
         self._watchers: dict[str, Callable[[ContainerState], None]] = {}
         self._watch: threading.Thread | None = None
-        self._seen: dict[str, ContainerState] = {}
         self.slurmd_port = 6818
 
     # -- commands --------------------------------------------------------------
@@ -531,7 +532,11 @@ class SlurmRuntime:
             reason = state.reason
             await asyncio.sleep(interval)
             interval = min(interval * 1.5, 0.5)
-        await self.remove(job)
+        try:
+            await asyncio.wait_for(self.remove(job), self.settings.timeout)
+        except (TimeoutError, SlurmError) as error:  # the reason below matters more
+            why = str(error) or "it did not end in time"
+            log.warning("budgethub: cancelling pending Slurm job %s: %s", job, why)
         raise RuntimeError(
             f"Slurm kept job {job} pending for {self.settings.pending_timeout:g} s"
             + (f" ({reason})" if reason and reason != "None" else "")
