@@ -27,30 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.hub import Hub, start_hub, wait_for
-from harness.nodes import local_gpu_node
+from harness.nodes import FUNDED_AND_GUESTS, local_gpu_node, notebook_profile
 from harness.slurm import SlurmCluster, SlurmNode
 
 SESSION_ENV = Path("/var/cache/budgethub/session-env")
 WORK = Path("/var/tmp/budgethub-bench-slurm")
-PROFILES = [
-    {
-        "slug": "notebook",
-        "display_name": "Notebook",
-        "description": "a GPU notebook",
-        "class": "interactive",
-        "pool": "gpu",
-        "image": "budgethub/base:latest",
-        "gpus": [1],
-        "cpus": 1,
-        "memory_gib": 1,
-        "min_runtime": "1h",
-        "max_min_runtime": "8h",
-    }
-]
-TEAMS = [
-    {"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}},
-    {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
-]
+PROFILES = [notebook_profile("budgethub/base:latest", memory_gib=1, gpus=[1])]
+TEAMS = FUNDED_AND_GUESTS
 GROUPS = {"nlp": ["ann", "cy"], "guests": ["gus"]}
 ONE = {"profile": "notebook", "gpus": 1}
 FIGURES = ("slurm.docker_spawn_s", "slurm.spawn_s", "slurm.preempt_free_s")

@@ -15,6 +15,33 @@ ONE_GPU = {"profile": "gpu-notebook", "gpus": 1}
 """Spawn options for one whole GPU of the default GPU profile."""
 
 
+FUNDED_AND_GUESTS = [
+    {"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}},
+    {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
+]
+"""nlp holds every pool; guests have no share, so their sessions run unallocated."""
+
+
+def notebook_profile(
+    image: str, memory_gib: int = 2, gpus: list[int] | None = None
+) -> dict[str, Any]:
+    """The ``notebook`` profile of the preemption and snapshot Hubs: whole GPUs, one CPU,
+    protected an hour by default."""
+    return {
+        "slug": "notebook",
+        "display_name": "Notebook",
+        "description": "a GPU notebook",
+        "class": "interactive",
+        "pool": "gpu",
+        "image": image,
+        "gpus": gpus or [1, 2],
+        "cpus": 1,
+        "memory_gib": memory_gib,
+        "min_runtime": "1h",
+        "max_min_runtime": "8h",
+    }
+
+
 def demo_teams() -> list[dict[str, Any]]:
     """Two teams with half of each pool: nlp and vision."""
     return [
@@ -48,10 +75,7 @@ def preemption_hub(make_hub: Callable[..., Hub], **extra: Any) -> Hub:
     displaced a second after he starts."""
     return make_hub(
         nodes=[local_gpu_node(gpus=1)],
-        teams=[
-            {"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}},
-            {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
-        ],
+        teams=FUNDED_AND_GUESTS,
         groups={"nlp": ["ann"], "guests": ["gus"]},
         extra="c.BudgetScheduler.unallocated_grace = 1.0",
         **extra,

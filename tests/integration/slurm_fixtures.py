@@ -22,31 +22,15 @@ import pytest
 
 from harness import REPO
 from harness.hub import Hub, wait_for
+from harness.nodes import FUNDED_AND_GUESTS, notebook_profile
 from harness.slurm import SlurmCluster, SlurmNode, slurm_possible
 from scheduler_core.store import SnapshotRecord, Store
 
 SESSION_ENV = Path(os.environ.get("BUDGETHUB_SESSION_ENV", "/var/cache/budgethub/session-env"))
-PROFILES = [
-    {
-        "slug": "notebook",
-        "display_name": "Notebook",
-        "description": "a GPU notebook",
-        "class": "interactive",
-        "pool": "gpu",
-        "image": "budgethub/base:latest",
-        "gpus": [1, 2],
-        "cpus": 1,
-        "memory_gib": 1,
-        "min_runtime": "1h",
-        "max_min_runtime": "8h",
-    }
-]
+PROFILES = [notebook_profile("budgethub/base:latest", memory_gib=1)]
 ONE = {"profile": "notebook", "gpus": 1}
 TWO = {"profile": "notebook", "gpus": 2}
-TEAMS = [
-    {"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}},
-    {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
-]
+TEAMS = FUNDED_AND_GUESTS
 GROUPS = {"nlp": ["ann", "cy"], "guests": ["gus", "bo"]}
 
 

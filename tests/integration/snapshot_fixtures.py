@@ -27,33 +27,17 @@ import pytest
 
 from harness.hub import Hub, wait_for
 from harness.kernels import Kernel, Server, toy_wheel
+from harness.nodes import FUNDED_AND_GUESTS, notebook_profile
 from harness.tlsnode import TlsNode
 from scheduler_core.store import SnapshotRecord, Store
 
 IMAGE = "budgethub/dataprep:latest"
 """The session image with pandas and numpy (the extension is in every image)."""
 
-PROFILES = [
-    {
-        "slug": "notebook",
-        "display_name": "Notebook",
-        "description": "a GPU notebook",
-        "class": "interactive",
-        "pool": "gpu",
-        "image": IMAGE,
-        "gpus": [1, 2],
-        "cpus": 1,
-        "memory_gib": 2,
-        "min_runtime": "1h",
-        "max_min_runtime": "8h",
-    }
-]
+PROFILES = [notebook_profile(IMAGE)]
 ONE = {"profile": "notebook", "gpus": 1}
 TWO = {"profile": "notebook", "gpus": 2}
-TEAMS = [
-    {"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}},
-    {"name": "guests", "share": {"gpu": 0.0, "cpu": 0.0}},
-]
+TEAMS = FUNDED_AND_GUESTS
 GROUPS = {"nlp": ["ann", "cy"], "guests": ["gus", "bo"]}
 
 CELLS_A = """
