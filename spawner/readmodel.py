@@ -9,6 +9,7 @@ for notices); it changes nothing.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,6 +25,61 @@ from scheduler_core.view import ClusterView
 from spawner.hubapi import split_request_id
 
 NOTICE_EVENTS = ("submit", "preempt", "exit")
+
+
+# -- how figures are written: one helper each, for the spawn page and the budget service --
+
+
+def amount(value: float) -> str:
+    """A GPU (or CPU, or GiB) amount: at most 2 decimals, trailing zeros dropped (``2.14``,
+    ``0.5``, ``3``); ``<0.01`` for a positive amount too small to show, ``—`` for none."""
+    if not math.isfinite(value):
+        return "—"
+    if 0 < abs(value) < 0.005:
+        return "<0.01" if value > 0 else "-<0.01"
+    if abs(value) >= 1e9:
+        return ">999,999,999" if value > 0 else "<-999,999,999"
+    if abs(value) >= 100_000:
+        return f"{value:,.0f}"
+    text = f"{value:.2f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
+
+
+def percent(fraction: float | None) -> str:
+    """A fraction as a percentage: whole percents from 10 % (``25%``), one decimal below
+    (``2.5%``), ``<0.1%`` below that, and never more than ``>999,999%``."""
+    if fraction is None or not math.isfinite(fraction):
+        return "—"
+    if fraction < 0:
+        return "-" + percent(-fraction)
+    p = fraction * 100
+    if p == 0:
+        return "0%"
+    if 0 < p < 0.1:
+        return "<0.1%"
+    if p < 10:
+        return f"{p:.1f}".rstrip("0").rstrip(".") + "%"
+    if p < 1_000_000:
+        return f"{p:,.0f}%"
+    return ">999,999%"
+
+
+def number(value: float | None) -> str:
+    """A plain figure such as a ratio: 2 decimals below 100, whole numbers up to a
+    million, ``>999,999`` beyond; ``—`` for none."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    if abs(value) < 100:
+        return f"{value:.2f}"
+    if abs(value) < 1_000_000:
+        return f"{value:,.0f}"
+    return ">999,999" if value > 0 else "<-999,999"
+
+
+def plural(n: float, word: str, many: str | None = None) -> str:
+    """``1 request``, ``2 requests`` (``many``: the plural when it is not ``word + s``)."""
+    text = amount(n) if isinstance(n, float) and not n.is_integer() else f"{n:g}"
+    return f"{text} {word if n == 1 else (many or word + 's')}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,19 +137,19 @@ class TeamStatus:
     def line(self) -> str:
         """One line: ``gpu: holds 2 GPU funded (+1 unallocated) of a 2 GPU share (bursts to
         2.5 GPU); 1% of its 7-day budget used``."""
-        extra = f" (+{self.unallocated:.3g} unallocated)" if self.unallocated > 0 else ""
+        extra = f" (+{amount(self.unallocated)} unallocated)" if self.unallocated > 0 else ""
         if self.share <= 0:
-            held = f"holds {self.unallocated:.3g} {self.unit} unallocated" if extra else ""
+            held = f"holds {amount(self.unallocated)} {self.unit} unallocated" if extra else ""
             return f"{self.pool}: no share here (its work runs unallocated){held and '; '}{held}"
-        burst = f" (bursts to {self.burst:.3g} {self.unit})" if self.burst else ""
+        burst = f" (bursts to {amount(self.burst)} {self.unit})" if self.burst else ""
         used = (
-            f"; {self.budget_used:.0%} of its {self.window_days:g}-day budget used"
+            f"; {percent(self.budget_used)} of its {self.window_days:g}-day budget used"
             if self.budget_used is not None
             else ""
         )
         return (
-            f"{self.pool}: holds {self.funded:.3g} {self.unit} funded{extra} of a "
-            f"{self.share:.3g} {self.unit} share{burst}{used}"
+            f"{self.pool}: holds {amount(self.funded)} {self.unit} funded{extra} of a "
+            f"{amount(self.share)} {self.unit} share{burst}{used}"
         )
 
 
@@ -118,15 +174,16 @@ class Outlook:
     team_status: TeamStatus
 
 
-def unallocated_why(status: TeamStatus) -> str:
-    """Why a request of the team would run unallocated (the queue message's words)."""
+def unallocated_why(status: TeamStatus, who: str = "your team") -> str:
+    """Why a request of the team would run unallocated (the queue message's words; the
+    budget service's My budget and Queue pages say the same)."""
     if status.share <= 0:
-        return f"your team has no share of the {status.pool} pool"
+        return f"{who} has no share of the {status.pool} pool"
     return (
-        "over what your team's allocation funds now (its funded sessions hold "
-        f"{status.funded:.3g} {status.unit}, its share is {status.share:.3g} {status.unit}"
+        f"over what {who}'s allocation funds now (its funded sessions hold "
+        f"{amount(status.funded)} {status.unit}, its share is {amount(status.share)} {status.unit}"
         + (
-            f"; {status.budget_used:.0%} of its {status.window_days:g}-day budget used"
+            f"; {percent(status.budget_used)} of its {status.window_days:g}-day budget used"
             if status.budget_used is not None
             else ""
         )
@@ -343,7 +400,7 @@ class QueueView:
         for pool_name in pools:
             used = self.budget_used(team, pool_name)
             if used is not None:
-                parts.append(f"{pool_name}: {used:.0%} of budget used")
+                parts.append(f"{pool_name}: {percent(used)} of budget used")
         return f"({'; '.join(parts)})" if parts else ""
 
 

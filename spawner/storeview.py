@@ -5,12 +5,15 @@ read-only `Scheduler` from what the store holds (pools, nodes, teams, running
 allocations, the queue, the charged usage) and asks the same `QueueView` the spawn
 page asks, so positions, funding, estimates and ratios agree with the queue
 messages. Funding is what the policy would decide now (`decide`, pure, never
-applied). Building takes milliseconds; a `StoreModel` keeps the result until the
-store changes (one small query tells) or ``ttl`` passes (ratios drift with time).
+applied). A `StoreModel` keeps the result until the store changes (one small query,
+asked on every read, tells) or ``ttl`` passes (ratios drift with time); a read after a
+change waits for the model built again, up to `WAIT` seconds (then it gets the previous
+one, and the page says how old it is and reloads itself).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
@@ -44,18 +47,31 @@ from scheduler_core.store.models import (
     AllocationRow,
     AuditRow,
     EventRow,
+    NodeRow,
     RequestRow,
+    SchedulerStatusRow,
+    SnapshotRow,
     UsageRow,
 )
 from scheduler_core.store.records import WAITING_STATES
 from scheduler_core.view import Decisions
 from spawner import admin
-from spawner.readmodel import QueueStatus, QueueView
+from spawner.readmodel import (
+    QueueStatus,
+    QueueView,
+    TeamStatus,
+    plural,
+    unallocated_why,
+)
 
 DAY = 86400.0
 HOUR = 3600.0
-CHECK_EVERY = 0.5
-"""Seconds a state is served without asking the store whether it changed."""
+CHECK_EVERY = 0.05
+"""Seconds a state is served without asking the store again whether it changed (only
+collapses the checks of requests that come together; every later read asks)."""
+WAIT = 0.9
+"""Seconds a read waits for the model built again after a change; past it, the read gets
+the previous model, marked stale."""
 HISTORY_DAYS = 30
 """Owed and delivered are shown per day over this many days."""
 
@@ -182,6 +198,10 @@ class NodeView:
     """The request the node is held for (starvation reservation), if any."""
     virtual: bool
     sessions: tuple[str, ...]
+    cpus_used: float = 0.0
+    """CPUs the sessions on the node were granted (GPU nodes too: the form counts them)."""
+    memory_used_gib: float = 0.0
+    """Memory the sessions on the node were granted, GiB."""
 
 
 @dataclass
@@ -261,7 +281,7 @@ def slices_text(allocation: Allocation) -> str:
             elif s.kind is SliceKind.FRACTION:
                 parts.append(f"{s.milli / 1000:g} GPU")
     if not parts:
-        parts.append(f"{allocation.request.cpus:g} CPU")
+        parts.append(plural(allocation.request.cpus, "CPU"))
     return ", ".join(parts)
 
 
@@ -284,23 +304,29 @@ def preemption_reason(payload: Mapping[str, Any]) -> str:
 
 
 class StoreModel:
-    """The read model over a store, cached until the store changes.
+    """The read model over a store, built again as soon as the store changes.
 
-    When the store changed, the model is built again in a worker thread while requests
-    are answered from the previous one (at most one build runs at a time); a request
-    waits only for the very first build, or when ``fresh`` asks for the store as it is.
+    Every read asks the store, with one small query (`version`), whether anything the
+    model shows changed (a request cancelled, an admin change, a preemption's event...),
+    and whether the model is older than ``ttl`` (ratios drift with time). If so the
+    model is built again in a worker thread (one build at a time; reads that come
+    together share it) and the read waits for it: `state` for as long as it takes,
+    `current` up to ``wait`` seconds, after which it gets the previous model marked
+    stale (the pages then say how old it is and reload themselves).
     """
 
-    def __init__(self, store: Store, *, ttl: float = 5.0) -> None:
+    def __init__(self, store: Store, *, ttl: float = 5.0, wait: float = WAIT) -> None:
         self.store = store
         self.admin = AdminStore(store)
         self.ttl = ttl
+        self.wait = wait
         self._lock = threading.Lock()
         self._state: State | None = None
         self._version: tuple[Any, ...] | None = None
         self._built = 0.0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="budget-model")
         self._building: Future[State] | None = None
+        self._building_version: tuple[Any, ...] | None = None
         self._checked = 0.0
 
     def version(self) -> tuple[Any, ...]:
@@ -313,11 +339,18 @@ class StoreModel:
                     select(func.count(AllocationRow.id))
                     .where(AllocationRow.end_time.is_(None))
                     .scalar_subquery(),
+                    select(func.count(RequestRow.id)).scalar_subquery(),
                     select(func.count(RequestRow.id))
                     .where(RequestRow.state.in_(WAITING_STATES))
                     .scalar_subquery(),
                     select(func.max(UsageRow.id)).scalar_subquery(),
                     select(func.max(AuditRow.id)).scalar_subquery(),
+                    select(func.max(SnapshotRow.id)).scalar_subquery(),
+                    select(func.count(SnapshotRow.id)).scalar_subquery(),
+                    select(func.count(NodeRow.name))
+                    .where(NodeRow.health != Health.READY)
+                    .scalar_subquery(),
+                    select(func.max(SchedulerStatusRow.applied_audit_id)).scalar_subquery(),
                 )
             ).one()
         return tuple(row)
@@ -327,34 +360,61 @@ class StoreModel:
             state = build_state(self.store, self.admin, time.time())
         except BaseException:
             with self._lock:
-                self._building = None
+                if self._building_version == version:
+                    self._building = None
             raise
         with self._lock:
             self._state, self._version, self._built = state, version, time.time()
-            self._building = None
+            if self._building_version == version:
+                self._building = None
         return state
 
-    def state(self, *, fresh: bool = False) -> State:
+    def _refresh(self, fresh: bool) -> tuple[State | None, Future[State] | None]:
+        """The model if it is up to date, else the previous one (or None) and the build
+        that brings it up to date."""
         now = time.time()
         with self._lock:
             current = self._state
             if current is not None and not fresh and now - self._checked < CHECK_EVERY:
-                return current
+                return current, None
         version = self.version()
         with self._lock:
-            self._checked = now
+            self._checked = time.time()
             current = self._state
-            stale = (
-                current is None or version != self._version or time.time() - self._built >= self.ttl
-            )
-            if not stale and current is not None:
-                return current
-            if self._building is None:
+            if (
+                current is not None
+                and version == self._version
+                and time.time() - self._built < self.ttl
+            ):
+                return current, None
+            if self._building is None or self._building_version != version:
+                # The store moved on since the build under way began: one more after it.
                 self._building = self._pool.submit(self._build, version)
-            building = self._building
+                self._building_version = version
+            return current, self._building
+
+    def state(self, *, fresh: bool = False) -> State:
+        """The model as the store is now (waits for a build if the store changed)."""
+        current, building = self._refresh(fresh)
+        if building is None:
+            assert current is not None
+            return current
+        return building.result()
+
+    async def current(self, *, fresh: bool = False) -> tuple[State, bool]:
+        """As `state`, without blocking the event loop: the model and whether it is stale
+        (the build after a change took longer than ``wait``; never for ``fresh``)."""
+        current, building = self._refresh(fresh)
+        if building is None:
+            assert current is not None
+            return current, False
+        waiting = asyncio.wrap_future(building)
         if current is None or fresh:
-            return building.result()
-        return current
+            return await waiting, False
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), self.wait), False
+        except TimeoutError:
+            return current, True
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -544,14 +604,20 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
             within = ranking.can_fund(team, probe_runtime)
             would = funds(within, holding, 1.0, share_units, settings)
             why = ""
-            if not would:
+            if not would:  # the spawn form's words (readmodel.unallocated_why)
                 budget_used = used / (share_units * settings.lookback) if share_units else None
-                used_text = f"{budget_used:.0%}" if budget_used is not None else "none"
-                why = (
-                    f"over what the team's allocation funds now (its funded sessions hold "
-                    f"{holding:g} {unit}, its share is {share_units:g} {unit}; {used_text} of "
-                    f"its {settings.lookback / DAY:g}-day budget used)"
+                team_status = TeamStatus(
+                    team=team,
+                    pool=pool_name,
+                    unit=unit,
+                    funded=holding,
+                    unallocated=unallocated.get(team, 0.0),
+                    share=share_units,
+                    burst=None,
+                    budget_used=budget_used,
+                    window_days=settings.lookback / DAY,
                 )
+                why = unallocated_why(team_status, "the team")
             members = core.teams.subtree(team)
             n = _hours(day0, now)
             wanted = _sum_hours((asked.get((m, pool_name)) for m in members), n)
@@ -631,33 +697,39 @@ def why_waiting(
     holds: Mapping[str, tuple[str, ...]],
     held_by: Mapping[str, str],
 ) -> str:
-    """Why a request waits, in a few words (the reasons Kueue's visibility API names)."""
+    """Why a request waits, in a few words (the reasons Kueue's visibility API names),
+    each "category: what it waits for"; the funded and unallocated cases in the words of
+    the Hub's admin queue (`spawner.pages`)."""
     ready = [n for n in nodes if n.health is Health.READY]
     if not ready:
         states = sorted({n.health.value for n in nodes}) or ["none configured"]
         return f"node down: no node of pool {request.pool} takes new work ({', '.join(states)})"
     if request.id in holds:
-        return f"holding {', '.join(holds[request.id])} until it fits (waited past the bound)"
+        held = ", ".join(holds[request.id])
+        return f"holding nodes: holds {held} until it fits (waited past the bound)"
     if status.funded is False:
-        return "over allocation: it would run unallocated, on idle capacity only"
+        return "over allocation: over its team's allocation, waits for idle capacity (unallocated)"
     if any(n.name in held_by for n in ready):
         return "held node: nodes are held for a request that waited longer"
     if status.position > 1:
-        return f"behind {status.position - 1} request(s) in the pool"
-    return "no capacity: not enough free slices yet"
+        ahead = plural(status.position - 1, "request")
+        return f"behind others: waits for {ahead} ahead and free slices"
+    return "no capacity: waits for free slices (or a session's protection to end)"
 
 
 def node_view(core: Scheduler, node: Node, held_by: Mapping[str, str]) -> NodeView:
     """Slices used and free on one node, who holds each, and any hold on it."""
     kind = core.pools[node.pool].kind
     holders: dict[str, list[str]] = {}
-    used = 0.0
+    used = cpus_used = memory_used = 0.0
     sessions = []
     for allocation in core.running.values():
         for grant in allocation.grants:
             if grant.node != node.name:
                 continue
             sessions.append(allocation.id)
+            cpus_used += grant.cpus
+            memory_used += grant.memory_gib
             if kind is PoolKind.CPU:
                 used += grant.cpus
             for s in grant.slices:
@@ -697,4 +769,6 @@ def node_view(core: Scheduler, node: Node, held_by: Mapping[str, str]) -> NodeVi
         held_for=held_by.get(node.name),
         virtual=any(g.virtual for g in node.gpus),
         sessions=tuple(sessions),
+        cpus_used=min(cpus_used, node.cpus),
+        memory_used_gib=min(memory_used, node.memory_gib),
     )

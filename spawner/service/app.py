@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,10 +25,12 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.web import Application, HTTPError, RedirectHandler, RequestHandler
 
 from spawner import admin as checks
+from spawner.profiles import human_duration
+from spawner.readmodel import amount, number, percent, plural
 from spawner.service import charts, openapi, views
 from spawner.service.metrics import registry
 from spawner.service.views import Viewer
-from spawner.storeview import DAY, State, StoreModel
+from spawner.storeview import State, StoreModel
 
 log = logging.getLogger("budgethub.service")
 TEMPLATES = Path(__file__).parent / "templates"
@@ -38,16 +41,19 @@ NOT_READY = (OperationalError, ProgrammingError)
 
 
 def duration(seconds: float | None) -> str:
-    if seconds is None:
+    """A duration as the spawn form writes it (`profiles.human_duration`: ``1 h``,
+    ``90 min``, ``45 s``), rounded first to what a page needs to say: whole seconds
+    under a minute, whole minutes under two hours, whole hours beyond."""
+    if seconds is None or not math.isfinite(seconds):
         return "—"
-    seconds = float(seconds)
-    if seconds >= DAY and seconds % 3600 == 0 and seconds >= 2 * DAY:
-        return f"{seconds / DAY:g} d"
-    if seconds >= 3600:
-        return f"{seconds / 3600:.3g} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        seconds = round(seconds)
+    elif seconds < 2 * 3600:
+        seconds = round(seconds / 60) * 60.0
+    else:
+        seconds = round(seconds / 3600) * 3600.0
+    return human_duration(seconds)
 
 
 def clock(epoch: float | None) -> str:
@@ -135,12 +141,20 @@ class Base(HubOAuthenticated, RequestHandler):  # type: ignore[misc]
         if self.needs_admin and not viewer.admin:
             raise HTTPError(403, f"{views.ADMIN} is needed for the admin routes")
 
-    def state(self, *, fresh: bool = False) -> State:
+    stale = False
+    """The answer was worked out from the model before a change it has not caught up with
+    yet (its build took longer than the model's ``wait``): the page says how old it is
+    and reloads itself."""
+
+    async def state(self, *, fresh: bool = False) -> State:
+        """The model as the store is now: a change made before this request shows (the
+        model is built again; past its ``wait``, the previous one comes marked stale)."""
         try:
-            return self.model.state(fresh=fresh)
+            state, self.stale = await self.model.current(fresh=fresh)
         except NOT_READY as error:
             log.warning("the store is not ready: %s", error)
             raise HTTPError(503, "the scheduler's store is not ready yet; try again") from None
+        return state
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -177,12 +191,21 @@ class Base(HubOAuthenticated, RequestHandler):  # type: ignore[misc]
             duration=duration,
             clock=clock,
             stamp=stamp,
+            amount=amount,
+            percent=percent,
+            number=number,
+            plural=plural,
+            stale=self.stale,
+            age=lambda state: duration(time.time() - state.now) if state else "",
             **context,
         )
         return str(html)
 
     def memo(self, state: State, key: tuple[Any, ...], make: Callable[[], str]) -> str:
-        """An answer worked out once per state and viewer (the store unchanged)."""
+        """An answer worked out once per state and viewer (the store unchanged); a stale
+        one (it says its age) is worked out each time."""
+        if self.stale:
+            return str(make())
         viewer = self.viewer()
         full = (*key, viewer.name, viewer.groups, viewer.scopes)
         found = state.memo.get(full)
@@ -254,7 +277,7 @@ async def activity(handler: Base, user: str) -> dict[str, str]:
 
 class MyPage(Base):
     async def get(self) -> None:
-        state = self.state()
+        state = await self.state()
         viewer = self.viewer()
         seen = await activity(self, viewer.name)
         key = tuple(sorted(seen.items()))
@@ -262,8 +285,8 @@ class MyPage(Base):
 
 
 class TeamsPage(Base):
-    def get(self) -> None:
-        state = self.state()
+    async def get(self) -> None:
+        state = await self.state()
         self.page(state, "teams.html", lambda: views.teams(state, self.viewer()), "Teams")
 
 
@@ -283,8 +306,8 @@ def page_args(handler: Base) -> tuple[int, int]:
 
 
 class QueuePage(Base):
-    def get(self) -> None:
-        state = self.state()
+    async def get(self) -> None:
+        state = await self.state()
         limit, offset = page_args(self)
         self.page(
             state,
@@ -297,21 +320,21 @@ class QueuePage(Base):
 
 
 class NodesPage(Base):
-    def get(self) -> None:
-        state = self.state()
+    async def get(self) -> None:
+        state = await self.state()
         self.page(state, "nodes.html", lambda: views.nodes(state, self.viewer()), "Nodes")
 
 
 class AdminPage(Base):
     needs_admin = True
 
-    def get(self) -> None:
-        self.show()
+    async def get(self) -> None:
+        await self.show()
 
-    def show(
+    async def show(
         self, error: checks.AdminError | None = None, form: dict[str, str] | None = None
     ) -> None:
-        state = self.state(fresh=True)  # the change just made, and its audit entry
+        state = await self.state(fresh=True)  # the change just made, and its audit entry
         if error is not None:
             self.set_status(400)
         self.render_page(
@@ -324,9 +347,10 @@ class AdminPage(Base):
             title="Admin",
         )
 
-    def post(self) -> None:
+    async def post(self) -> None:
         form = {k: self.get_body_argument(k, "") for k in self.request.body_arguments}
         action = form.get("action", "")
+        state = await self.state(fresh=True)
         try:
             if action == "share":
                 pool = form.get("pool", "")
@@ -337,21 +361,21 @@ class AdminPage(Base):
                     raise checks.AdminError(
                         f"share.{pool}", f"must be a number, not {raw!r}"
                     ) from None
-                change_team(self, form.get("team"), {"share": {pool: value}})
+                change_team(self, state, form.get("team"), {"share": {pool: value}})
             elif action == "parent":
                 parent = form.get("parent") or None
-                change_team(self, form.get("team"), {"parent": parent})
+                change_team(self, state, form.get("team"), {"parent": parent})
             elif action == "settings":
                 body = {k: _number_or_text(form[k]) for k in checks.LIMITS if form.get(k, "")}
                 if not body:
                     raise checks.AdminError("lookback", "give a value to change")
-                change_settings(self, body)
+                change_settings(self, state, body)
             elif action == "node":
-                change_node(self, form.get("node"), {"state": form.get("state")})
+                change_node(self, state, form.get("node"), {"state": form.get("state")})
             else:
                 raise checks.AdminError("action", f"unknown action {action!r}")
         except checks.AdminError as error:
-            self.show(error, form)
+            await self.show(error, form)
             return
         self.redirect(f"{self.prefix}admin?done={quote(action)}", status=303)
 
@@ -382,8 +406,7 @@ def _write(
     }
 
 
-def change_team(handler: Base, name: Any, body: Any) -> dict[str, Any]:
-    state = handler.state(fresh=True)
+def change_team(handler: Base, state: State, name: Any, body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise checks.AdminError("body", "must be a JSON object")
     extra = set(body) - {"share", "parent"}
@@ -407,8 +430,7 @@ def change_team(handler: Base, name: Any, body: Any) -> dict[str, Any]:
     return _write(handler, {"teams": list(new_specs.values())}, audit)
 
 
-def change_settings(handler: Base, body: Any) -> dict[str, Any]:
-    state = handler.state(fresh=True)
+def change_settings(handler: Base, state: State, body: Any) -> dict[str, Any]:
     if not isinstance(body, dict) or not body:
         raise checks.AdminError("body", "must be a JSON object with lookback or max_min_runtime")
     values, audit = {}, []
@@ -419,8 +441,7 @@ def change_settings(handler: Base, body: Any) -> dict[str, Any]:
     return _write(handler, values, audit)
 
 
-def change_node(handler: Base, name: Any, body: Any) -> dict[str, Any]:
-    state = handler.state(fresh=True)
+def change_node(handler: Base, state: State, name: Any, body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise checks.AdminError("body", "must be a JSON object")
     extra = set(body) - {"state"}
@@ -450,9 +471,10 @@ class Api(Base):
         except (ValueError, UnicodeDecodeError) as error:
             raise ApiError(400, "body", f"is not JSON: {error}") from None
 
-    def changed(self, work: Callable[[], dict[str, Any]]) -> None:
+    async def changed(self, work: Callable[[State], dict[str, Any]]) -> None:
+        state = await self.state(fresh=True)  # what the change is made over
         try:
-            result = work()
+            result = work(state)
         except checks.AdminError as error:
             raise ApiError(400, error.field, error.reason) from None
         self.json(result)
@@ -460,22 +482,22 @@ class Api(Base):
 
 class MeApi(Api):
     async def get(self) -> None:
-        viewer, state = self.viewer(), self.state()
+        viewer, state = self.viewer(), await self.state()
         seen = await activity(self, viewer.name)
         key = ("me", *sorted(seen.items()))
         self.json_memo(state, key, lambda: views.me(state, viewer, seen))
 
 
 class TeamsApi(Api):
-    def get(self) -> None:
-        state = self.state()
+    async def get(self) -> None:
+        state = await self.state()
         self.json_memo(state, ("teams",), lambda: views.teams(state, self.viewer()))
 
 
 class QueueApi(Api):
-    def get(self) -> None:
+    async def get(self) -> None:
         limit, offset = page_args(self)
-        state = self.state()
+        state = await self.state()
         self.json_memo(
             state,
             ("queue", limit, offset),
@@ -484,40 +506,40 @@ class QueueApi(Api):
 
 
 class NodesApi(Api):
-    def get(self) -> None:
-        state = self.state()
+    async def get(self) -> None:
+        state = await self.state()
         self.json_memo(state, ("nodes",), lambda: views.nodes(state, self.viewer()))
 
 
 class AdminApi(Api):
     needs_admin = True
 
-    def get(self) -> None:
-        self.json(views.admin(self.state()))
+    async def get(self) -> None:
+        self.json(views.admin(await self.state(fresh=True)))
 
 
 class TeamApi(Api):
     needs_admin = True
 
-    def patch(self, team: str) -> None:
+    async def patch(self, team: str) -> None:
         body = self.body()
-        self.changed(lambda: change_team(self, team, body))
+        await self.changed(lambda state: change_team(self, state, team, body))
 
 
 class SettingsApi(Api):
     needs_admin = True
 
-    def patch(self) -> None:
+    async def patch(self) -> None:
         body = self.body()
-        self.changed(lambda: change_settings(self, body))
+        await self.changed(lambda state: change_settings(self, state, body))
 
 
 class NodeApi(Api):
     needs_admin = True
 
-    def patch(self, node: str) -> None:
+    async def patch(self, node: str) -> None:
         body = self.body()
-        self.changed(lambda: change_node(self, node, body))
+        await self.changed(lambda state: change_node(self, state, node, body))
 
 
 class OpenApi(RequestHandler):
@@ -530,8 +552,11 @@ class Metrics(RequestHandler):
     """Prometheus text format; open like the Hub's /metrics with
     ``authenticate_prometheus = False`` (team totals only, no user names)."""
 
-    def get(self) -> None:
+    async def get(self) -> None:
         try:
+            # The model as the store is now, built off the event loop; the collector then
+            # finds it up to date.
+            await cast(StoreModel, self.settings["model"]).current(fresh=True)
             output = generate_latest(self.settings["registry"])
         except NOT_READY:
             raise HTTPError(503, "the scheduler's store is not ready yet") from None

@@ -15,6 +15,8 @@ from html import escape
 
 from markupsafe import Markup
 
+from spawner.readmodel import amount, number, percent
+
 PRIMARY = "var(--bs-primary, #0d6efd)"
 WARN = "var(--bs-warning, #ffc107)"
 MUTED = "var(--bs-secondary-color, #6c757d)"
@@ -63,7 +65,7 @@ def used_against_share(used: float | None, title: str, width: int = 320) -> Mark
         f'<rect class="used" x="0" y="5" width="{_f(bar)}" height="14" rx="3" fill="{colour}"/>',
         f'<line x1="{_f(share_x)}" x2="{_f(share_x)}" y1="1" y2="23" stroke="currentColor" '
         f'stroke-width="2"><title>the share (100% of the budget)</title></line>',
-        f'<text x="{inner + 6}" y="16" fill="currentColor">{used:.0%}</text>',
+        f'<text x="{inner + 6}" y="16" fill="currentColor">{percent(used)}</text>',
     ]
     return _svg(width, height, title, body, "used-bar")
 
@@ -82,10 +84,10 @@ def ratio_bars(items: Sequence[tuple[str, float, float]], title: str, width: int
         shown = min(ratio, scale) if ratio != float("inf") else 0.0
         w = shown / scale * inner
         colour = PRIMARY if ratio <= 1.0 else WARN
-        label = f"{ratio:.2f}" if ratio != float("inf") else "no share"
+        label = number(ratio) if ratio != float("inf") else "no share"
         body.append(
             f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end" fill="currentColor">'
-            f"{escape(name)} ({share:.0%})</text>"
+            f"{escape(name)} ({percent(share)})</text>"
             f'<rect class="ratio-bar" x="{label_w}" y="{y + 2}" width="{_f(w)}" height="14" rx="2" '
             f'fill="{colour}"><title>{escape(name)}: ratio {label}</title></rect>'
             f'<text x="{_f(label_w + w + 4)}" y="{y + 13}" fill="currentColor">{label}</text>'
@@ -103,17 +105,22 @@ def ratio_bars(items: Sequence[tuple[str, float, float]], title: str, width: int
 def owed_delivered(
     days: Sequence[tuple[float, float, float]], unit: str, title: str, width: int = 620
 ) -> Markup:
-    """Per day: delivered (bars) against owed (line), in unit-hours."""
-    height, left, bottom = 150, 44, 22
-    inner_w, inner_h = width - left - 8, height - bottom - 8
+    """Per day: delivered (bars) against owed (line), in unit-hours, with a legend; "no
+    usage yet" instead of an empty axis."""
     hours = [(t, o / 3600, d / 3600) for t, o, d in days]
-    top = max([1e-9, *[max(o, d) for _, o, d in hours]]) * 1.1
+    peak = max([0.0, *[max(o, d) for _, o, d in hours]])
+    if peak < 0.005:  # nothing a 2-decimal axis could show
+        return _empty(width, title, "owed-delivered")
+    height, left, bottom = 166, 44, 38
+    inner_w, inner_h = width - left - 8, height - bottom - 8
+    top = peak * 1.1
     n = max(1, len(hours))
     step = inner_w / n
+    legend_y = height - 4
     body = [
         f'<line x1="{left}" x2="{width - 8}" y1="{8 + inner_h}" y2="{8 + inner_h}" '
         f'stroke="{GRID}"/>',
-        f'<text x="{left - 4}" y="14" text-anchor="end" fill="{MUTED}">{top:.3g}</text>',
+        f'<text x="{left - 4}" y="14" text-anchor="end" fill="{MUTED}">{amount(top)}</text>',
         f'<text x="{left - 4}" y="{8 + inner_h}" text-anchor="end" fill="{MUTED}">0</text>',
         f'<text x="2" y="{8 + inner_h / 2}" fill="{MUTED}" font-size="10">{unit}·h</text>',
     ]
@@ -125,12 +132,13 @@ def owed_delivered(
         body.append(
             f'<rect class="delivered" x="{_f(x + 1)}" y="{_f(8 + inner_h - h)}" '
             f'width="{_f(max(1.0, step - 2))}" height="{_f(h)}" fill="{PRIMARY}">'
-            f"<title>{day}: delivered {delivered:.3g} {unit}·h, owed {owed:.3g}</title></rect>"
+            f"<title>{day}: delivered {amount(delivered)} {unit}·h, owed {amount(owed)}"
+            "</title></rect>"
         )
         points.append(f"{_f(x + step / 2)},{_f(8 + inner_h - owed / top * inner_h)}")
         if i % 7 == 0 and n - 1 - i >= 4 or i == n - 1:
             body.append(
-                f'<text x="{_f(x + step / 2)}" y="{height - 6}" text-anchor="middle" '
+                f'<text x="{_f(x + step / 2)}" y="{8 + inner_h + 14}" text-anchor="middle" '
                 f'fill="{MUTED}">{day}</text>'
             )
     if points:
@@ -139,7 +147,21 @@ def owed_delivered(
             f'stroke-width="2"><title>owed: the share, or what the team asked for if less'
             f"</title></polyline>"
         )
+    body.append(
+        f'<g class="legend"><rect x="{left}" y="{legend_y - 9}" width="10" height="10" '
+        f'fill="{PRIMARY}"/><text x="{left + 14}" y="{legend_y}" fill="currentColor">'
+        f"delivered ({unit}·h per day)</text>"
+        f'<line x1="{left + 190}" x2="{left + 204}" y1="{legend_y - 4}" y2="{legend_y - 4}" '
+        f'stroke="{WARN}" stroke-width="2"/><text x="{left + 208}" y="{legend_y}" '
+        f'fill="currentColor">owed: the share, or what the team asked for if less</text></g>'
+    )
     return _svg(width, height, title, body, "owed-delivered")
+
+
+def _empty(width: int, title: str, css: str) -> Markup:
+    """A chart with nothing to show yet: a line saying so, no axis."""
+    text = f'<text class="empty" x="0" y="17" fill="{MUTED}">no usage yet</text>'
+    return _svg(width, 26, title, [text], css)
 
 
 def usage_lines(
@@ -153,11 +175,14 @@ def usage_lines(
     height, left, bottom = 150 + 16 * legend_rows, 44, 22 + 16 * legend_rows
     inner_w, inner_h = width - left - 8, 150 - 22 - 8
     values = [v / 3600 for _, points in series for _, v in points]
-    top = max([1e-9, *values]) * 1.1
+    peak = max([0.0, *values])
+    if peak < 0.005:  # nothing a 2-decimal axis could show
+        return _empty(width, title, "usage-lines")
+    top = peak * 1.1
     body = [
         f'<line x1="{left}" x2="{width - 8}" y1="{8 + inner_h}" y2="{8 + inner_h}" '
         f'stroke="{GRID}"/>',
-        f'<text x="{left - 4}" y="14" text-anchor="end" fill="{MUTED}">{top:.3g}</text>',
+        f'<text x="{left - 4}" y="14" text-anchor="end" fill="{MUTED}">{amount(top)}</text>',
         f'<text x="2" y="{8 + inner_h / 2}" fill="{MUTED}" font-size="10">{unit}·h</text>',
     ]
     for k, (name, points) in enumerate(series):

@@ -24,6 +24,7 @@ from spawner.storeview import StoreModel
 
 WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0)
 """Admission wait buckets (seconds), Kueue's range from seconds to hours."""
+GIB = 1024.0**3
 
 
 class BudgetCollector(Collector):
@@ -31,7 +32,7 @@ class BudgetCollector(Collector):
         self.model = model
 
     def collect(self) -> Iterator[Metric]:
-        state = self.model.state()
+        state = self.model.state()  # the store as it is now (a build if it changed)
         pending = GaugeMetricFamily(
             "budgethub_pending_sessions",
             "Session requests waiting in the queue",
@@ -45,9 +46,16 @@ class BudgetCollector(Collector):
             pending.add_metric(list(key), count)
         yield pending
 
+        # One family per unit, so that the unit in the name is true: GPU pools charge
+        # GPU-seconds, CPU pools core-seconds (before, both were "gpu_seconds").
         usage = GaugeMetricFamily(
             "budgethub_team_usage_gpu_seconds",
-            "Charged usage over the lookback window, GPU-seconds (core-seconds in CPU pools)",
+            "Charged usage over the lookback window in GPU pools, GPU-seconds",
+            labels=["team", "pool"],
+        )
+        usage_cpu = GaugeMetricFamily(
+            "budgethub_team_usage_cpu_seconds",
+            "Charged usage over the lookback window in CPU pools, core-seconds",
             labels=["team", "pool"],
         )
         share = GaugeMetricFamily(
@@ -66,11 +74,12 @@ class BudgetCollector(Collector):
             labels=["team", "pool"],
         )
         for (team, pool), tp in sorted(state.teams.items()):
-            usage.add_metric([team, pool], tp.used_units)
+            (usage_cpu if tp.unit == "CPU" else usage).add_metric([team, pool], tp.used_units)
             share.add_metric([team, pool], tp.share)
             ratio.add_metric([team, pool], tp.ratio)
             holds.add_metric([team, pool], tp.holds_funded)
         yield usage
+        yield usage_cpu
         yield share
         yield ratio
         yield holds
@@ -108,18 +117,37 @@ class BudgetCollector(Collector):
             "GPU slices (whole GPUs, MIG instances) per node by state",
             labels=["node", "state"],
         )
+        cpus = GaugeMetricFamily(
+            "budgethub_node_cpus",
+            "CPUs per node granted to sessions (used) and not (free); CPU pools have no slices",
+            labels=["node", "state"],
+        )
+        memory = GaugeMetricFamily(
+            "budgethub_node_memory_bytes",
+            "Memory per node granted to sessions (used) and not (free), bytes",
+            labels=["node", "state"],
+        )
         health = GaugeMetricFamily(
             "budgethub_node_ready", "1 if the node takes new work", labels=["node", "health"]
         )
         for view in state.nodes:
+            name = view.node.name
             held = sum(1 for _, _, by in view.slices if by)
-            slices.add_metric([view.node.name, "used"], held)
-            slices.add_metric([view.node.name, "free"], len(view.slices) - held)
+            slices.add_metric([name, "used"], held)
+            slices.add_metric([name, "free"], len(view.slices) - held)
+            cpus.add_metric([name, "used"], view.cpus_used)
+            cpus.add_metric([name, "free"], max(0.0, view.node.cpus - view.cpus_used))
+            memory.add_metric([name, "used"], view.memory_used_gib * GIB)
+            memory.add_metric(
+                [name, "free"], max(0.0, view.node.memory_gib - view.memory_used_gib) * GIB
+            )
             health.add_metric(
                 [view.node.name, view.node.health.value],
                 1.0 if view.node.health.value == "ready" else 0.0,
             )
         yield slices
+        yield cpus
+        yield memory
         yield health
 
         cycles = HistogramMetricFamily(

@@ -177,6 +177,10 @@ SCHEMAS: dict[str, Any] = {
                         "free": NUM,
                         "cpus": NUM,
                         "memory_gib": NUM,
+                        "cpus_used": NUM,
+                        "cpus_free": NUM,
+                        "memory_used_gib": NUM,
+                        "memory_free_gib": NUM,
                         "held_for": STR_OR_NULL,
                         "slices": arr(
                             obj({"device": STR, "kind": STR, "held": BOOL, "by": STR_OR_NULL})

@@ -46,6 +46,12 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _sig(value: float) -> float:
+    """Six significant digits: a small share stays a share (rounding to 6 decimals made
+    a sub-team's 1e-7 a 0, and the team dropped out of the ratio chart)."""
+    return float(f"{value:.6g}")
+
+
 def _server(request_id: str) -> str:
     try:
         return split_request_id(request_id)[1]
@@ -57,8 +63,8 @@ def team_pool(tp: TeamPool, teams_in_pool: int, *, daily: bool = True) -> dict[s
     out: dict[str, Any] = {
         "pool": tp.pool,
         "unit": tp.unit,
-        "share": round(tp.share, 6),
-        "share_units": round(tp.share_units, 6),
+        "share": _sig(tp.share),
+        "share_units": _sig(tp.share_units),
         "used_units": round(tp.used_units, 3),
         "budget_units": round(tp.budget_units, 3),
         "used_fraction": None if tp.used_fraction is None else round(tp.used_fraction, 6),
@@ -279,6 +285,10 @@ def nodes(state: State, viewer: Viewer) -> dict[str, Any]:
                 "free": round(view.capacity - view.used, 6),
                 "cpus": node.cpus,
                 "memory_gib": node.memory_gib,
+                "cpus_used": round(view.cpus_used, 6),
+                "cpus_free": round(node.cpus - view.cpus_used, 6),
+                "memory_used_gib": round(view.memory_used_gib, 6),
+                "memory_free_gib": round(node.memory_gib - view.memory_used_gib, 6),
                 "held_for": (
                     view.held_for
                     if viewer.admin or (view.held_for and viewer.owns(view.held_for))
