@@ -240,8 +240,43 @@ def parse_profiles(raw: Sequence[Any], settings: Settings, pools: Iterable[str])
     return profiles
 
 
+SHOWN_CHARS = 80
+"""How much of a value a refusal (and so the log) repeats."""
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """``value`` as a refusal quotes it: its repr, cut after ``limit`` characters with
+    how long it was (``'xxxx…' (5000 characters)``), so that a 5,000-character name
+    sent to the REST API comes back, and reaches the log, short."""
+    if isinstance(value, str) and len(value) > limit:
+        text = repr(value[:limit])
+        return f"{text[:-1]}…{text[-1]} ({len(value)} characters)"
+    text = repr(value)
+    if len(text) > limit:
+        return f"{text[:limit]}… ({len(text)} characters)"
+    return text
+
+
+def _kind(value: Any) -> str:
+    """What a value of the wrong type is, in words: ``a mapping``, ``a number (5)``."""
+    if value is None:
+        return "null"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list | tuple | set):
+        return "a list"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, int | float):
+        return f"a number ({shown(value)})"
+    if isinstance(value, str):
+        return f"the text {shown(value)}"
+    return f"a {type(value).__name__}"
+
+
 def _one(options: Mapping[str, Any], key: str) -> Any:
-    """A form field arrives as a list of strings; the REST API may send a plain value."""
+    """A form field arrives as a list of strings; the REST API may send a plain value.
+    JSON null is no choice (the default), like an empty form field."""
     value = options.get(key)
     if isinstance(value, list):
         if len(value) != 1:
@@ -250,9 +285,19 @@ def _one(options: Mapping[str, Any], key: str) -> Any:
     return value
 
 
+def _name(value: Any, key: str) -> str | None:
+    """A name the user chose (a profile, a slice option, a team, a storage), or None for
+    no choice; a value of another type is refused naming the field."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise FormError(key, f"must be a string, not {_kind(value)}")
+    return value
+
+
 def _whole(value: Any, key: str) -> int:
-    if isinstance(value, bool):
-        raise FormError(key, f"must be a whole number, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise FormError(key, f"must be a whole number, not {_kind(value)}")
     if isinstance(value, int):
         return value
     if isinstance(value, str):
@@ -260,7 +305,32 @@ def _whole(value: Any, key: str) -> int:
             return int(value.strip())
         except ValueError:
             pass
-    raise FormError(key, f"must be a whole number, not {value!r}")
+    raise FormError(key, f"must be a whole number, not {shown(value)}")
+
+
+def _runtime(value: Any, key: str) -> float:
+    """A minimum runtime the user asked for: seconds, or text such as ``15m`` or ``2h``."""
+    example = "e.g. 90, 15m, 2h"
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise FormError(key, f"must be a duration ({example}), not {_kind(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise FormError(key, f"must be a finite duration, not {value!r}")
+    if not isinstance(value, str) and value < 0:
+        raise FormError(key, f"must not be negative, not {shown(value)}")
+    try:
+        seconds = parse_duration(value)
+    except (ValueError, TypeError):
+        raise FormError(key, f"{shown(value)} is not a duration ({example})") from None
+    if not math.isfinite(seconds):
+        raise FormError(key, f"must be a finite duration, not {shown(value)}")
+    return seconds
+
+
+def _option_name(key: str) -> str:
+    """An unknown option's name as a refusal names it: as sent if short and plain."""
+    if len(key) <= SHOWN_CHARS and key.isprintable():
+        return key
+    return shown(key)
 
 
 FORM_FIELDS = frozenset({"profile", "slices", "gpus", "team", "priority", "min_runtime", "storage"})
@@ -278,41 +348,45 @@ def resolve(
     """
     unknown = set(options) - FORM_FIELDS
     if unknown:
-        raise FormError(sorted(unknown)[0], "is not a spawn option")
+        raise FormError(_option_name(sorted(unknown)[0]), "is not a spawn option")
     by_slug = {p.slug: p for p in profiles}
-    slug = _one(options, "profile")
-    if slug in (None, ""):
-        slug = profiles[0].slug
+    slug = _name(_one(options, "profile"), "profile") or profiles[0].slug
     if slug not in by_slug:
-        raise FormError("profile", f"unknown profile {slug!r} (offered: {', '.join(by_slug)})")
+        raise FormError("profile", f"unknown profile {shown(slug)} (offered: {', '.join(by_slug)})")
     profile = by_slug[slug]
 
-    slice_slug = _one(options, "slices")
+    raw_slice = _one(options, "slices")
+    if isinstance(raw_slice, int) and not isinstance(raw_slice, bool):
+        raw_slice = str(raw_slice)  # the REST API may send a whole-GPU slug as a number
+    slice_slug = _name(raw_slice, "slices")
     gpus = _one(options, "gpus")
-    if slice_slug not in (None, "") and gpus not in (None, ""):
+    if gpus is not None and gpus != "":
+        count: int | None = _whole(gpus, "gpus")
+    else:
+        count = None
+    if slice_slug is not None and count is not None:
         raise FormError("gpus", "give either slices or gpus")
     choices = ", ".join(s.slug for s in profile.slices)
-    if gpus not in (None, ""):
-        count = _whole(gpus, "gpus")
+    if count is not None:
         match = [s for s in profile.slices if s.gpus == count and not s.mig and not s.gpu_milli]
         if not match:
             raise FormError(
                 "gpus", f"profile {profile.slug!r} does not offer {count} GPUs (offered: {choices})"
             )
         chosen = match[0]
-    elif slice_slug not in (None, ""):
-        match = [s for s in profile.slices if s.slug == str(slice_slug)]
+    elif slice_slug is not None:
+        match = [s for s in profile.slices if s.slug == slice_slug]
         if not match:
             raise FormError(
                 "slices",
-                f"profile {profile.slug!r} does not offer {slice_slug!r} (offered: {choices})",
+                f"profile {profile.slug!r} does not offer {shown(slice_slug)} (offered: {choices})",
             )
         chosen = match[0]
     else:
         chosen = profile.slices[0]
 
-    team = _one(options, "team")
-    if team in (None, ""):
+    team = _name(_one(options, "team"), "team")
+    if team is None:
         if len(user_teams) != 1:
             which = ", ".join(user_teams) if user_teams else "none"
             raise FormError(
@@ -325,18 +399,18 @@ def resolve(
         team = user_teams[0]
     if team not in user_teams:
         raise FormError(
-            "team", f"you are not a member of team {team!r} (yours: {', '.join(user_teams)})"
+            "team", f"you are not a member of team {shown(team)} (yours: {', '.join(user_teams)})"
         )
 
     raw_priority = _one(options, "priority")
     priority = 0 if raw_priority in (None, "") else _whole(raw_priority, "priority")
     if not 0 <= priority <= MAX_PRIORITY:
-        raise FormError("priority", f"must be between 0 and {MAX_PRIORITY}, not {priority}")
+        raise FormError("priority", f"must be between 0 and {MAX_PRIORITY}, not {shown(priority)}")
 
     raw_min = _one(options, "min_runtime")
     min_runtime = profile.min_runtime
-    if raw_min not in (None, ""):
-        min_runtime = _duration(raw_min, "min_runtime")
+    if raw_min is not None and raw_min != "":
+        min_runtime = _runtime(raw_min, "min_runtime")
         if min_runtime > profile.max_min_runtime:
             raise FormError(
                 "min_runtime",
@@ -344,19 +418,17 @@ def resolve(
                 f"for {profile.display_name}",
             )
 
-    storage = _one(options, "storage")
+    storage = _name(_one(options, "storage"), "storage")
     if profile.storage:
-        if storage in (None, ""):
+        if storage is None:
             storage = profile.storage[0]
         if storage not in profile.storage:
             raise FormError(
                 "storage",
-                f"unknown storage {storage!r} (offered: {', '.join(profile.storage)})",
+                f"unknown storage {shown(storage)} (offered: {', '.join(profile.storage)})",
             )
-    elif storage not in (None, ""):
+    elif storage is not None:
         raise FormError("storage", f"profile {profile.slug!r} mounts no storage")
-    else:
-        storage = None
     return SessionSpec(profile, chosen, str(team), priority, min_runtime, storage)
 
 
@@ -557,17 +629,21 @@ def snapshot_choice(options: Mapping[str, Any]) -> tuple[str | None, bool]:
     fresh_value = _one(options, "fresh")
     if isinstance(fresh_value, bool):
         fresh = fresh_value
+    elif fresh_value is not None and not isinstance(fresh_value, str | int | float):
+        raise FormError("fresh", f"must be on or off, not {_kind(fresh_value)}")
     elif fresh_value is None or str(fresh_value).lower() in _NO:
         fresh = False
     elif str(fresh_value).lower() in _YES:
         fresh = True
     else:
-        raise FormError("fresh", f"must be on or off, not {fresh_value!r}")
+        raise FormError("fresh", f"must be on or off, not {shown(fresh_value)}")
     key = _one(options, "restore")
-    if key in (None, ""):
+    if key is None or key == "":
         return None, fresh
-    if not isinstance(key, str) or not _KEY.match(key):
-        raise FormError("restore", f"{key!r} is not a snapshot key")
+    if not isinstance(key, str):
+        raise FormError("restore", f"must be a string (a snapshot key), not {_kind(key)}")
+    if not _KEY.match(key):
+        raise FormError("restore", f"{shown(key)} is not a snapshot key")
     return key, fresh
 
 
