@@ -11,9 +11,10 @@ readable by their owner only, and lifts JupyterHub's limit on pending spawns
 
 The Hub's own pages get budgethub's template overrides (``spawner/templates/``,
 first in ``template_paths``; each extends the stock template it replaces) and the
-``budgethub`` template variable (``spawner/pages.py``). A refused spawn form is
-logged as one WARNING line instead of the Hub's ERROR traceback: it is the user's
-input, answered with a message naming the field, not a fault of the Hub.
+``budgethub`` template variable (``spawner/pages.py``). A refused spawn (the form or
+the REST API) is logged as one WARNING line, its message cut short, instead of the
+Hub's ERROR (and, for the form, its traceback): it is the user's input, answered with a
+message naming the field, not a fault of the Hub.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -45,12 +47,39 @@ _STARTING: set[asyncio.Task[None]] = set()
 """The start-up task, held (the event loop keeps only weak references to tasks)."""
 
 
+LOGGED_CHARS = 200
+"""The most of a refusal's message that its log line repeats."""
+
+_NOT_STARTING = re.compile(
+    r"Not starting (?P<whose>.*)'s server (?P<server>.*?): (?P<status>4\d\d) "
+    r"\w+\(reason=(?P<reason>[^)]*)\): (?P<message>.*)\Z",
+    re.DOTALL,
+)
+"""JupyterHub's own line for a spawn whose ``start()`` raised a SpawnException (or a
+subclass, such as the spawner's ``Refusal``) with a 4xx (``user.py``: ``Not starting
+{user}'s server {name}: {exception}``)."""
+
+
+def _cut(text: str, limit: int = LOGGED_CHARS) -> str:
+    """One line of at most about ``limit`` characters, saying how long the text was."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
 class QuietRefusalFilter(logging.Filter):
-    """A handler filter: the Hub's ``Failed to spawn single-user server with form`` with
-    a 4xx HTTPError (a refused form) becomes one WARNING line with the refusal's
-    message; any other error is left as it is."""
+    """A handler filter: a refused spawn (the user's input, answered with a 4xx naming the
+    field) becomes one WARNING line with the refusal's message cut short; any other
+    error is left as it is. Two records are refusals:
+
+    * the Hub's ``Failed to spawn single-user server with form`` with a 4xx HTTPError
+      and its traceback (a refused form);
+    * the Hub's ``Not starting ann's server : 400 SpawnException(reason=form): …`` at
+      ERROR (a refused REST spawn, and the admin page's "Start Server").
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and not record.exc_info:
+            return self._not_starting(record)
         if not record.exc_info or not str(record.msg).startswith("Failed to spawn"):
             return True
         error = record.exc_info[1]
@@ -58,9 +87,34 @@ class QuietRefusalFilter(logging.Filter):
         if not isinstance(status, int) or not 400 <= status < 500:
             return True
         message = getattr(error, "jupyterhub_message", None) or getattr(error, "log_message", "")
-        record.msg, record.args = "Spawn form refused (%s): %s", (status, message)
+        record.msg, record.args = "Spawn form refused (%s): %s", (status, _cut(str(message)))
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info, record.exc_text = None, None
+        return True
+
+    @staticmethod
+    def _not_starting(record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        if not text.startswith("Not starting "):
+            return True
+        if record.args:
+            try:
+                text = record.getMessage()
+            except (TypeError, ValueError):
+                return True
+        found = _NOT_STARTING.match(text)
+        if found is None:
+            return True
+        whose, server = found["whose"], found["server"]
+        record.msg = "Spawn refused (%s, %s) for %s's server %r: %s"
+        record.args = (
+            int(found["status"]),
+            found["reason"],
+            _cut(whose, 60),
+            _cut(server, 60),
+            _cut(found["message"]),
+        )
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
 
 

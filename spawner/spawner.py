@@ -46,6 +46,20 @@ from spawner.profiles import (
 )
 from spawner.readmodel import Outlook
 
+
+class Refusal(SpawnException):  # type: ignore[misc]
+    """A spawn refused for the user's input: a 400 whose message names the field.
+
+    Tornado logs an ``HTTPError``'s ``get_message()`` as a WARNING of its own; the Hub
+    already logs a refused spawn ("Not starting …'s server", made one WARNING line by
+    ``hubconfig.QuietRefusalFilter``), so here it is empty and the refusal is logged
+    once. The user still gets the message (the Hub's pages and API read ``message``
+    and ``jupyterhub_message``)."""
+
+    def get_message(self) -> str:
+        return ""
+
+
 DEFAULT_PROFILES: list[dict[str, Any]] = [
     {
         "slug": "gpu-notebook",
@@ -190,7 +204,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         self._left_queue = False
         """The user cancelled this start while it waited (see ``ready``)."""
         self._typed: dict[str, Any] = {}
-        """What the user last posted on the form (shown again after a refusal)."""
+        """What the user last posted on the form (shown again, once, with its refusal)."""
         self.agent: Agent | None = None
         """How the scheduler reaches this session's agent (its secret is per start)."""
         self._restore: tuple[str | None, bool] = (None, False)
@@ -272,24 +286,38 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
                 defaults=self._typed or self.last_options,
             )
         )
+        # What a refused form held is shown once, with its refusal; the next form shows
+        # the last accepted options again (a refused spawn's options do not outlive it).
+        self._typed = {}
         return "\n".join(parts)
 
     def _no_team_message(self) -> str:
-        """No team pays for this user: say so, whom to ask, and offer no Start button
-        (the spawn template leaves it out when it sees ``data-budgethub-no-team``)."""
-        admins = sorted(getattr(self.authenticator, "admin_users", None) or ())
-        ask = (
-            f"ask an administrator ({', '.join(admins)}) to add you to one"
-            if admins
-            else "ask an administrator of this Hub to add you to one"
-        )
+        """No team pays for this user: say so, whom to ask (or, to an administrator, what
+        to change), and offer no Start button (the spawn template leaves it out when it
+        sees ``data-budgethub-no-team``)."""
         known = ", ".join(t.name for t in self.scheduler.core_teams) or "none yet"
         return (
             '<div class="alert alert-warning" data-budgethub-no-team>'
             "<strong>You are in no team, so no session can start for you.</strong> "
             f"Sessions are paid for by a team's share of the cluster (teams here: "
-            f"{html.escape(known)}); {html.escape(ask)}.</div>"
+            f"{html.escape(known)}); {html.escape(self._no_team_words())}.</div>"
         )
+
+    def _no_team_words(self) -> str:
+        """What a user in no team can do: ask an administrator, naming them; an
+        administrator is told what to change instead of to ask themselves."""
+        if getattr(self.user, "admin", False):
+            base = getattr(getattr(self, "hub", None), "base_url", None) or "/hub/"
+            return (
+                "as an administrator, add yourself to a team's group on the admin page "
+                f"({base}admin#/groups: a team's members are the members of the group of "
+                "its name), or declare a team for one of your groups in "
+                "c.BudgetScheduler.teams"
+            )
+        admins = sorted(getattr(self.authenticator, "admin_users", None) or ())
+        if admins:
+            return f"ask an administrator ({', '.join(admins)}) to add you to one"
+        return "ask an administrator of this Hub to add you to one"
 
     def _what_if(
         self, profile: Profile, option: SliceOption, team: str, spec: SessionSpec | None = None
@@ -403,16 +431,43 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         )
 
     def _refuse(self, message: str, reason: str) -> SpawnException:
-        self.log.info("%s: refused: %s", self._prefix, message)
-        refusal = SpawnException(message, reason=reason, status_code=400)
+        """A 400 for the user's options, which are forgotten (see ``_forget_refused``).
+
+        The Hub logs it (its "Not starting …'s server" or "Failed to spawn … with form"
+        line, which ``hubconfig.QuietRefusalFilter`` makes one WARNING); here only at
+        debug level."""
+        self.log.debug("%s: refused: %s", self._prefix, message)
+        self._forget_refused()
+        refusal = Refusal(message, reason=reason, status_code=400)
         # What the Hub's pages show: the message alone, not "400 SpawnException(…)".
         refusal.jupyterhub_message = message
         return refusal
 
+    def _forget_refused(self) -> None:
+        """Options of a refused spawn must not outlive it (issue 41).
+
+        JupyterHub saves the options of every spawn as the server's ``user_options``
+        before ``start()`` sees them, and a later spawn with no options (a POST with no
+        body or ``null``, the admin page's "Start Server") takes them from there: the
+        refused options, refused again. Put back the options of the last spawn that was
+        accepted (the form's defaults too), or none."""
+        kept = dict(self.last_options)
+        self.user_options = kept
+        orm_spawner = getattr(self, "orm_spawner", None)
+        if orm_spawner is not None and orm_spawner.user_options != kept:
+            orm_spawner.user_options = dict(kept)  # committed as the Hub clears the spawn
+
     def _spec(self, options: dict[str, Any]) -> SessionSpec:
+        teams = self._user_teams()
+        if not teams:
+            raise self._refuse(
+                f"Cannot start: team: you are in no team that has an allocation; "
+                f"{self._no_team_words()}.",
+                "form",
+            )
         try:
             asked = {k: v for k, v in options.items() if k not in SNAPSHOT_FIELDS}
-            spec = resolve(asked, self._profiles(), self._user_teams())
+            spec = resolve(asked, self._profiles(), teams)
         except FormError as error:
             raise self._refuse(f"Cannot start: {error.field}: {error.reason}.", "form") from None
         why = self.scheduler.check_placeable(

@@ -10,6 +10,7 @@ A value the user sent is shown cut short, so a 5,000-character name does not com
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -114,3 +115,32 @@ def test_shown_cuts_long_text_and_keeps_short_text() -> None:
     assert shown(4) == "4"
     cut = shown("y" * 5000)
     assert len(cut) < 150 and cut.endswith("(5000 characters)") and "y" * 80 in cut
+
+
+def _hub_record(message: str, level: int = logging.ERROR) -> logging.LogRecord:
+    return logging.LogRecord("JupyterHub", level, __file__, 1, message, (), None)
+
+
+def test_the_hubs_not_starting_line_for_a_refusal_is_one_short_warning() -> None:
+    """JupyterHub logs a SpawnException from ``start()`` at ERROR with its whole message
+    (``user.py``); a 4xx is the user's input: one WARNING, the message cut short."""
+    from spawner.hubconfig import QuietRefusalFilter
+
+    message = "Cannot start: profile: unknown profile '" + "x" * 5000 + "' (offered: debug)."
+    for cls in ("SpawnException", "Refusal"):  # the Hub's class, and the spawner's
+        record = _hub_record(f"Not starting ann's server : 400 {cls}(reason=form): {message}")
+        assert QuietRefusalFilter().filter(record)
+        assert record.levelno == logging.WARNING and record.levelname == "WARNING"
+        line = record.getMessage()
+        assert line.startswith(
+            "Spawn refused (400, form) for ann's server '': Cannot start: profile"
+        )
+        assert len(line) < 300, len(line)
+    for other in (
+        "Not starting ann's server : 500 SpawnException(reason=launch): engine down",
+        "Not starting ann's server gpu: 503 SpawnException(reason=scheduler): not running",
+        "Unhandled error starting ann's server: boom",
+    ):
+        record = _hub_record(other)
+        assert QuietRefusalFilter().filter(record)
+        assert record.levelno == logging.ERROR and record.getMessage() == other

@@ -1,0 +1,152 @@
+"""Issue 41, a new user's defects, through a real Hub (and a real Chromium for the page).
+
+A refused spawn's options are not replayed by the next spawn with no options; "Leave
+the queue" on the home page takes the queued badge away and says so; a refused spawn
+is one short WARNING line in the Hub's log, not an ERROR carrying a 5,000-character
+value; an option of the wrong type is a 400 naming the field, not Python's words; an
+administrator in no team is told what to change, not to ask an administrator.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from harness.hub import PASSWORD, Hub, wait_for
+from harness.nodes import ONE_GPU, local_gpu_node
+
+ADMIN_PASSWORD = "budgethub-test-admin-password-0123456789"
+ADMIN = (
+    "c.Authenticator.admin_users = {'admin'}\n"
+    f"c.SharedPasswordAuthenticator.admin_password = {ADMIN_PASSWORD!r}\n"
+)
+
+
+def log_in(chromium: Any, hub: Hub, user: str, password: str = PASSWORD) -> Any:
+    page = chromium.new_context(viewport={"width": 1100, "height": 900}).new_page()
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", password)
+    page.click("#login_submit")
+    page.wait_for_load_state()
+    return page
+
+
+def shot(page: Any, name: str, tmp: Path) -> None:
+    """A screenshot in the test's directory, to look at after a run."""
+    page.screenshot(path=str(tmp / name), full_page=True)
+
+
+def _spawn_raw(hub: Hub, user: str, data: str | None) -> requests.Response:
+    """A spawn POST with exactly this body: None for no body (the admin page's "Start
+    Server"), "null" for JSON null."""
+    hub.http.post(f"{hub.api}/users/{user}", timeout=10)  # create if missing
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    return hub.http.post(hub.server_path(user), data=data, headers=headers, timeout=30)
+
+
+def _refused(hub: Hub, user: str, options: dict[str, Any], words: str) -> None:
+    response = hub.spawn(user, options)
+    assert response.status_code == 400, (options, response.status_code, response.text)
+    assert words in response.json()["message"], (options, response.json())
+    wait_for(lambda: hub.server_model(user) is None, 10, "the refused server to clear")
+
+
+def test_a_refused_spawns_options_are_not_replayed_by_a_spawn_with_no_options(make_hub):
+    hub = make_hub(nodes=[local_gpu_node(gpus=1)])
+    # Refused, then a spawn with no body: the defaults (one GPU notebook), not a replay.
+    _refused(hub, "ann", {"gpus": 9999}, "does not offer 9999 GPUs")
+    started = _spawn_raw(hub, "ann", None)
+    assert started.status_code in (201, 202), started.text
+    hub.wait_ready("ann")
+    hub.stop_server("ann")
+    # Refused, then a body of null: the same.
+    _refused(hub, "ann", {"fresh": {"a": 1}}, "fresh: must be on or off")
+    started = _spawn_raw(hub, "ann", "null")
+    assert started.status_code in (201, 202), started.text
+    hub.wait_ready("ann")
+    hub.stop_server("ann")
+    # After an accepted debug session, a refusal, then no body: the accepted options
+    # (the form's defaults) again, never the refused ones.
+    debug = {"profile": "debug", "slices": "gpu-250m"}
+    assert hub.spawn("ann", debug).status_code in (201, 202)
+    hub.wait_ready("ann")
+    hub.stop_server("ann")
+    _refused(hub, "ann", {"profile": "gpu-notebook", "gpus": 9999}, "does not offer 9999")
+    started = _spawn_raw(hub, "ann", None)
+    assert started.status_code in (201, 202), started.text
+    model = hub.wait_ready("ann")
+    assert model["user_options"] == debug, model
+    hub.stop_server("ann")
+
+
+def test_a_refused_spawn_is_one_short_warning_line_in_the_hubs_log(make_hub):
+    hub = make_hub(nodes=[local_gpu_node(gpus=1)])
+    name = "long-profile-" + "x" * 5000
+    before = hub.log_path.stat().st_size
+    response = hub.spawn("ann", {"profile": name})
+    assert response.status_code == 400, response.text
+    wait_for(lambda: hub.server_model("ann") is None, 10, "the refused server to clear")
+
+    def new_lines() -> list[str]:
+        with hub.log_path.open("rb") as log:
+            log.seek(before)
+            return log.read().decode(errors="replace").splitlines()
+
+    wait_for(lambda: any("400 POST" in line for line in new_lines()), 10, "the request's log line")
+    time.sleep(0.5)
+    lines = new_lines()
+    about = [line for line in lines if "long-profile-" in line]
+    assert not [line for line in lines if line.startswith("[E ")], lines
+    warnings = [line for line in about if line.startswith("[W ")]
+    assert len(warnings) == 1, warnings
+    assert "Spawn refused (400, form) for ann's server" in warnings[0], warnings
+    assert all(len(line) < 300 for line in about), [len(line) for line in about]
+    assert "Traceback" not in "\n".join(lines)
+    # The user is told the same, the name cut short too.
+    message = response.json()["message"]
+    assert message.startswith("Cannot start: profile: unknown profile 'long-profile-xxx")
+    assert "(5013 characters)" in message and len(message) < 300, message
+
+
+WRONG_TYPES = [
+    ({"profile": {"a": 1}}, "Cannot start: profile: must be a string, not a mapping."),
+    ({"slices": {"x": 1}}, "Cannot start: slices: must be a string, not a mapping."),
+    ({"team": ["nlp", "vision"]}, "Cannot start: team: expected one value, got 2."),
+    ({"min_runtime": {"a": 1}}, "Cannot start: min_runtime: must be a duration"),
+    ({"gpus": True}, "Cannot start: gpus: must be a whole number, not a boolean (true)."),
+    ({"priority": [[1]]}, "Cannot start: priority: must be a whole number, not a list."),
+    ({"restore": 7}, "Cannot start: restore: must be a string (a snapshot key), not a number"),
+]
+
+
+def test_options_of_the_wrong_type_are_a_400_naming_the_field(make_hub):
+    hub = make_hub(nodes=[local_gpu_node(gpus=1)])
+    for options, words in WRONG_TYPES:
+        response = hub.spawn("ann", options)
+        assert response.status_code == 400, (options, response.status_code, response.text)
+        message = response.json()["message"]
+        assert message.startswith(words), (options, message)
+        assert "expected string" not in message and "bytes-like" not in message
+        wait_for(lambda: hub.server_model("ann") is None, 10, "the refused server to clear")
+    assert "Traceback" not in hub.log_tail(2000)
+
+
+def test_an_administrator_in_no_team_is_told_what_to_change(make_hub, browser, tmp_path):
+    hub = make_hub(nodes=[local_gpu_node(gpus=1)], extra=ADMIN)
+    admin = log_in(browser, hub, "admin", ADMIN_PASSWORD)
+    admin.goto(f"{hub.url}/hub/spawn")
+    text = " ".join(admin.inner_text("main, body").split())
+    assert "You are in no team, so no session can start for you." in text
+    assert "ask an administrator" not in text, text
+    assert "as an administrator, add yourself to a team's group on the admin page" in text
+    assert "/hub/admin#/groups" in text and "c.BudgetScheduler.teams" in text
+    shot(admin, "admin-no-team.png", tmp_path)
+    refused = hub.spawn("admin", ONE_GPU)
+    assert refused.status_code == 400, refused.text
+    message = refused.json()["message"]
+    assert "ask an administrator" not in message, message
+    assert "as an administrator, add yourself to a team's group" in message, message
