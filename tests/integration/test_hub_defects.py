@@ -83,6 +83,39 @@ def test_a_refused_spawns_options_are_not_replayed_by_a_spawn_with_no_options(ma
     hub.stop_server("ann")
 
 
+def test_leaving_the_queue_from_the_home_page_takes_the_badge_away_and_says_so(
+    make_hub, browser, tmp_path
+):
+    hub = make_hub(nodes=[local_gpu_node(gpus=1)])
+    assert hub.spawn("ann", ONE_GPU).status_code in (201, 202)
+    hub.wait_ready("ann")
+    assert hub.spawn("bo", ONE_GPU).status_code == 202
+    assert hub.spawn("bo", ONE_GPU, server="second").status_code == 202
+    bo = log_in(browser, hub, "bo")
+    bo.goto(f"{hub.url}/hub/home")
+    badge = bo.locator("#budgethub-queued-default")
+    badge.wait_for(timeout=30_000)
+    assert "queued, position 1 of 2" in badge.inner_text()
+    row = bo.locator(".home-server-row[data-server-name=second]")
+    assert "queued, position 2 of 2" in row.inner_text()
+
+    bo.click("#stop")  # "Leave the queue"
+    left = bo.locator("#budgethub-left-queue-default")
+    left.wait_for(state="visible", timeout=30_000)
+    assert "You left the queue (you were at position 1 of 2)" in " ".join(left.inner_text().split())
+    assert bo.locator("#budgethub-queued-default").count() == 0
+    assert "Start My Server" in bo.inner_text("#start")
+    wait_for(lambda: hub.server_model("bo") is None, 20, "bo's default server to go")
+
+    row.locator(".stop-server").click()  # a named server's "leave queue"
+    row.locator(".budgethub-left-queue").wait_for(timeout=30_000)
+    assert "queued, position" not in row.inner_text()
+    assert "left the queue" in row.inner_text()
+    shot(bo, "home-left-queue.png", tmp_path)
+    wait_for(lambda: hub.server_model("bo", "second") is None, 20, "bo's second server to go")
+    hub.stop_server("ann")
+
+
 def test_a_refused_spawn_is_one_short_warning_line_in_the_hubs_log(make_hub):
     hub = make_hub(nodes=[local_gpu_node(gpus=1)])
     name = "long-profile-" + "x" * 5000
