@@ -314,7 +314,8 @@ def test_admin_changes_survive_a_hub_restart(ctx: Ctx) -> None:
     audit_id = answer.json()["audit_id"]
     wait_for(lambda: ctx.api("boss", "admin").json()["applied"] >= audit_id, 20, "a cycle")
     ctx.hub.stop()
-    ctx.hub = Hub(ctx.directory, ctx.config, ctx.port)
+    # The same Hub name, or the module's teardown would look for no container of it.
+    ctx.hub = Hub(ctx.directory, ctx.config, ctx.port, ctx.hub.hub_name)
     ctx.hub.start()
     wait_for(lambda: ctx.api("boss", "admin").status_code == 200, 60, "the service again")
     teams = {t["name"]: t for t in ctx.api("uxann", "teams").json()["teams"]}
