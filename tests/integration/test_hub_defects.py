@@ -10,34 +10,13 @@ administrator in no team is told what to change, not to ask an administrator.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import requests
 
-from harness.hub import PASSWORD, Hub, wait_for
+from harness.browser import ADMIN, ADMIN_PASSWORD, open_hub, shot
+from harness.hub import Hub, wait_for
 from harness.nodes import ONE_GPU, local_gpu_node
-
-ADMIN_PASSWORD = "budgethub-test-admin-password-0123456789"
-ADMIN = (
-    "c.Authenticator.admin_users = {'admin'}\n"
-    f"c.SharedPasswordAuthenticator.admin_password = {ADMIN_PASSWORD!r}\n"
-)
-
-
-def log_in(chromium: Any, hub: Hub, user: str, password: str = PASSWORD) -> Any:
-    page = chromium.new_context(viewport={"width": 1100, "height": 900}).new_page()
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("input[name=username]", user)
-    page.fill("input[name=password]", password)
-    page.click("#login_submit")
-    page.wait_for_load_state()
-    return page
-
-
-def shot(page: Any, name: str, tmp: Path) -> None:
-    """A screenshot in the test's directory, to look at after a run."""
-    page.screenshot(path=str(tmp / name), full_page=True)
 
 
 def _spawn_raw(hub: Hub, user: str, data: str | None) -> requests.Response:
@@ -91,7 +70,7 @@ def test_leaving_the_queue_from_the_home_page_takes_the_badge_away_and_says_so(
     hub.wait_ready("ann")
     assert hub.spawn("bo", ONE_GPU).status_code == 202
     assert hub.spawn("bo", ONE_GPU, server="second").status_code == 202
-    bo = log_in(browser, hub, "bo")
+    bo = open_hub(browser, hub, "bo")
     bo.goto(f"{hub.url}/hub/home")
     badge = bo.locator("#budgethub-queued-default")
     badge.wait_for(timeout=30_000)
@@ -170,7 +149,7 @@ def test_options_of_the_wrong_type_are_a_400_naming_the_field(make_hub):
 
 def test_an_administrator_in_no_team_is_told_what_to_change(make_hub, browser, tmp_path):
     hub = make_hub(nodes=[local_gpu_node(gpus=1)], extra=ADMIN)
-    admin = log_in(browser, hub, "admin", ADMIN_PASSWORD)
+    admin = open_hub(browser, hub, "admin", ADMIN_PASSWORD)
     admin.goto(f"{hub.url}/hub/spawn")
     text = " ".join(admin.inner_text("main, body").split())
     assert "You are in no team, so no session can start for you." in text

@@ -13,35 +13,13 @@ from __future__ import annotations
 import re
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.hub import PASSWORD, Hub, queue_events, wait_for
+from harness.browser import ADMIN, ADMIN_PASSWORD, open_hub, shot
+from harness.hub import queue_events, wait_for
 from harness.nodes import ONE_GPU, cpu_node, local_gpu_node
-
-ADMIN_PASSWORD = "budgethub-test-admin-password-0123456789"
-ADMIN = (
-    "c.Authenticator.admin_users = {'admin'}\n"
-    f"c.SharedPasswordAuthenticator.admin_password = {ADMIN_PASSWORD!r}\n"
-)
-
-
-def log_in(chromium: Any, hub: Hub, user: str, password: str = PASSWORD) -> Any:
-    page = chromium.new_context(viewport={"width": 1100, "height": 900}).new_page()
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("input[name=username]", user)
-    page.fill("input[name=password]", password)
-    page.click("#login_submit")
-    page.wait_for_load_state()
-    return page
-
-
-def shot(page: Any, name: str, tmp: Path) -> None:
-    """A screenshot in the test's directory, to look at after a run (the README's come
-    from the demo: scripts/demo_screenshots.py)."""
-    page.screenshot(path=str(tmp / name), full_page=True)
 
 
 def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path):
@@ -54,7 +32,7 @@ def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path):
     assert hub.spawn("ann", ONE_GPU).status_code in (201, 202)
     hub.wait_ready("ann")
 
-    cy = log_in(browser, hub, "cy")  # nlp too
+    cy = open_hub(browser, hub, "cy")  # nlp too
     cy.goto(f"{hub.url}/hub/home")
     banner = cy.inner_text(".budgethub-banner")
     assert "nlp" in banner
@@ -89,7 +67,7 @@ def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path):
     assert hub.spawn("cy", ONE_GPU).status_code in (201, 202)
     hub.wait_ready("cy")
     assert hub.spawn("bo", ONE_GPU).status_code == 202
-    bo = log_in(browser, hub, "bo")
+    bo = open_hub(browser, hub, "bo")
     bo.goto(f"{hub.url}/hub/home")
     queued = bo.inner_text("#budgethub-queued-default")
     assert "queued, position 1 of 1" in queued
@@ -104,7 +82,7 @@ def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path):
     assert bo.inner_text("#budgethub-pending-title") == "Your session is waiting in the queue"
     assert "starting up" not in bo.inner_text("h1, #budgethub-pending-hint")
 
-    admin = log_in(browser, hub, "admin", ADMIN_PASSWORD)
+    admin = open_hub(browser, hub, "admin", ADMIN_PASSWORD)
     admin.goto(f"{hub.url}/hub/admin")
     table = admin.inner_text(".budgethub-admin-queue")
     assert re.search(r"gpu\s+1 of 1\s+bo\s+\(default\)\s+vision\s+gpu-notebook", table), table
@@ -123,7 +101,7 @@ def test_leaving_the_queue_from_the_spawn_page_lands_on_the_form_saying_so(
     hub = make_hub(nodes=[local_gpu_node(gpus=1)])
     hub.spawn("ann", ONE_GPU)
     hub.wait_ready("ann")
-    bo = log_in(browser, hub, "bo")
+    bo = open_hub(browser, hub, "bo")
     bo.wait_for_url("**/hub/spawn**", timeout=30_000)
     bo.click("#spawn_form button[type=submit]")
     bo.wait_for_url("**/spawn-pending/bo**", timeout=30_000)
@@ -220,7 +198,7 @@ def test_a_refused_form_reads_plainly_keeps_what_was_typed_and_logs_one_line(
     tmp_path,
 ):
     hub = make_hub(nodes=[local_gpu_node(gpus=1)])
-    ann = log_in(browser, hub, "ann")
+    ann = open_hub(browser, hub, "ann")
     ann.wait_for_url("**/hub/spawn**", timeout=30_000)
     ann.fill("#budgethub-min-runtime", "24h")
     ann.fill("#budgethub-priority", "7")
@@ -256,7 +234,7 @@ def test_a_user_in_no_team_is_told_whom_to_ask_and_gets_no_start_button(
     tmp_path,
 ):
     hub = make_hub(nodes=[local_gpu_node(gpus=1)], extra=ADMIN)
-    gus = log_in(browser, hub, "gus")
+    gus = open_hub(browser, hub, "gus")
     gus.wait_for_url("**/hub/spawn**", timeout=30_000)
     text = gus.inner_text("main, body")
     assert "You are in no team, so no session can start for you." in text
@@ -273,7 +251,7 @@ def test_inside_the_session_a_launcher_card_says_what_was_granted(
     tmp_path,
 ):
     hub = make_hub(nodes=[local_gpu_node(gpus=1)])
-    ann = log_in(browser, hub, "ann")
+    ann = open_hub(browser, hub, "ann")
     ann.wait_for_url("**/hub/spawn**", timeout=30_000)
     ann.check("#budgethub-profile-debug")
     ann.select_option("select[name=slices][data-profile=debug]", "gpu-250m")
