@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from slurm_fixtures import (
     TWO,
     active_jobs,
@@ -27,8 +26,6 @@ from slurm_fixtures import (
 
 from harness.hub import hub_kill, wait_for
 from harness.kernels import Server
-
-pytestmark = pytest.mark.slow  # one worker runs the file (its cluster): start it early
 
 WHERE = "(__import__('socket').gethostname(), __import__('os').environ['CUDA_VISIBLE_DEVICES'])"
 
