@@ -72,8 +72,8 @@ def start_hubs(cluster: SlurmCluster) -> tuple[Hub, Hub]:
     ):
         directory = WORK / name
         directory.mkdir(parents=True)
-        hubs.append(
-            start_hub(
+        try:
+            hub = start_hub(
                 directory,
                 hub_name=name,
                 nodes=nodes,
@@ -82,7 +82,11 @@ def start_hubs(cluster: SlurmCluster) -> tuple[Hub, Hub]:
                 profiles=PROFILES,
                 extra=settings_lines(settings) + extra,
             )
-        )
+        except Exception:
+            for started in hubs:  # a Hub left running would outlive the run
+                started.stop()
+            raise
+        hubs.append(hub)
     return hubs[0], hubs[1]
 
 
