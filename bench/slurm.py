@@ -65,7 +65,7 @@ def start_hubs(cluster: SlurmCluster) -> tuple[Hub, Hub]:
         "home_root": str(WORK / "docker" / "homes"),
         "snapshot_root": str(WORK / "docker" / "snapshots"),
     }
-    hubs = []
+    hubs: list[Hub] = []
     for name, nodes, settings, extra in (
         ("bench-slurm", [], slurm, f"c.JupyterHub.hub_ip = {cluster.controller!r}\n"),
         ("bench-docker", [local_gpu_node(gpus=1)], docker, ""),
