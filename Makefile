@@ -10,7 +10,9 @@ PROXY_STAMP := proxy/node_modules/.installed
 
 # pytest-xdist workers. The suite mostly waits (on containers, kernels, the Hub), so
 # more workers than cores pay off; each worker has its own Hubs, ports and state folders.
-WORKERS ?= 4
+# Three, not four, on two cores: with four, the run's last minutes had many Hubs and
+# session servers starting at once (load 22) and some missed their timeouts.
+WORKERS ?= 3
 XDIST := -n $(WORKERS)
 
 # Debian packages for the engine, the image base, the proxy and the Slurm test cluster
