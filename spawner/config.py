@@ -53,7 +53,7 @@ class Cluster:
     nodes: tuple[Node, ...]
     engines: Mapping[str, EngineConfig]
     runtimes: Mapping[str, Runtime] = field(default_factory=dict)
-    """Nodes whose sessions another runtime runs (Slurm), by name; the rest are engines."""
+    """Every node's runtime by name: its Docker engine (docker_runtime_class) or Slurm."""
 
 
 def parse_nodes(
