@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.hub import Hub, start_hub, wait_for
+from harness.hub import Hub, scheduler_lines, start_hub, wait_for
 from harness.nodes import FUNDED_AND_GUESTS, local_gpu_node, notebook_profile
 from harness.slurm import SlurmCluster, SlurmNode
 
@@ -43,10 +43,6 @@ COMMON = {
     "idle_poll": 0.0,
     "snapshot_grace": 15.0,
 }
-
-
-def settings_lines(settings: dict[str, Any]) -> str:
-    return "".join(f"c.BudgetScheduler.{k} = {v!r}\n" for k, v in settings.items())
 
 
 def start_hubs(cluster: SlurmCluster) -> tuple[Hub, Hub]:
@@ -80,7 +76,7 @@ def start_hubs(cluster: SlurmCluster) -> tuple[Hub, Hub]:
                 teams=TEAMS,
                 groups=GROUPS,
                 profiles=PROFILES,
-                extra=settings_lines(settings) + extra,
+                extra=scheduler_lines(settings) + extra,
             )
         except Exception:
             for started in hubs:  # a Hub left running would outlive the run

@@ -132,6 +132,11 @@ def hub_config(
     return "\n".join(lines) + "\n"
 
 
+def scheduler_lines(settings: dict[str, Any]) -> str:
+    """``c.BudgetScheduler`` configuration lines, one per setting."""
+    return "".join(f"c.BudgetScheduler.{k} = {v!r}\n" for k, v in settings.items())
+
+
 def start_hub(
     directory: Path,
     *,

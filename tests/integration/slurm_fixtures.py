@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from harness import REPO
-from harness.hub import Hub, wait_for
+from harness.hub import Hub, scheduler_lines, wait_for
 from harness.nodes import FUNDED_AND_GUESTS, notebook_profile
 from harness.slurm import SlurmCluster, SlurmNode, slurm_possible
 from scheduler_core.store import SnapshotRecord, Store
@@ -94,7 +94,7 @@ def slurm_hub(
             "idle_poll": 0.0,
         }
         settings.update(traits)
-        lines = "".join(f"c.BudgetScheduler.{k} = {v!r}\n" for k, v in settings.items())
+        lines = scheduler_lines(settings)
         lines += f"c.JupyterHub.hub_ip = {slurm.controller!r}\n"
         return make_hub(
             nodes=[], teams=TEAMS, groups=GROUPS, profiles=PROFILES, extra=lines + extra

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from harness.hub import Hub, wait_for
+from harness.hub import Hub, scheduler_lines, wait_for
 from harness.kernels import Kernel, Server, toy_wheel
 from harness.nodes import FUNDED_AND_GUESTS, notebook_profile
 from harness.tlsnode import TlsNode
@@ -84,7 +84,7 @@ def snapshot_hub(
         "idle_poll": 0.0,
     }
     settings.update(traits)
-    lines = "".join(f"c.BudgetScheduler.{k} = {v!r}\n" for k, v in settings.items())
+    lines = scheduler_lines(settings)
     return make_hub(nodes=nodes, teams=TEAMS, groups=GROUPS, profiles=PROFILES, extra=lines + extra)
 
 
