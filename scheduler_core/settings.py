@@ -14,6 +14,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 HOUR = 3600.0
@@ -113,6 +114,36 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+
+BOUNDS: Mapping[str, tuple[float, float]] = MappingProxyType(
+    {"lookback": (HOUR, 365 * DAY), "max_min_runtime": (60.0, 7 * DAY)}
+)
+"""What these settings may be on a running Hub, in seconds (inclusive), whether the
+configuration or an admin sets them: a lookback window of an hour to a year; a cap on
+the protected minimum runtime of a minute to a week (0 would protect nothing and make
+every promise of the spawn form untrue). Scenarios for the simulator are not bound."""
+
+
+def _span(seconds: float) -> str:
+    """``1 min``, ``1 h``, ``7 d``: a bound as a person reads it."""
+    for unit, size in (("d", DAY), ("h", HOUR), ("min", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
+
+
+def bound_fault(key: str, seconds: float) -> str | None:
+    """Why ``seconds`` is outside ``key``'s `BOUNDS` (None: within them, or unbound)."""
+    if key not in BOUNDS:
+        return None
+    low, high = BOUNDS[key]
+    if low <= seconds <= high:  # NaN fails this
+        return None
+    return (
+        f"must be between {_span(low)} and {_span(high)} ({low:g} s to {high:g} s), "
+        f"not {seconds:g} s"
+    )
 
 
 COUNT_FIELDS = frozenset({"debug_max_gpus", "max_reservations_per_pool"})

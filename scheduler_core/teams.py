@@ -10,8 +10,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler_core.model import Team
+
+SHARE_MIN = 0.001
+"""The smallest share other than 0 a team may have, from the configuration or an admin
+(0.1 % of a pool): a smaller one funds nothing a session could use and makes the team's
+ratio astronomical (a share of 1e-300 printed a 300-digit percentage)."""
+
+
+def share_fault(value: Any) -> str | None:
+    """Why ``value`` cannot be a team's share of a pool: it must be 0 (none) or from
+    `SHARE_MIN` to 1 (None: it can)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"must be a number, not {value!r}"
+    if not 0.0 <= value <= 1.0:  # NaN fails this too
+        return f"must be between 0 and 1, not {value!r}"
+    if 0.0 < value < SHARE_MIN:
+        return f"must be 0 or at least {SHARE_MIN:g} (a thousandth of the pool), not {value!r}"
+    return None
+
 
 OWN = "#own"
 """Suffix of the virtual leaf that stands for a parent team's own work."""

@@ -16,20 +16,18 @@ from typing import Any
 from scheduler_core.errors import InputError
 from scheduler_core.model import Health, Pool, Team
 from scheduler_core.scenario import parse_teams
-from scheduler_core.settings import SettingError, Settings, settings_from_mapping
-from spawner.profiles import human_duration
+from scheduler_core.settings import (
+    BOUNDS,
+    SettingError,
+    Settings,
+    bound_fault,
+    settings_from_mapping,
+)
+from scheduler_core.teams import share_fault
 
-DAY = 86400.0
-LIMITS: Mapping[str, tuple[float, float]] = {
-    "lookback": (3600.0, 365 * DAY),
-    "max_min_runtime": (60.0, 7 * DAY),
-}
-"""What an admin may set each setting to, in seconds (inclusive): a lookback window of
-an hour to a year; a cap on the protected minimum runtime of a minute to a week (0 would
-protect nothing and make every promise of the spawn form untrue)."""
-SHARE_MIN = 0.001
-"""The smallest share other than 0 an admin may give (0.1 % of a pool): a smaller one
-funds nothing a session could use and makes the team's ratio astronomical."""
+LIMITS = BOUNDS
+"""What an admin may set each setting to, in seconds: the bounds the configuration has
+too (scheduler_core.settings.BOUNDS), so that one definition holds for both."""
 NODE_STATES = (Health.READY.value, Health.DRAINING.value)
 """What an admin may set a node to: drain it, or return it to service."""
 
@@ -114,15 +112,11 @@ def change_team(
 
 
 def check_share(field: str, value: Any) -> float:
-    """A share an admin may give: 0 (none), or from `SHARE_MIN` to 1."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise AdminError(field, f"must be a number, not {value!r}")
-    if not 0.0 <= value <= 1.0:  # NaN fails this too
-        raise AdminError(field, f"must be between 0 and 1, not {value!r}")
-    if 0.0 < value < SHARE_MIN:
-        raise AdminError(
-            field, f"must be 0 or at least {SHARE_MIN:g} (a thousandth of the pool), not {value!r}"
-        )
+    """A share an admin may give: 0 (none), or from 0.001 to 1 (the configuration's
+    bound too: scheduler_core.teams.share_fault)."""
+    reason = share_fault(value)
+    if reason is not None:
+        raise AdminError(field, reason)
     return float(value)
 
 
@@ -138,13 +132,9 @@ def check_setting(key: Any, value: Any) -> float:
         seconds = float(getattr(settings_from_mapping({key: value}), key))
     except SettingError as error:
         raise AdminError(key, error.reason) from None
-    low, high = LIMITS[key]
-    if not low <= seconds <= high:  # NaN fails this too
-        raise AdminError(
-            key,
-            f"must be between {human_duration(low)} and {human_duration(high)} "
-            f"({low:g} s to {high:g} s), not {seconds:g} s",
-        )
+    reason = bound_fault(key, seconds)
+    if reason is not None:
+        raise AdminError(key, reason)
     return seconds
 
 

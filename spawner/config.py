@@ -8,6 +8,7 @@ trait definitions and this module holds nothing but configuration.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -18,7 +19,15 @@ from traitlets.config import SingletonConfigurable
 from scheduler_core.errors import InputError
 from scheduler_core.model import Gpu, Node, Pool, Team, frozen_labels
 from scheduler_core.scenario import parse_node_list, parse_pools, parse_teams
-from scheduler_core.settings import SETTING_NAMES, SettingError, Settings, settings_from_mapping
+from scheduler_core.settings import (
+    BOUNDS,
+    SETTING_NAMES,
+    SettingError,
+    Settings,
+    bound_fault,
+    settings_from_mapping,
+)
+from scheduler_core.teams import share_fault
 from spawner.containers import DEFAULT_HUB
 from spawner.inventory import InventoryError, nvml_gpus
 from spawner.nodes import EngineConfig, NodeBackend
@@ -102,6 +111,37 @@ def parse_nodes(
     except InputError as error:
         raise ConfigError(error.where, error.reason) from None
     return nodes, engines
+
+
+def parse_team_list(raw: list[Any], pools: Mapping[str, Pool]) -> list[Team]:
+    """Teams from ``c.BudgetScheduler.teams``: parsed as a scenario's, and every share 0 or
+    from 0.001 to 1, as an admin may set it (scheduler_core.teams.share_fault).
+
+    ConfigError names the team as an admin's refusal does: ``teams.vision.share`` (one
+    share for every pool) or ``teams.vision.share.gpu``."""
+
+    def by_name(where: str) -> str:
+        def name(match: re.Match[str]) -> str:
+            i = int(match.group(1))
+            item = raw[i] if i < len(raw) else None
+            found = item.get("name") if isinstance(item, Mapping) else None
+            return f"teams.{found}" if isinstance(found, str) else match.group(0)
+
+        return re.sub(r"^teams\[(\d+)\]", name, where)
+
+    try:
+        teams = parse_teams(raw, pools)
+    except InputError as error:
+        raise ConfigError(by_name(error.where), error.reason) from None
+    for item, team in zip(raw, teams, strict=True):
+        share = item.get("share", 0.0)
+        pairs = share.items() if isinstance(share, Mapping) else [("", share)]
+        for pool, value in pairs:
+            reason = share_fault(value)
+            if reason is not None:
+                where = f"teams.{team.name}.share" + (f".{pool}" if pool else "")
+                raise ConfigError(where, reason)
+    return teams
 
 
 class SchedulerConfig(SingletonConfigurable):
@@ -342,18 +382,23 @@ class SchedulerConfig(SingletonConfigurable):
         values.update(self.policy_settings)
         values["name"] = self.policy
         try:
-            return settings_from_mapping(values)
+            settings = settings_from_mapping(values)
         except SettingError as error:
             raise ConfigError(error.key, error.reason) from None
+        for key in BOUNDS:  # the bounds an admin's change has too (spawner/admin.py)
+            reason = bound_fault(key, getattr(settings, key))
+            if reason is not None:
+                raise ConfigError(key, reason)
+        return settings
 
     def cluster(self) -> Cluster:
         """Pools, teams, nodes and engines as declared (no I/O but NVML)."""
         settings = self.core_settings()
         try:
             pools = parse_pools(self.pools)
-            teams = parse_teams(self.teams, pools)
         except InputError as error:
             raise ConfigError(error.where, error.reason) from None
+        teams = parse_team_list(self.teams, pools)
         nodes, engines = parse_nodes(self.nodes, pools, others=bool(self.slurm_partitions))
         slurm_nodes, runtimes = self._slurm(pools)
         for i, node in enumerate(nodes):

@@ -27,7 +27,14 @@ from traitlets import HasTraits, TraitType
 from traitlets.traitlets import DefaultHandler
 
 from scheduler_core import settings as settings_module
-from scheduler_core.settings import COUNT_FIELDS, FRACTION_FIELDS, WEIGHT_FIELDS, Settings
+from scheduler_core.settings import (
+    BOUNDS,
+    COUNT_FIELDS,
+    FRACTION_FIELDS,
+    WEIGHT_FIELDS,
+    Settings,
+)
+from scheduler_core.teams import SHARE_MIN
 from spawner.embedded import BudgetScheduler
 from spawner.spawner import BudgetSpawner
 
@@ -226,9 +233,24 @@ def _settings_section() -> Iterator[str]:
     yield ""
 
 
+def bounds_text() -> str:
+    """The bounds the Hub holds the configuration and an admin's changes to, from the one
+    definition of each (scheduler_core: settings.BOUNDS, teams.SHARE_MIN)."""
+    spans = "; ".join(
+        f"`{key}` from {human(low)} to {human(high)}" for key, (low, high) in BOUNDS.items()
+    )
+    return (
+        f"**Bounds.** A team's share of a pool is 0 or from {SHARE_MIN:g} to 1; {spans}. "
+        "The Hub refuses a configuration outside them when the scheduler starts (it stays "
+        "in safe mode and logs the setting, e.g. `c.BudgetScheduler.teams.vision.share: must "
+        f"be 0 or at least {SHARE_MIN:g}`), and the budget service refuses an admin the same "
+        "values, naming the field.\n"
+    )
+
+
 def render() -> str:
     """The whole page."""
-    lines = [INTRO]
+    lines = [INTRO, bounds_text()]
     for label, cls, about in CLASSES:
         lines.extend(_class_section(label, cls, about))
     lines.extend(_settings_section())

@@ -10,8 +10,11 @@ import pytest
 
 from harness import builders
 from scheduler_core.model import Team
-from scheduler_core.settings import Settings
+from scheduler_core.settings import BOUNDS, Settings
+from scheduler_core.teams import SHARE_MIN
 from spawner import admin
+from spawner.config import ConfigError
+from spawner.embedded import BudgetScheduler
 from spawner.profiles import human_duration
 from spawner.readmodel import amount, number, percent, plural
 from spawner.service import app, charts
@@ -70,6 +73,73 @@ def test_a_stored_value_out_of_the_new_bounds_is_ignored_with_the_reason() -> No
     merged = admin.effective(TEAMS, Settings(), POOLS, [], {"max_min_runtime": 0.0})
     assert merged.settings.max_min_runtime == Settings().max_min_runtime
     assert merged.ignored and "max_min_runtime" in merged.ignored[0]
+
+
+# -- the configuration has the admin's bounds (one definition: scheduler_core) ------------
+
+
+@pytest.mark.parametrize(
+    ("share", "field", "reason"),
+    [(1e-300, "teams.vision.share", "must be 0 or at least 0.001"),
+     ({"gpu": 0.0009}, "teams.vision.share.gpu", "must be 0 or at least 0.001"),
+     ({"cpu": 1.5}, "teams.vision.share.cpu", "must be at most 1"),
+     (math.nan, "teams.vision.share", "must be a number")],
+)  # fmt: skip
+def test_a_configured_share_out_of_the_admins_bounds_names_the_team(
+    share: object, field: str, reason: str
+) -> None:
+    teams = [{"name": "nlp", "share": 0.5}, {"name": "vision", "share": share}]
+    with pytest.raises(ConfigError) as caught:
+        BudgetScheduler(teams=teams).cluster()
+    assert str(caught.value).startswith(f"c.BudgetScheduler.{field}: {reason}")
+    bad = share if not isinstance(share, dict) else next(iter(share.values()))
+    with pytest.raises(admin.AdminError):  # the admin is refused the same value
+        admin.check_share("share", bad)
+
+
+def test_configured_shares_at_the_bounds_are_taken() -> None:
+    teams = [
+        {"name": "nlp", "share": SHARE_MIN},
+        {"name": "vision", "share": {"gpu": 0, "cpu": 0.999}},
+    ]
+    config = BudgetScheduler(teams=teams, nodes=[{"name": "n", "pool": "gpu", "gpus": 1}])
+    shares = {t.name: dict(t.share) for t in config.cluster().teams}
+    assert shares == {"nlp": {"gpu": 0.001, "cpu": 0.001}, "vision": {"gpu": 0.0, "cpu": 0.999}}
+
+
+def test_other_team_errors_name_the_team_too() -> None:
+    teams = [{"name": "nlp", "share": 0.5}, {"name": "vision", "parent": "nobody"}]
+    with pytest.raises(ConfigError, match=r"^c.BudgetScheduler.teams.vision.parent: unknown"):
+        BudgetScheduler(teams=teams).cluster()
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("max_min_runtime", 0.0), ("max_min_runtime", 59.0), ("max_min_runtime", 8 * 86400.0),
+     ("lookback", 3599.0), ("lookback", 366 * 86400.0)],
+)  # fmt: skip
+def test_a_configured_setting_out_of_the_admins_bounds_is_refused(key: str, value: float) -> None:
+    with pytest.raises(ConfigError) as caught:
+        BudgetScheduler(**{key: value}).core_settings()
+    assert str(caught.value).startswith(f"c.BudgetScheduler.{key}: must be between ")
+    with pytest.raises(admin.AdminError) as refused:  # the admin is refused the same value
+        admin.check_setting(key, value)
+    assert str(caught.value).endswith(refused.value.reason)
+
+
+def test_a_bound_set_through_policy_settings_is_refused_too() -> None:
+    with pytest.raises(ConfigError, match="c.BudgetScheduler.max_min_runtime: must be between"):
+        BudgetScheduler(policy_settings={"max_min_runtime": "30s"}).core_settings()
+
+
+@pytest.mark.parametrize(("key", "seconds"), [("max_min_runtime", 60.0), ("lookback", 3600.0),
+                                             ("max_min_runtime", 7 * 86400.0)])  # fmt: skip
+def test_configured_settings_at_the_bounds_are_taken(key: str, seconds: float) -> None:
+    assert getattr(BudgetScheduler(**{key: seconds}).core_settings(), key) == seconds
+
+
+def test_the_admin_and_the_configuration_share_one_definition() -> None:
+    assert admin.LIMITS is BOUNDS
 
 
 @pytest.mark.parametrize(
