@@ -12,7 +12,7 @@ import html
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -238,6 +238,16 @@ def parse_profiles(raw: Sequence[Any], settings: Settings, pools: Iterable[str])
     if not profiles:
         raise FormError("profile_list", "offers no profile")
     return profiles
+
+
+def capped(profiles: Iterable[Profile], cap: float) -> list[Profile]:
+    """The profiles under the ``max_min_runtime`` the scheduler runs with now (an admin may
+    have lowered the configured one): the form states this cap, and a longer runtime is
+    refused naming it, rather than promised and cut short by the scheduler."""
+    return [
+        replace(p, max_min_runtime=min(p.max_min_runtime, cap), min_runtime=min(p.min_runtime, cap))
+        for p in profiles
+    ]
 
 
 SHOWN_CHARS = 80

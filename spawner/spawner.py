@@ -37,6 +37,7 @@ from spawner.profiles import (
     Profile,
     SessionSpec,
     SliceOption,
+    capped,
     human_duration,
     parse_profiles,
     render_form,
@@ -223,9 +224,12 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
     def _profiles(self) -> list[Profile]:
         scheduler = self.scheduler
         try:
-            return parse_profiles(
+            profiles = parse_profiles(
                 self.profile_list, scheduler.core_settings(), [p["name"] for p in scheduler.pools]
             )
+            if scheduler.started:  # the admin's max_min_runtime, not only the configured one
+                return capped(profiles, scheduler.settings.max_min_runtime)
+            return profiles
         except FormError as error:
             raise SpawnException(
                 f"The spawner's profile_list is misconfigured ({error}); tell an administrator.",

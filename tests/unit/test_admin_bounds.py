@@ -15,9 +15,18 @@ from scheduler_core.teams import SHARE_MIN
 from spawner import admin
 from spawner.config import ConfigError
 from spawner.embedded import BudgetScheduler
-from spawner.profiles import human_duration
+from spawner.profiles import (
+    FormError,
+    capped,
+    human_duration,
+    parse_profiles,
+    profile_facts,
+    render_form,
+    resolve,
+)
 from spawner.readmodel import amount, number, percent, plural
 from spawner.service import app, charts
+from spawner.spawner import DEFAULT_PROFILES
 
 POOLS = builders.pools()
 TEAMS = [Team("nlp", {"gpu": 0.5, "cpu": 0.5}), Team("vision", {"gpu": 0.3, "cpu": 0.5})]
@@ -140,6 +149,26 @@ def test_configured_settings_at_the_bounds_are_taken(key: str, seconds: float) -
 
 def test_the_admin_and_the_configuration_share_one_definition() -> None:
     assert admin.LIMITS is BOUNDS
+
+
+# -- the form states the admin's max_min_runtime ------------------------------------------
+
+
+def test_the_form_states_the_admins_cap_not_only_the_configured_one() -> None:
+    configured = parse_profiles(DEFAULT_PROFILES, Settings(), ["gpu", "cpu"])
+    notebook = next(p for p in configured if p.slug == "gpu-notebook")
+    assert "; protected 1 h by default, at most 8 h)" in render_form([notebook], ["nlp"], {})
+    [lowered] = capped([notebook], 2 * 3600.0)  # the admin set max_min_runtime to 2h
+    form = render_form([lowered], ["nlp"], {})
+    assert "; protected 1 h by default, at most 2 h)" in form and "8 h" not in form
+    with pytest.raises(FormError, match="3 h is over the cap of 2 h") as caught:
+        resolve({"profile": "gpu-notebook", "min_runtime": "3h"}, [lowered], ["nlp"])
+    assert caught.value.field == "min_runtime"
+    [tiny] = capped([notebook], 60.0)  # below the profile's default: the default drops too
+    assert profile_facts(tiny).endswith("protected 1 min by default")
+    assert resolve({"profile": "gpu-notebook"}, [tiny], ["nlp"]).min_runtime == 60.0
+    [debug] = capped([p for p in configured if p.slug == "debug"], 2 * 3600.0)
+    assert debug.max_min_runtime == 900.0  # a cap above the profile's own changes nothing
 
 
 @pytest.mark.parametrize(
