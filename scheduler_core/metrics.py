@@ -25,6 +25,20 @@ integrated over the times when some waiting request of that pool needed no more
 GPU-equivalents than were free in the pool in total, yet fewer nodes than it
 asks for each had its per-node part free (GPU-equivalents count, whatever kind
 of slice is free). ``stranded_share`` is that over all GPU time in the horizon.
+
+Lost work (``lost_gpu_seconds``, ``lost_gpu_h_by_class``, ``lost_share``) is GPU time
+that a preemption throws away, so that it is run again: for every run of a request in
+a GPU pool that ends in a preemption, if the request is not resumable, the whole run,
+(preemption - start) x its GPU-equivalents. The simulator knows of no checkpoint
+inside a run: a request that is not resumable restarts with its whole duration, and a
+resumable one (batch work; notebooks where the scenario says they are restorable) is
+snapshotted at the preemption and loses nothing, since taking and restoring a snapshot
+costs no GPU time there (a lower bound for real snapshots). A gang's lost place and
+the wait to start again are not GPU time run and are not counted. A run still going
+at the horizon is not lost. ``lost_share`` is lost GPU time over all GPU time in the
+horizon (the denominator of ``occupancy``), and ``goodput = occupancy - lost_share``:
+the share of the GPU time that went to work that was not thrown away. Idle time in a
+session counts as busy in both.
 """
 
 from __future__ import annotations
@@ -141,14 +155,7 @@ def result(run: SimRun) -> dict[str, Any]:
             }
         )
 
-    used = 0.0
-    unallocated = 0.0
-    for segment in run.segments:
-        if kinds[segment.pool] is PoolKind.GPU:
-            amount = segment.rate * (segment.end - segment.start)
-            used += amount
-            if not segment.funded:
-                unallocated += amount
+    used, unallocated = gpu_seconds_used(run, kinds)
     gpu_capacity = sum(capacity[p] for p in gpu_pools)
 
     classes = sorted(set(CLASSES) | set(waits_by_class))
@@ -160,6 +167,7 @@ def result(run: SimRun) -> dict[str, Any]:
         "unallocated_share": _round(unallocated / used, 4) if used else 0.0,
         "preemptions": sum(r.preemptions for r in run.records.values()),
         "lost_gpu_seconds": _round(run.lost_units, 1),
+        "lost_gpu_h_by_class": lost_by_class(run),
         "never_started": never_started,
         "finished": sum(1 for r in run.records.values() if r.finished),
         "cycles": run.cycles,
@@ -167,6 +175,7 @@ def result(run: SimRun) -> dict[str, Any]:
         "stranded_share": _round(stranded / (gpu_capacity * horizon), 4) if gpu_capacity else 0.0,
         "occupancy_hourly": occupancy_hourly(run, gpu_pools, gpu_capacity),
     }
+    metrics |= goodput(used, run.lost_units, gpu_capacity * horizon)
     metrics["teams"] = team_metrics(run, gpu_pools, capacity)
     owed = sum(t["owed_gpu_h"] for n, t in metrics["teams"].items() if t["top_level"])
     delivered = sum(t["delivered_gpu_h"] for n, t in metrics["teams"].items() if t["top_level"])
@@ -180,6 +189,45 @@ def result(run: SimRun) -> dict[str, Any]:
         "requests": requests_out,
         "metrics": metrics,
     }
+
+
+def gpu_seconds_used(run: SimRun, kinds: dict[str, PoolKind]) -> tuple[float, float]:
+    """GPU-seconds run in the GPU pools, all and unallocated."""
+    used = unallocated = 0.0
+    for segment in run.segments:
+        if kinds[segment.pool] is PoolKind.GPU:
+            amount = segment.rate * (segment.end - segment.start)
+            used += amount
+            if not segment.funded:
+                unallocated += amount
+    return used, unallocated
+
+
+def goodput(used: float, lost: float, capacity: float) -> dict[str, float | None]:
+    """``lost_share`` and ``goodput`` (module docstring) from GPU-seconds used, lost and
+    available; both None where there is no GPU time at all."""
+    if capacity <= 0:
+        return {"lost_share": None, "goodput": None}
+    return {
+        "lost_share": _round(lost / capacity, 4),
+        "goodput": _round((used - lost) / capacity, 4),
+    }
+
+
+def lost_by_class(run: SimRun) -> dict[str, float]:
+    """GPU-hours lost per request class (module docstring), from the records: a request's
+    runs end in order and only its last can end otherwise than in a preemption (it
+    finished, or the horizon came), so its first ``preemptions`` runs are the preempted
+    ones. The classes sum to ``lost_gpu_seconds``, which the simulator counts itself."""
+    kinds = {p.name: p.kind for p in run.scenario.pools}
+    lost: dict[str, float] = {klass: 0.0 for klass in CLASSES}
+    for request in run.scenario.requests:
+        if request.resumable or kinds[request.pool] is not PoolKind.GPU:
+            continue
+        record = run.records[request.id]
+        for start, end in zip(record.starts[: record.preemptions], record.ends, strict=False):
+            lost[record.klass] = lost.get(record.klass, 0.0) + (end - start) * record.weight
+    return {klass: _round(seconds / HOUR, 2) for klass, seconds in lost.items()}
 
 
 def team_metrics(

@@ -203,7 +203,8 @@ def worst_team(metrics: Mapping[str, Any]) -> tuple[str | None, float | None]:
 
 
 def headline(outcome: RunOutcome) -> dict[str, Any]:
-    """The figures compare and sweep print: waits, occupancy, fulfilment, preemptions."""
+    """The figures compare and sweep print: waits, occupancy, fulfilment, preemptions, and
+    the work they threw away (lost GPU-h, its share of the GPU time, goodput)."""
     metrics = outcome.metrics
     waits = metrics["wait_s"]
     name, worst = worst_team(metrics)
@@ -221,6 +222,8 @@ def headline(outcome: RunOutcome) -> dict[str, Any]:
         "teams": len(teams),
         "preemptions": metrics["preemptions"],
         "lost_gpu_h": round(metrics["lost_gpu_seconds"] / 3600, 1),
+        "lost_share": metrics["lost_share"],
+        "goodput": metrics["goodput"],
         "stranded_gpu_h": metrics["stranded_gpu_h"],
         "sim_wall_s": outcome.sim_wall_s,
     }
@@ -245,12 +248,14 @@ HEADLINE_COLUMNS: tuple[tuple[str, int, Callable[[dict[str, Any]], str]], ...] =
     ("all p50", 9, lambda h: fmt_wait(h["all_p50_s"])),
     ("all p90", 9, lambda h: fmt_wait(h["all_p90_s"])),
     ("occup.", 8, lambda h: fmt_share(h["occupancy"])),
+    ("lost h", 8, lambda h: f"{h['lost_gpu_h']:.0f}"),
+    ("lost %", 7, lambda h: fmt_share(h["lost_share"])),
+    ("goodput", 8, lambda h: fmt_share(h["goodput"])),
     ("unalloc.", 9, lambda h: fmt_share(h["unallocated_share"])),
     ("fulfil", 8, lambda h: fmt_share(h["fulfilment"])),
     ("worst team", 20, lambda h: f"{h['worst_team'] or '-'} {fmt_share(h['worst_fulfilment'])}"),
     (">=95%", 7, lambda h: f"{h['teams_at_95']}/{h['teams']}"),
     ("preempt", 8, lambda h: str(h["preemptions"])),
-    ("lost h", 8, lambda h: f"{h['lost_gpu_h']:.0f}"),
     ("strand h", 9, lambda h: f"{h['stranded_gpu_h']:.0f}"),
     ("wall s", 7, lambda h: f"{h['sim_wall_s']:.0f}"),
 )

@@ -11,6 +11,7 @@ import pytest
 
 from harness.builders import EXAMPLE
 from scheduler_core.research.cli import main
+from scheduler_core.research.evaluation import HEADLINE_COLUMNS
 
 POLICIES = ["budget", "legacy", "fairshare", "quota", "fifo"]
 
@@ -88,3 +89,45 @@ def test_bad_arguments_exit_2_naming_them(
 def test_missing_scenario_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", str(tmp_path / "none.json")]) == 2
     assert "none.json" in capsys.readouterr().err
+
+
+def test_the_table_prints_lost_work_and_goodput_beside_legacy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A notebook that starts over when preempted (test_lost_work): budget stops it at 2 h
+    for the funded job and its first 2 h on 8 GPUs are lost; legacy, with equal
+    priorities, lets it finish and makes the job wait. Goodput is occupancy less the lost
+    share, 11 h on 8 GPUs of 24 h for both."""
+    from tests.unit.test_lost_work import preempted_notebook
+
+    path = tmp_path / "lost.json"
+    path.write_text(json.dumps(preempted_notebook(resumable=False)))
+    argv = ["compare", str(path), "--policies", "budget,legacy", "--jobs", "1"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    table = capsys.readouterr().out.splitlines()
+    header = next(line for line in table if line.startswith("run"))
+    first = header.index("debug p90") - (10 - len("debug p90"))
+
+    def cells(line: str) -> dict[str, str]:
+        """The table's cells by column title (the columns' widths)."""
+        out, at = {}, first
+        for title, width, _ in HEADLINE_COLUMNS:
+            out[title] = line[at : at + width].strip()
+            at += width
+        return out
+
+    assert cells(header)["goodput"] == "goodput" and cells(header)["lost %"] == "lost %"
+    for policy, lost_h, busy_h in (("budget", 16, 13 * 8), ("legacy", 0, 11 * 8)):
+        figures = report["results"][policy]["headline"]
+        assert figures["occupancy"] == round(busy_h / 192, 4)
+        assert figures["lost_gpu_h"] == lost_h
+        assert figures["lost_share"] == round(lost_h / 192, 4)
+        assert figures["goodput"] == round(11 * 8 / 192, 4)
+        row = cells(next(line for line in table if line.startswith(policy)))
+        assert (row["lost h"], row["lost %"], row["goodput"]) == (
+            str(lost_h),
+            f"{lost_h / 192:.1%}",
+            f"{11 * 8 / 192:.1%}",
+        )

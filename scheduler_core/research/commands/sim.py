@@ -72,6 +72,11 @@ def print_summary(outcome: dict[str, Any]) -> None:
     print(f"unallocated share  {metrics['unallocated_share']:.1%}")
     print(f"preemptions        {metrics['preemptions']}")
     print(f"lost GPU-hours     {metrics['lost_gpu_seconds'] / 3600:.1f}")
+    if metrics["goodput"] is not None:
+        print(
+            f"goodput            {metrics['goodput']:.1%} (occupancy less the"
+            f" {metrics['lost_share']:.1%} lost to preemption)"
+        )
     print(
         f"finished           {metrics['finished']} of {len(outcome['requests'])}"
         f" ({metrics['never_started']} never started)"
