@@ -5,8 +5,10 @@ month with `budgethub generate seed-like --seed SEED` (default 1), writes it to
 a temporary file and times `budgethub compare` of budget, legacy, fairshare,
 quota and fifo on it (worker processes, one per CPU; the issue's bar is 5
 minutes on a 2-core machine). Then it prints budget against legacy: debug p90
-wait, occupancy and every team's fulfilment, and (untimed) legacy under its
-other reading, ``legacy_preemption=priority``.
+wait, occupancy, goodput and the work lost to preemption (by request class; see
+``scheduler_core.metrics`` for what counts as lost), every team's fulfilment, and
+(untimed) legacy under its other reading, ``legacy_preemption=limit`` (the default
+is ``priority``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from scheduler_core.research.evaluation import (
     RunSpec,
@@ -33,6 +36,13 @@ BAR_S = 300.0
 """Five policies on the month within 5 minutes on 2 cores."""
 FIGURES = ("compare.wall_s", "compare.legacy_debug_p90_s", "compare.budget_debug_p90_s")
 """The figures ``collect`` returns (bench/bars.toml)."""
+
+
+def lost_classes(metrics: dict[str, Any]) -> str:
+    """The lost GPU-h by request class, largest first, or that nothing was lost."""
+    lost = sorted(metrics["lost_gpu_h_by_class"].items(), key=lambda item: -item[1])
+    named = [f"{klass} {hours:,.0f}" for klass, hours in lost if hours >= 0.5]
+    return "by class: " + ", ".join(named) if named else "none by class"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,10 +64,8 @@ def collect(argv: list[str] | None = None) -> dict[str, float]:
         runs = run_all(str(path), [RunSpec(name, name) for name in POLICIES])
         wall = time.perf_counter() - started
         # The other reading of the legacy rules (see baselines/legacy.py), outside the timing.
-        by_priority = RunSpec(
-            "legacy/priority", "legacy", {"legacy_preemption": LegacyPreemption.PRIORITY}
-        )
-        variant = run_all(str(path), [by_priority], jobs=1)[0]
+        by_limit = RunSpec("legacy/limit", "legacy", {"legacy_preemption": LegacyPreemption.LIMIT})
+        variant = run_all(str(path), [by_limit], jobs=1)[0]
     name = str(scenario["name"])
     if args.report:
         from scheduler_core.research.report import write_report
@@ -82,7 +90,9 @@ def collect(argv: list[str] | None = None) -> dict[str, float]:
         print(
             f"compare: {run.label}: debug p90 wait {figures['debug_p90_s']:.0f} s, "
             f"p99 {run.metrics['wait_s']['debug']['p99']:.0f} s; occupancy "
-            f"{figures['occupancy']:.1%}; fulfilment {figures['fulfilment']:.1%}, worst {team} "
+            f"{figures['occupancy']:.1%}, goodput {figures['goodput']:.1%} (lost to preemption "
+            f"{figures['lost_gpu_h']:,.0f} GPU-h, {figures['lost_share']:.1%} of the GPU time; "
+            f"{lost_classes(run.metrics)}); fulfilment {figures['fulfilment']:.1%}, worst {team} "
             f"{worst:.1%}; teams: {teams}"
         )
     ours, theirs = (
@@ -98,9 +108,10 @@ def collect(argv: list[str] | None = None) -> dict[str, float]:
     print(f"compare: legacy debug p90 / budget debug p90: {ratio} (issue bar: at least 5x)")
     figures = headline(variant)
     print(
-        f"compare: legacy with legacy_preemption=priority: debug p90 wait "
+        f"compare: legacy with legacy_preemption=limit: debug p90 wait "
         f"{figures['debug_p90_s']:.0f} s, all p50 {figures['all_p50_s']:.0f} s "
-        f"p90 {figures['all_p90_s']:.0f} s; occupancy {figures['occupancy']:.1%}; fulfilment "
+        f"p90 {figures['all_p90_s']:.0f} s; occupancy {figures['occupancy']:.1%}, goodput "
+        f"{figures['goodput']:.1%} (lost {figures['lost_gpu_h']:,.0f} GPU-h); fulfilment "
         f"{figures['fulfilment']:.1%}, worst {figures['worst_team']} "
         f"{figures['worst_fulfilment']:.1%}"
     )

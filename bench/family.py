@@ -50,6 +50,7 @@ import itertools
 import json
 import math
 import multiprocessing
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -115,8 +116,12 @@ class Outcome:
     worst_daily: float
     wall_s: float
     lost_gpu_h: float = 0.0
-    """Work lost by preemption (GPU-hours of sessions that could not be resumed)."""
+    """Work lost to preemption (GPU-hours of runs that start over; scheduler_core.metrics)."""
     preemptions: int = 0
+    lost_share: float = math.nan
+    """``lost_gpu_h`` over all GPU time in the week (NaN in runs saved before it was kept)."""
+    goodput: float = math.nan
+    """Occupancy less ``lost_share``: the GPU time that went to work not thrown away."""
 
 
 def options(job: Job) -> SeedLikeOptions:
@@ -168,6 +173,8 @@ def run(job: Job) -> Outcome:
         wall_s=wall,
         lost_gpu_h=float(metrics["lost_gpu_seconds"]) / 3600.0,
         preemptions=int(metrics["preemptions"]),
+        lost_share=float(metrics["lost_share"]),
+        goodput=float(metrics["goodput"]),
     )
 
 
@@ -278,6 +285,97 @@ def table(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
     return lines
 
 
+LOST_HEADER = (
+    f"{'gpus':>5} {'load':>4} {'nb':>4} | {'budget lost h':>13} {'lost %':>11} {'goodput':>11}"
+    f" | {'legacy lost h':>13} {'lost %':>11} {'goodput':>11} | {'goodput b-l':>13}"
+)
+
+
+def points(value: float) -> str:
+    return f"{value:+.1f}"
+
+
+def point_spread(values: Sequence[float]) -> str:
+    """Signed points as ``low..high`` (a dash would read as a minus)."""
+    low, high = points(min(values)), points(max(values))
+    return low if low == high else f"{low}..{high}"
+
+
+def gaps(budget: Sequence[Outcome], legacy: Sequence[Outcome]) -> list[float]:
+    """Budget's goodput less legacy's, in points, run by run on the same scenario."""
+    theirs = {(o.job.cell, o.job.seed): o.goodput for o in legacy}
+    return [
+        100 * (o.goodput - theirs[o.job.cell, o.job.seed])
+        for o in budget
+        if (o.job.cell, o.job.seed) in theirs
+    ]
+
+
+def lost_table(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
+    """Per cell, budget beside legacy: GPU-h lost to preemption, that as a share of the
+    GPU time, goodput (occupancy less the lost share), and budget's goodput less legacy's
+    in points, each as its spread over the seeds."""
+    lines = [
+        "family: work lost to preemption and goodput (occupancy less the lost share), budget"
+        " beside legacy; lost: GPU time of preempted runs that start over"
+        " (scheduler_core.metrics)",
+        LOST_HEADER,
+        "-" * len(LOST_HEADER),
+    ]
+    for cell in cells:
+        row = f"{cell.gpus:>5} {cell.load:>4g} {cell.share:>4.0%}"
+        runs = {
+            policy: [o for o in outcomes if o.job.cell == cell and o.job.policy == policy]
+            for policy in ("budget", "legacy")
+        }
+        for policy in ("budget", "legacy"):
+            mine = runs[policy]
+            if not mine:
+                row += f" | {'-':>13} {'-':>11} {'-':>11}"
+                continue
+            row += (
+                f" | {spread([o.lost_gpu_h for o in mine], lambda h: f'{h:,.0f}'):>13}"
+                f" {spread([o.lost_share for o in mine], percent):>11}"
+                f" {spread([o.goodput for o in mine], percent):>11}"
+            )
+        gap = gaps(runs["budget"], runs["legacy"])
+        lines.append(row + f" | {point_spread(gap) if gap else '-':>13}")
+    return lines
+
+
+def three(values: Sequence[float], fmt: Callable[[float], str]) -> str:
+    """min / median / max."""
+    ordered = sorted(values)
+    return " / ".join(fmt(v) for v in (ordered[0], statistics.median(ordered), ordered[-1]))
+
+
+def lost_summary(outcomes: Sequence[Outcome]) -> list[str]:
+    """The spread of lost work and goodput across the family's workloads (every run of a
+    cell and seed): min / median / max for budget and legacy, and of the gap between
+    them run by run."""
+    budget = [o for o in outcomes if o.job.policy == "budget"]
+    legacy = [o for o in outcomes if o.job.policy == "legacy"]
+    lines = []
+    for policy, runs in (("budget", budget), ("legacy", legacy)):
+        if not runs:
+            continue
+        lines.append(
+            f"family: {policy} across {len(runs)} workloads (min / median / max): occupancy"
+            f" {three([o.occupancy for o in runs], percent)}; lost to preemption"
+            f" {three([o.lost_share for o in runs], percent)} of the GPU time"
+            f" ({three([o.lost_gpu_h for o in runs], lambda h: f'{h:,.0f}')} GPU-h);"
+            f" goodput {three([o.goodput for o in runs], percent)}"
+        )
+    gap = gaps(budget, legacy)
+    if gap:
+        lines.append(
+            f"family: goodput, budget less legacy on the same workload (min / median / max):"
+            f" {three(gap, points)} points; budget higher on {sum(g > 0 for g in gap)},"
+            f" lower on {sum(g < 0 for g in gap)} of {len(gap)}"
+        )
+    return lines
+
+
 def baseline_lines(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
     lines = []
     for policy in BASELINES:
@@ -289,7 +387,8 @@ def baseline_lines(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[s
                 f"family: {policy} on {cell.label()}: debug p90"
                 f" {spread([o.debug_p90_s for o in runs], fmt_wait)}, all p50"
                 f" {spread([o.all_p50_s for o in runs], fmt_wait)}, occupancy"
-                f" {spread([o.occupancy for o in runs], percent)}, worst team daily"
+                f" {spread([o.occupancy for o in runs], percent)}, goodput"
+                f" {spread([o.goodput for o in runs], percent)}, worst team daily"
                 f" {spread([o.worst_daily for o in runs], percent)}"
             )
     return lines
@@ -317,6 +416,7 @@ def paired_lines(
         return [f"family: {label}: no run to pair"]
     deltas = [100 * (after[k].worst_daily - before[k].worst_daily) for k in runs]
     occupancy = [100 * (after[k].occupancy - before[k].occupancy) for k in runs]
+    goodput = [100 * (after[k].goodput - before[k].goodput) for k in runs]
 
     def cells_within(outcomes: dict[tuple[Cell, int], Outcome]) -> int:
         held = 0
@@ -348,7 +448,8 @@ def paired_lines(
         f"  lost work: {sum(before[k].lost_gpu_h for k in runs):,.0f} ->"
         f" {sum(after[k].lost_gpu_h for k in runs):,.0f} GPU-h; preemptions"
         f" {sum(before[k].preemptions for k in runs):,} ->"
-        f" {sum(after[k].preemptions for k in runs):,}",
+        f" {sum(after[k].preemptions for k in runs):,}; goodput: mean"
+        f" {sum(goodput) / n:+.2f} points",
     ]
 
 
@@ -420,9 +521,10 @@ def plot(path: Path, cells: Sequence[Cell], outcomes: Sequence[Outcome], title: 
         ("debug p90 wait (min)", lambda o: o.debug_p90_s / 60, DEBUG_P90_BAR_S / 60, True),
         ("occupancy (%)", lambda o: 100 * o.occupancy, 100 * OCCUPANCY_BAR, True),
         ("worst team, daily fulfilment (%)", lambda o: 100 * o.worst_daily, 100 * DAILY_BAR, False),
+        ("goodput: occupancy less lost work (%)", lambda o: 100 * o.goodput, math.nan, True),
     ]
     figure, axes = plt.subplots(
-        len(shares), len(panels), figsize=(15, 4.2 * len(shares)), squeeze=False
+        len(shares), len(panels), figsize=(20, 4.2 * len(shares)), squeeze=False
     )
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for row, share in enumerate(shares):
@@ -456,7 +558,8 @@ def plot(path: Path, cells: Sequence[Cell], outcomes: Sequence[Outcome], title: 
                             linestyle="-" if policy == "budget" else "--",
                             label=f"{policy}, {gpus} GPUs",
                         )
-            ax.axhline(bar, color="grey", linestyle=":", linewidth=1)
+            if not math.isnan(bar):
+                ax.axhline(bar, color="grey", linestyle=":", linewidth=1)
             if col == 0:
                 ax.set_yscale("symlog", linthresh=1.0)
                 ax.set_ylim(bottom=0)
@@ -634,19 +737,14 @@ def collect(argv: list[str] | None = None) -> dict[str, float]:
     )
     for line in table(cells, outcomes):
         print(line)
-    held = sum(
-        1
-        for cell in cells
-        if verdict(
-            [o for o in outcomes if o.job.cell == cell and o.job.policy == "budget"],
-            [o for o in outcomes if o.job.cell == cell and o.job.policy == "legacy"],
-        ).all
-    )
+    held = cells_held(cells, outcomes)
     print(
         f"family: every bar holds on {held} of {len(cells)} cells (bars: debug p90 <= 5 min,"
         f" occupancy >= 95%, every team daily >= 90%, legacy debug p90 >= 5x budget's;"
         f" a bar holds where it holds on every seed)"
     )
+    for line in [*lost_table(cells, outcomes), *lost_summary(outcomes)]:
+        print(line)
     for line in baseline_lines(cells, outcomes):
         print(line)
     budget = [o for o in outcomes if o.job.policy == "budget"]
@@ -669,6 +767,18 @@ def collect(argv: list[str] | None = None) -> dict[str, float]:
         plot(args.plot, cells, outcomes, title)
         print(f"family: plot written to {args.plot}")
     return figures(budget, legacy)
+
+
+def cells_held(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> int:
+    """The cells where every bar holds on every seed."""
+    return sum(
+        1
+        for cell in cells
+        if verdict(
+            [o for o in outcomes if o.job.cell == cell and o.job.policy == "budget"],
+            [o for o in outcomes if o.job.cell == cell and o.job.policy == "legacy"],
+        ).all
+    )
 
 
 def execute(jobs: Sequence[Job], workers: int) -> list[Outcome]:

@@ -20,6 +20,7 @@ def outcome(
     occupancy: float = 0.97,
     worst_daily: float = 0.95,
     all_p50_s: float = 10.0,
+    lost_share: float = 0.0,
 ) -> Outcome:
     return Outcome(
         job=Job(CELL, seed, policy, 7, 0),
@@ -30,6 +31,9 @@ def outcome(
         worst_team="evals",
         worst_daily=worst_daily,
         wall_s=0.1,
+        lost_gpu_h=lost_share * 88 * 7 * 24,
+        lost_share=lost_share,
+        goodput=occupancy - lost_share,
     )
 
 
@@ -101,8 +105,9 @@ def test_a_tiny_grid_runs_and_writes_the_plot(
     out = capsys.readouterr().out
     assert "2 cells x 1 seeds x 2 policies = 4 runs of 1 simulated days" in out
     rows = [line for line in out.splitlines() if line.lstrip().startswith("16 ")]
-    assert len(rows) == 2
     assert "every bar holds on" in out
+    assert "budget lost h" in out and "family: budget across 2 workloads" in out
+    assert len(rows) == 2 + 2  # the bars' table and the lost work's
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -250,3 +255,43 @@ def test_a_bad_saved_file_exits_2_and_says_why(
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--paired-with:" in err and reason in err
+
+
+def test_lost_work_and_goodput_per_cell_beside_legacy_with_the_gap_run_by_run() -> None:
+    outcomes = [
+        outcome("budget", 1, occupancy=0.98, lost_share=0.10),
+        outcome("budget", 2, occupancy=0.97, lost_share=0.02),
+        outcome("legacy", 1, occupancy=0.95, lost_share=0.0),
+        outcome("legacy", 2, occupancy=0.96, lost_share=0.01),
+    ]
+    lines = family.lost_table([CELL], outcomes)
+    header, rule, row = lines[-3:]
+    assert "budget lost h" in header and "legacy lost h" in header and len(rule) == len(header)
+    budget, legacy, gap = (part.split() for part in row.split("|")[1:])
+    # Seed 1 lost 10 % of 88 GPUs x 7 days = 1,478 GPU-h, seed 2 2 % = 296.
+    assert budget == ["296-1,478", "2.0%-10.0%", "88.0%-95.0%"]
+    assert legacy == ["0-148", "0.0%-1.0%", "95.0%"]
+    # Run by run: seed 1 88 - 95 = -7 points, seed 2 95 - 95 = 0.
+    assert gap == ["-7.0..+0.0"]
+
+
+def test_the_summary_gives_min_median_max_across_workloads() -> None:
+    outcomes = [
+        outcome("budget", seed, occupancy=0.98, lost_share=lost)
+        for seed, lost in ((1, 0.01), (2, 0.19), (3, 0.04))
+    ] + [outcome("legacy", seed, occupancy=0.955, lost_share=0.002) for seed in (1, 2, 3)]
+    budget, legacy, gap = family.lost_summary(outcomes)
+    assert "budget across 3 workloads" in budget
+    assert "lost to preemption 1.0% / 4.0% / 19.0% of the GPU time" in budget
+    assert "goodput 79.0% / 94.0% / 97.0%" in budget
+    assert "goodput 95.3% / 95.3% / 95.3%" in legacy
+    # 97 - 95.3, 79 - 95.3, 94 - 95.3 points
+    assert "-16.3 / -1.3 / +1.7 points; budget higher on 1, lower on 2 of 3" in gap
+
+
+def test_a_run_reads_lost_work_and_goodput_from_the_metrics() -> None:
+    """A saturated day of 16 GPUs with notebooks that start over: budget loses work."""
+    run = family.run(Job(Cell(16, 1.2, 0.35), 1, "budget", 1, 0))
+    assert run.lost_gpu_h > 0 and run.preemptions > 0
+    assert run.lost_share == pytest.approx(run.lost_gpu_h / (16 * 24), abs=1e-4)
+    assert run.goodput == pytest.approx(run.occupancy - run.lost_share, abs=2e-4)
