@@ -219,6 +219,7 @@ def test_what_cannot_be_saved_is_listed_by_name_and_type(tmp_path: Path) -> None
         yield 1
 
     handle = open(tmp_path / "f.txt", "w")  # noqa: SIM115
+    (tmp_path / "f.txt").unlink()  # an open file whose path is gone cannot be reopened
     thread = threading.Thread(target=lambda: None)
     ns = {
         "ok": [1, 2, 3],
@@ -237,6 +238,7 @@ def test_what_cannot_be_saved_is_listed_by_name_and_type(tmp_path: Path) -> None
     assert set(result.unsaved) == {"g", "fh", "th", "lock", "inside"}
     assert result.unsaved["g"].startswith("builtins.generator: ")
     assert result.unsaved["fh"].startswith("_io.TextIOWrapper: ")
+    assert "f.txt was deleted while open: it cannot be reopened" in result.unsaved["fh"]
     assert result.unsaved["th"].startswith("threading.Thread: ")
     assert result.unsaved["inside"].startswith("builtins.dict: ")
     manifest = json.loads((tmp_path / "state" / "manifest.json").read_text())

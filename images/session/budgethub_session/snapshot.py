@@ -20,6 +20,14 @@ flush) looks at every variable.
 Groups: variables whose object graphs share a mutable object (``b = a``, a view of
 an array, a list holding a DataFrame that is also a variable) are pickled together,
 so the sharing survives the restore.
+
+Fidelity (issue 42): an open file is reopened at restore at its path, mode and
+position (never turned into a copy of its contents; pipes, sockets and deleted
+files are named as not kept), a cell-defined class keeps its ``__slots__``, and a
+numpy view shared within a group is rebuilt on its restored owner, so ``v.base is
+a`` still holds. A readable text file's position is read only on the kernel's
+thread (the agent's flush): ``TextIOWrapper.tell`` works its decoder, which a
+running cell may be using; the background saves leave such a group to the flush.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import io
 import json
 import os
 import pickle
+import stat
 import struct
 import sys
 import threading
@@ -151,16 +160,179 @@ def _reduce_tensor(obj: Any) -> Any:
     )
 
 
-def _rebuild_view(root: Any, shape: Any, dtype: Any, offset: int, strides: Any) -> Any:
+def _rebuild_view(
+    root: Any, shape: Any, dtype: Any, offset: int, strides: Any, writeable: bool = True
+) -> Any:
     import numpy as np
 
-    return np.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
+    view = np.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
+    if not writeable and view.flags.writeable:
+        view.flags.writeable = False
+    return view
+
+
+def _rebuild_root(data: Any, dtype: Any, shape: Any, order: Any, writeable: bool) -> Any:
+    """An array on the buffer itself (numpy's own reduce adds a hidden reshape view, so
+    a view rebuilt on it would have that view, not the variable, as its ``.base``)."""
+    import numpy as np
+
+    if isinstance(data, pickle.PickleBuffer):
+        data = data.raw()
+    array = np.ndarray(shape, dtype, buffer=data, order=order)
+    if not writeable and array.flags.writeable:
+        array.flags.writeable = False
+    return array
 
 
 def _array_root(a: Any, ndarray: type) -> Any:
     while isinstance(a.base, ndarray):
         a = a.base
     return a
+
+
+def _bufferable(a: Any) -> bool:
+    """Can views of ``a`` be rebuilt on its buffer (``np.ndarray(buffer=a)``)?"""
+    return not a.dtype.hasobject and bool(a.flags.c_contiguous or a.flags.f_contiguous)
+
+
+# --- open files: reopened at restore, never turned into something else ----------
+
+_FILE_TYPES = (io.TextIOWrapper, io.BufferedReader, io.BufferedWriter, io.BufferedRandom, io.FileIO)
+_STD_STREAMS = ("stdin", "stdout", "stderr", "__stdin__", "__stdout__", "__stderr__")
+
+
+class DeferredToFlush(pickle.PicklingError):
+    """A background save met a readable text file: its position is read by the flush."""
+
+
+class NotReopened:
+    """Stands for a file that could not be reopened at restore (the variable is dropped)."""
+
+    __slots__ = ("spec", "why")
+
+    def __init__(self, spec: dict[str, Any], why: str) -> None:
+        self.spec, self.why = spec, why
+
+
+_reopen_failures: list[NotReopened] = []  # filled during read_group, under _load_lock
+
+
+def _raw_file(obj: Any) -> Any:
+    f = obj.buffer if isinstance(obj, io.TextIOWrapper) else obj
+    return f if isinstance(f, io.FileIO) else f.raw
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISFIFO, "a pipe"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def file_spec(obj: Any, background: bool = False) -> dict[str, Any]:
+    """How to reopen ``obj`` (path, mode, position, text settings), or PicklingError why not."""
+    raw = _raw_file(obj)
+    name = raw.name
+    if not isinstance(name, str):
+        raise pickle.PicklingError(
+            f"opened from file descriptor {name}, not a path: it cannot be reopened"
+        )
+    text = isinstance(obj, io.TextIOWrapper)
+    spec: dict[str, Any] = {
+        "kind": "text" if text else "raw" if isinstance(obj, io.FileIO) else "buffered",
+        "name": name,
+        "path": os.path.abspath(name),
+        "mode": obj.mode,
+        "closed": obj.closed,
+        "position": None,
+    }
+    if text:
+        spec.update(
+            encoding=obj.encoding,
+            errors=obj.errors,
+            line_buffering=obj.line_buffering,
+            write_through=obj.write_through,
+        )
+    if obj.closed:
+        return spec
+    fd = raw.fileno()
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise pickle.PicklingError(f"{name} is {_file_kind(st.st_mode)}: it cannot be reopened")
+    if st.st_nlink == 0:
+        raise pickle.PicklingError(f"{name} was deleted while open: it cannot be reopened")
+    try:  # the file itself, even if renamed since, and whatever the cwd was
+        spec["path"] = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        pass
+    if background and text and obj.readable():
+        raise DeferredToFlush(name)
+    if obj.seekable():
+        try:
+            spec["position"] = obj.tell()
+        except OSError as error:
+            raise pickle.PicklingError(f"{name}: its position cannot be read ({error})") from None
+    return spec
+
+
+def describe_file(spec: dict[str, Any]) -> str:
+    if spec["closed"]:
+        return f"file {spec['name']} (closed, mode {spec['mode']!r}): comes back closed"
+    return (
+        f"file {spec['path']} (mode {spec['mode']!r}, position {spec['position']}): "
+        "reopened at restore"
+    )
+
+
+def _open_file(spec: dict[str, Any]) -> Any:
+    mode = spec["mode"]
+    if spec["closed"]:  # same type, name and mode, closed: no need for the path
+        fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    else:
+        if "+" in mode:
+            flags = os.O_RDWR
+        elif any(c in mode for c in "wxa"):
+            flags = os.O_WRONLY
+        else:
+            flags = os.O_RDONLY
+        if "a" in mode:
+            flags |= os.O_APPEND
+        # Never O_CREAT, O_TRUNC or O_EXCL: the file is reopened as it is, not emptied.
+        fd = os.open(spec["path"], flags | os.O_CLOEXEC)
+    try:
+        f = open(  # noqa: SIM115 - the restored variable owns it
+            fd,
+            mode,
+            buffering=0 if spec["kind"] == "raw" else -1,
+            encoding=spec.get("encoding"),
+            errors=spec.get("errors"),
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+    _raw_file(f).name = spec["name"]
+    if spec["kind"] == "text" and (spec["line_buffering"] or spec["write_through"]):
+        f.reconfigure(line_buffering=spec["line_buffering"], write_through=spec["write_through"])
+    if spec["closed"]:
+        f.close()
+    elif spec["position"] is not None:
+        f.seek(spec["position"])
+    return f
+
+
+def _reopen_file(spec: dict[str, Any]) -> Any:
+    """At load: the file reopened, or a NotReopened that drops the variables holding it."""
+    try:
+        return _open_file(spec)
+    except Exception as error:
+        failed = NotReopened(spec, f"{type(error).__name__}: {error}")
+        _reopen_failures.append(failed)
+        return failed
 
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
@@ -170,10 +342,14 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         namespace: dict[str, Any] | None,
         buffer_callback: Any,
         roots: set[int] = frozenset(),  # type: ignore[assignment]
+        files: list[tuple[int, dict[str, Any]]] | None = None,
+        background: bool = False,
     ) -> None:
         super().__init__(file, protocol=5, buffer_callback=buffer_callback)
         self._namespace = namespace
         self._roots = roots
+        self._files = files if files is not None else []
+        self._background = background
         if namespace is not None:
             # Functions whose globals are the user namespace share one stand-in,
             # pickled as a call to _user_namespace(): the live namespace on load.
@@ -185,42 +361,81 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             reduced[2][1]["__globals__"] = {}  # looked up live, not copied
         return reduced
 
+    def _array_reduce(self, obj: Any, np: Any) -> Any:
+        if isinstance(obj.base, np.ndarray):
+            # A view of an array shared in this group stays a view of it (numpy
+            # alone would pickle a copy).
+            root = _array_root(obj, np.ndarray)
+            if id(root) in self._roots and _bufferable(root):
+                start = obj.__array_interface__["data"][0]
+                offset = start - root.__array_interface__["data"][0]
+                return (
+                    _rebuild_view,
+                    (root, obj.shape, obj.dtype, offset, obj.strides, bool(obj.flags.writeable)),
+                )
+        elif id(obj) in self._roots and _bufferable(obj):
+            order = "C" if obj.flags.c_contiguous else "F"
+            data = pickle.PickleBuffer(obj)
+            return (_rebuild_root, (data, obj.dtype, obj.shape, order, bool(obj.flags.writeable)))
+        return NotImplemented
+
     def reducer_override(self, obj: Any) -> Any:
         if obj is _NS_PLACEHOLDER:
             return (_user_namespace, ())
+        t = type(obj)
         torch = sys.modules.get("torch")
-        if torch is not None and type(obj) in (torch.Tensor, torch.nn.Parameter):
+        if torch is not None and t in (torch.Tensor, torch.nn.Parameter):
             return _reduce_tensor(obj)
-        if self._roots and obj.__class__.__name__ == "ndarray":
-            # A view of an array that is itself a variable of this group stays a view
-            # (numpy alone would pickle a copy).
-            np = sys.modules["numpy"]
-            if type(obj) is np.ndarray and obj.base is not None:
-                root = _array_root(obj, np.ndarray)
-                if id(root) in self._roots and root is not obj:
-                    start = obj.__array_interface__["data"][0]
-                    offset = start - root.__array_interface__["data"][0]
-                    return (_rebuild_view, (root, obj.shape, obj.dtype, offset, obj.strides))
-        return super().reducer_override(obj)
+        if self._roots and t.__name__ == "ndarray" and t is sys.modules["numpy"].ndarray:
+            reduced = self._array_reduce(obj, sys.modules["numpy"])
+            if reduced is not NotImplemented:
+                return reduced
+        if t in _FILE_TYPES:  # cloudpickle would turn it into a StringIO of its contents
+            for attr in _STD_STREAMS:
+                if obj is getattr(sys, attr, None):
+                    return (getattr, (sys, attr))
+            spec = file_spec(obj, self._background)
+            self._files.append((id(obj), spec))
+            return (_reopen_file, (spec,))
+        reduced = super().reducer_override(obj)
+        if (
+            isinstance(obj, type)
+            and isinstance(reduced, tuple)
+            and reduced[0] is cloudpickle.cloudpickle._make_skeleton_class
+            and "__slots__" in obj.__dict__
+        ):
+            # cloudpickle builds the class without its __slots__ and the instances
+            # come back with a __dict__; the skeleton gets them (and their descriptors).
+            reduced[1][3]["__slots__"] = obj.__dict__["__slots__"]
+        return reduced
 
 
 def serialize(
-    values: dict[str, Any], namespace: dict[str, Any] | None
+    values: dict[str, Any],
+    namespace: dict[str, Any] | None,
+    roots: set[int] | None = None,
+    files: list[tuple[int, dict[str, Any]]] | None = None,
+    background: bool = False,
 ) -> tuple[memoryview, list[memoryview], str]:
-    """(pickle bytes, out-of-band buffers, a hash of both) of a group."""
+    """(pickle bytes, out-of-band buffers, a hash of both) of a group.
+
+    ``roots``: ids of the arrays owning memory that two arrays of the group use (their
+    views stay views); None: those among the top-level values. ``files`` collects the
+    open files met, as (id, how to reopen it).
+    """
     buffers: list[pickle.PickleBuffer] = []
     out = io.BytesIO()
-    roots: set[int] = set()
     np = sys.modules.get("numpy")
-    if np is not None and len(values) > 1:
-        # Roots (the arrays owning the memory) shared by two variables of the group.
-        counts: dict[int, int] = {}
-        for v in values.values():
-            if type(v) is np.ndarray:
-                r = id(_array_root(v, np.ndarray))
-                counts[r] = counts.get(r, 0) + 1
-        roots = {r for r, n in counts.items() if n > 1}
-    _Pickler(out, namespace, buffers.append, roots).dump(values)
+    if roots is None:
+        roots = set()
+        if np is not None and len(values) > 1:
+            counts: dict[int, int] = {}
+            for v in values.values():
+                if type(v) is np.ndarray:
+                    r = id(_array_root(v, np.ndarray))
+                    counts[r] = counts.get(r, 0) + 1
+            roots = {r for r, n in counts.items() if n > 1}
+    _Pickler(out, namespace, buffers.append, roots, files, background).dump(values)
     data = out.getbuffer()
     raws = [b.raw() for b in buffers]
     digest = _hasher()
@@ -269,8 +484,14 @@ def _read_exact(f: io.BufferedReader, size: int) -> bytearray:
     return buf
 
 
-def read_group(path: Path, namespace: dict[str, Any]) -> dict[str, Any]:
-    """The variables of one group file; functions in it get ``namespace`` as globals."""
+def read_group(
+    path: Path, namespace: dict[str, Any], failed: list[NotReopened] | None = None
+) -> dict[str, Any]:
+    """The variables of one group file; functions in it get ``namespace`` as globals.
+
+    ``failed`` collects the files that could not be reopened (their stand-ins are in
+    the values: the caller drops the variables holding them).
+    """
     global _load_ns
     with open(path, "rb") as f:
         if f.read(len(MAGIC)) != MAGIC:
@@ -282,10 +503,14 @@ def read_group(path: Path, namespace: dict[str, Any]) -> dict[str, Any]:
     builtins = namespace.get("__builtins__")
     with _load_lock:
         _load_ns = namespace
+        _reopen_failures.clear()
         try:
             values = pickle.loads(data, buffers=buffers)
         finally:
             _load_ns = None
+            if failed is not None:
+                failed.extend(_reopen_failures)
+            _reopen_failures.clear()
             if builtins is not None:  # cloudpickle's setstate resets it
                 namespace["__builtins__"] = builtins
             else:
@@ -310,8 +535,41 @@ def load_manifest(directory: Path) -> dict[str, Any] | None:
 class LoadResult:
     restored: list[str] = field(default_factory=list)
     not_restored: dict[str, str] = field(default_factory=dict)  # name: "type: why"
+    reopened: dict[str, str] = field(default_factory=dict)  # name: "file ...: reopened"
     bytes: int = 0
     seconds: float = 0.0
+
+
+def _holds(value: Any, targets: set[int]) -> NotReopened | None:
+    """The stand-in of a file not reopened that ``value`` reaches, if any (bounded walk)."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack and len(seen) < WALK_LIMIT:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, _ATOMIC) or isinstance(o, type | types.ModuleType):
+            continue
+        seen.add(id(o))
+        if id(o) in targets:
+            return o  # type: ignore[no-any-return]
+        stack.extend(gc.get_referents(o))
+    return None
+
+
+def _drop_unopened(
+    values: dict[str, Any], failed: list[NotReopened], kinds: dict[str, str]
+) -> dict[str, str]:
+    """Variables that hold a file that could not be reopened: name -> why (not bound)."""
+    targets = {id(f) for f in failed}
+    out = {}
+    for name, value in values.items():
+        stub = _holds(value, targets)
+        if stub is not None:
+            what = "is" if stub is value else "holds"
+            out[name] = (
+                f"{kinds.get(name, '?')}: {what} the file {stub.spec['path']} "
+                f"(mode {stub.spec['mode']!r}), which could not be reopened ({stub.why})"
+            )
+    return out
 
 
 def load_namespace(directory: Path, namespace: dict[str, Any]) -> LoadResult:
@@ -326,18 +584,24 @@ def load_namespace(directory: Path, namespace: dict[str, Any]) -> LoadResult:
         files.setdefault(entry["file"], []).append(name)
     for rel, names in sorted(files.items()):
         path = directory / rel
+        entries = {name: manifest["variables"][name] for name in names}
+        kinds = {name: e.get("type", "?") for name, e in entries.items()}
+        failed: list[NotReopened] = []
         try:
-            values = read_group(path, namespace)
+            values = read_group(path, namespace, failed)
         except Exception as error:  # a missing module, a truncated file: say which
             for name in names:
-                kind = manifest["variables"][name].get("type", "?")
-                result.not_restored[name] = f"{kind}: could not be loaded ({error})"
+                result.not_restored[name] = f"{kinds[name]}: could not be loaded ({error})"
             continue
         result.bytes += path.stat().st_size
+        dropped = _drop_unopened(values, failed, kinds) if failed else {}
+        result.not_restored.update(dropped)
         for name in names:
-            if name in values:
+            if name in values and name not in dropped:
                 namespace[name] = values[name]
                 result.restored.append(name)
+                if entries[name].get("files"):
+                    result.reopened[name] = "; ".join(entries[name]["files"])
     for name, why in (manifest.get("unsaved") or {}).items():
         result.not_restored[name] = why
     result.restored.sort()
@@ -367,8 +631,16 @@ def _library_ids(namespace: dict[str, Any]) -> set[int]:
     return ids
 
 
-def reach(obj: Any, namespace: dict[str, Any], skip: set[int]) -> tuple[frozenset[int], bool]:
-    """ids of the mutable objects reachable from ``obj`` (bounded), and if it was cut short."""
+def reach(
+    obj: Any,
+    namespace: dict[str, Any],
+    skip: set[int],
+    arrays: dict[int, int] | None = None,
+) -> tuple[frozenset[int], bool]:
+    """ids of the mutable objects reachable from ``obj`` (bounded), and if it was cut short.
+
+    ``arrays`` counts the arrays met per id of the array owning their memory.
+    """
     np = sys.modules.get("numpy")
     ndarray = np.ndarray if np is not None else ()
     seen: set[int] = set()
@@ -391,6 +663,8 @@ def reach(obj: Any, namespace: dict[str, Any], skip: set[int]) -> tuple[frozense
             while isinstance(base.base, ndarray):
                 base = base.base
             ids.add(id(base.base if base.base is not None else base))
+            if arrays is not None:
+                arrays[id(base)] = arrays.get(id(base), 0) + 1
             continue
         if isinstance(o, types.FunctionType):
             ids.add(i)
@@ -415,6 +689,7 @@ class _Group:
     fingerprint: str
     bytes: int
     types: dict[str, str]
+    files: dict[str, list[str]] = field(default_factory=dict)  # name: open files, described
 
 
 @dataclass
@@ -425,10 +700,35 @@ class SaveResult:
     bytes: int  # on disk, all groups
     written_bytes: int
     seconds: float
+    reopened: dict[str, str] = field(default_factory=dict)  # name: its open files, reopened
 
 
 def _group_id(names: Iterable[str]) -> str:
     return hashlib.sha256("\0".join(sorted(names)).encode()).hexdigest()[:12]
+
+
+def _components(names: Iterable[str], reached: dict[str, frozenset[int]]) -> list[list[str]]:
+    """Connected components of "shares a mutable object", each sorted."""
+    parent = {n: n for n in names}
+
+    def find(n: str) -> str:
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    owner: dict[int, str] = {}
+    for name in sorted(parent):
+        for i in reached[name]:
+            other = owner.setdefault(i, name)
+            if other != name:
+                a, b = find(name), find(other)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    components: dict[str, list[str]] = {}
+    for name in sorted(parent):
+        components.setdefault(find(name), []).append(name)
+    return list(components.values())
 
 
 class Checkpointer:
@@ -452,6 +752,7 @@ class Checkpointer:
         self.lock = threading.Lock()
         self._groups: dict[str, _Group] = {}
         self._reach: dict[str, frozenset[int]] = {}
+        self._arrays: dict[str, dict[int, int]] = {}  # name: arrays met per owner's id
         self._unsaved: dict[str, str] = {}
         self._retry: set[str] = set()  # changed under the pickler: try again next save
         self._skip: set[int] = set()
@@ -487,14 +788,14 @@ class Checkpointer:
         candidates: set[str] | None = None,
         *,
         fsync: bool = False,
+        background: bool = False,
     ) -> SaveResult:
+        """``background``: not on the kernel's thread (a readable text file waits)."""
         with self.lock:
-            return self._save(bindings, candidates, fsync)
+            return self._save(bindings, candidates, fsync, background)
 
-    def _save(
-        self, bindings: dict[str, Any], candidates: set[str] | None, fsync: bool
-    ) -> SaveResult:
-        t0 = time.perf_counter()
+    def _walk(self, bindings: dict[str, Any], candidates: set[str] | None) -> set[str]:
+        """Refresh what each changed variable reaches; the names to re-serialize."""
         names = set(bindings)
         changed = names if candidates is None else ((set(candidates) | self._retry) & names)
         self._retry = set()
@@ -502,42 +803,41 @@ class Checkpointer:
         for name in list(self._reach):
             if name not in names:
                 del self._reach[name]
+                self._arrays.pop(name, None)
         for name in list(self._unsaved):
             if name not in names or name in changed:
                 del self._unsaved[name]
         skip = self._skip_ids(self.namespace)
-        for name in changed:
-            self._reach[name], _cut = reach(bindings[name], self.namespace or {}, skip)
-        for name in names - set(self._reach):  # never walked (adopted, or new)
-            self._reach[name], _cut = reach(bindings[name], self.namespace or {}, skip)
+        for name in changed | (names - set(self._reach)):  # changed, or never walked
+            arrays: dict[int, int] = {}
+            self._reach[name], _cut = reach(bindings[name], self.namespace or {}, skip, arrays)
+            self._arrays[name] = arrays
             changed.add(name)
+        return changed
 
-        # Connected components of "shares a mutable object".
-        parent = {n: n for n in names if n not in self._unsaved}
+    def _roots(self, members: list[str]) -> set[int]:
+        """Owners of the memory of two or more arrays of a group: their views stay views."""
+        counts: dict[int, int] = {}
+        for m in members:
+            for i, n in self._arrays.get(m, {}).items():
+                counts[i] = counts.get(i, 0) + n
+        return {i for i, n in counts.items() if n > 1}
 
-        def find(n: str) -> str:
-            while parent[n] != n:
-                parent[n] = parent[parent[n]]
-                n = parent[n]
-            return n
-
-        owner: dict[int, str] = {}
-        for name in sorted(parent):
-            for i in self._reach[name]:
-                other = owner.setdefault(i, name)
-                if other != name:
-                    a, b = find(name), find(other)
-                    if a != b:
-                        parent[max(a, b)] = min(a, b)
-        components: dict[str, list[str]] = {}
-        for name in sorted(parent):
-            components.setdefault(find(name), []).append(name)
-
+    def _save(
+        self,
+        bindings: dict[str, Any],
+        candidates: set[str] | None,
+        fsync: bool,
+        background: bool = False,
+    ) -> SaveResult:
+        t0 = time.perf_counter()
+        changed = self._walk(bindings, candidates)
+        names = [n for n in bindings if n not in self._unsaved]
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         groups: dict[str, _Group] = {}
         written: list[str] = []
         written_bytes = 0
-        pending = [sorted(members) for members in components.values()]
+        pending = _components(names, self._reach)
         while pending:
             members = pending.pop()
             gid = _group_id(members)
@@ -545,44 +845,12 @@ class Checkpointer:
             if old is not None and not (changed & set(members)) and old.types:
                 groups[gid] = old
                 continue
-            values = {n: bindings[n] for n in members}
-            try:
-                data, raws, fingerprint = serialize(values, self.namespace)
-            except Exception as error:
-                if _mutated(error):
-                    # The next cell changed it while this thread pickled it: keep the
-                    # last good write and try again with the next save.
-                    self._retry.update(members)
-                    if old is not None:
-                        groups[gid] = old
-                    continue
-                if len(members) == 1:
-                    self._unsaved[members[0]] = f"{type_name(values[members[0]])}: {_why(error)}"
-                    continue
-                bad = []  # who cannot be pickled? the others are saved without them
-                for m in members:
-                    try:
-                        serialize({m: values[m]}, self.namespace)
-                    except Exception as alone:
-                        self._unsaved[m] = f"{type_name(values[m])}: {_why(alone)}"
-                        bad.append(m)
-                rest = [m for m in members if m not in bad]
-                if not bad:  # each pickles alone, not together: save them one by one
-                    pending.extend([m] for m in rest)
-                elif rest:
-                    pending.append(rest)
-                continue
-            kinds = {n: type_name(v) for n, v in values.items()}
-            if old is not None and old.fingerprint == fingerprint:
-                old.types = kinds
-                groups[gid] = old
-                continue
-            file = f"g-{gid}.pkl"
-            size = write_group(self.directory / file, data, raws, members, fsync)
-            del data, raws
-            groups[gid] = _Group(tuple(members), file, fingerprint, size, kinds)
-            written.extend(members)
-            written_bytes += size
+            group = self._serialize(bindings, members, old, pending, fsync, background)
+            if group is not None:
+                groups[gid] = group
+                if group is not old:
+                    written.extend(members)
+                    written_bytes += group.bytes
         for gid, old in self._groups.items():
             if gid not in groups:
                 try:
@@ -601,7 +869,73 @@ class Checkpointer:
             bytes=sum(g.bytes for g in groups.values()),
             written_bytes=written_bytes,
             seconds=time.perf_counter() - t0,
+            reopened=dict(
+                sorted((n, "; ".join(fs)) for g in groups.values() for n, fs in g.files.items())
+            ),
         )
+
+    def _serialize(
+        self,
+        bindings: dict[str, Any],
+        members: list[str],
+        old: _Group | None,
+        pending: list[list[str]],
+        fsync: bool,
+        background: bool,
+    ) -> _Group | None:
+        """The group of ``members`` as now on disk (written if its bytes changed); None
+        when it is not on disk (unsaved members go to _unsaved, the rest to pending)."""
+        values = {n: bindings[n] for n in members}
+        files: list[tuple[int, dict[str, Any]]] = []
+        try:
+            data, raws, fingerprint = serialize(
+                values, self.namespace, self._roots(members), files, background
+            )
+        except Exception as error:
+            if _mutated(error) or isinstance(error, DeferredToFlush):
+                # The next cell changed it while this thread pickled it (try again with
+                # the next save), or the flush is to read a text file's position: keep
+                # the last good write.
+                if not isinstance(error, DeferredToFlush):
+                    self._retry.update(members)
+                return old
+            if len(members) == 1:
+                self._unsaved[members[0]] = f"{type_name(values[members[0]])}: {_why(error)}"
+                return None
+            bad = []  # who cannot be pickled? the others are saved without them
+            for m in members:
+                try:
+                    serialize({m: values[m]}, self.namespace, None, None, background)
+                except DeferredToFlush:
+                    continue
+                except Exception as alone:
+                    self._unsaved[m] = f"{type_name(values[m])}: {_why(alone)}"
+                    bad.append(m)
+            rest = [m for m in members if m not in bad]
+            if not bad:  # each pickles alone, not together: save them one by one
+                pending.extend([m] for m in rest)
+            elif rest:
+                pending.append(rest)
+            return None
+        kinds = {n: type_name(v) for n, v in values.items()}
+        described = self._files(members, files)
+        if old is not None and old.fingerprint == fingerprint:
+            old.types, old.files = kinds, described
+            return old
+        file = f"g-{_group_id(members)}.pkl"
+        size = write_group(self.directory / file, data, raws, members, fsync)
+        return _Group(tuple(members), file, fingerprint, size, kinds, described)
+
+    def _files(
+        self, members: list[str], files: list[tuple[int, dict[str, Any]]]
+    ) -> dict[str, list[str]]:
+        """The open files of a group, by the variables that reach them."""
+        out: dict[str, list[str]] = {}
+        for i, spec in files:
+            holders = [m for m in members if i in self._reach.get(m, ())] or members
+            for m in holders:
+                out.setdefault(m, []).append(describe_file(spec))
+        return out
 
     def _write_manifest(self, fsync: bool) -> None:
         variables = {}
@@ -613,6 +947,8 @@ class Checkpointer:
                     "bytes": g.bytes,
                     "group": gid,
                 }
+                if name in g.files:
+                    variables[name]["files"] = g.files[name]
         manifest = {
             "notebook": self.notebook,
             "updated": time.time(),
@@ -725,7 +1061,7 @@ class Worker:
                 self._busy = True
             try:
                 assert bindings is not None
-                self.last = self.checkpointer.save(bindings, candidates)
+                self.last = self.checkpointer.save(bindings, candidates, background=True)
             except BaseException as error:  # reported, never kills the thread
                 self.on_error(error)
             finally:
