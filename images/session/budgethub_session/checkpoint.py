@@ -147,6 +147,9 @@ def format_note(result: LoadResult) -> str:
         + (f" ({shown})" if result.restored else "")
         + f" in {result.seconds:.1f} s"
     )
+    if result.reopened:
+        files = "; ".join(f"{name} ({what})" for name, what in sorted(result.reopened.items()))
+        note += f"; open files: {files}"
     if result.not_restored:
         lost = "; ".join(f"{name} ({why})" for name, why in sorted(result.not_restored.items()))
         note += f"; not restored: {lost}"
@@ -268,6 +271,7 @@ class Extension:
             "notebook": self.notebook,
             "saved": result.saved,
             "unsaved": result.unsaved,
+            "reopened": result.reopened,
             "bytes": result.bytes,
             "written": result.written,
             "error": "; ".join(self.errors) or None,
@@ -308,6 +312,8 @@ def _magic(line: str) -> None:
         f"budgethub: {len(report['saved'])} variables saved ({report['bytes'] / 2**20:.1f} MiB)"
         f" in {_ACTIVE.checkpointer.directory}"
     )
+    for name, what in report["reopened"].items():
+        print(f"  {name}: {what}")
     for name, why in report["unsaved"].items():
         print(f"  not saved: {name} ({why})")
     if _ACTIVE.note:
