@@ -3,6 +3,7 @@ kernels: who may ask, status and activity, and a kernel busy past the deadline."
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 pytest.importorskip("jupyter_server")
 
-from budgethub_session.harness import Server  # noqa: E402
+from budgethub_session.harness import Kernel, Server  # noqa: E402
 
 SECRET = "s3cret-for-this-session"
 
@@ -119,3 +120,52 @@ def test_status_reports_activity(server: Server) -> None:
     # Asking for the status is not activity.
     time.sleep(0.05)
     assert server.agent("GET", "status")[1]["last_activity"] == second["last_activity"]
+
+
+def _open_named(server: Server, path: str, name: str) -> Kernel:
+    """A session for ``path`` whose client names it ``name`` (not the file's name)."""
+    status, model = server.api(
+        "POST",
+        "/api/sessions",
+        {"path": path, "name": name, "type": "notebook", "kernel": {"name": "python3"}},
+    )
+    assert status == 201, model
+    kernel = Kernel(server, model["kernel"]["id"], path)
+    server.kernels.append(kernel)
+    return kernel
+
+
+def test_one_key_per_notebook_whatever_name_the_client_sends(tmp_path: Path) -> None:
+    """Issue 42, defect 4: a client naming its session by the full path made the kernel
+    key its state by ``work/work/nb1.ipynb`` and the agent by ``work/nb1.ipynb``: a
+    phantom third notebook in the report, and variables missing when reopened."""
+    from budgethub_session import notebook_key
+    from budgethub_session.snapshot import load_manifest
+
+    root, home = tmp_path / "root", tmp_path / "home"
+    (root / "work").mkdir(parents=True)
+    with Server(root, home=home, secret=SECRET) as first:
+        full = _open_named(first, "work/nb1.ipynb", "work/nb1.ipynb")
+        absolute = _open_named(first, "work/nb2.ipynb", str(root / "work" / "nb2.ipynb"))
+        plain = first.open_notebook("top.ipynb")
+        full.ok("a = 1")
+        absolute.ok("b = 2")
+        plain.ok("c = 3")
+        status, report = first.agent("POST", "checkpoint", {"within": 30})
+        assert status == 200, report
+        by = {k["notebook"]: k["saved"] for k in report["kernels"]}
+        assert by == {"work/nb1.ipynb": ["a"], "work/nb2.ipynb": ["b"], "top.ipynb": ["c"]}
+        keys = sorted(p.name for p in first.state_dir.iterdir() if p.is_dir())
+        expected = ["top.ipynb", "work/nb1.ipynb", "work/nb2.ipynb"]
+        assert keys == sorted(notebook_key(p) for p in expected)
+        for path in expected:
+            manifest = load_manifest(first.state_dir / notebook_key(path))
+            assert manifest is not None and manifest["notebook"] == path
+        assert full.value("__import__('os').environ['BUDGETHUB_NOTEBOOK']") == "work/nb1.ipynb"
+        snapshot = tmp_path / "snapshot"
+        shutil.copytree(first.state_dir, snapshot)
+    # Reopened as JupyterLab names sessions (the file's name): the variables come back.
+    with Server(root, home=home, secret=SECRET, restore_dir=snapshot) as second:
+        again = second.open_notebook("work/nb1.ipynb")
+        assert "budgethub: restored 1 variable (a)" in again.ok("a").stdout
+        assert again.value("a") == 1

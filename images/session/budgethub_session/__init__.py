@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 from pathlib import Path
 
 __all__ = ["notebook_key", "notebook_path", "restored_dir", "state_dir"]
@@ -37,6 +38,7 @@ STATE_ENV = "BUDGETHUB_STATE_DIR"
 RESTORE_ENV = "BUDGETHUB_RESTORE_DIR"
 RESTORED_ENV = "BUDGETHUB_RESTORED_DIR"
 ROOT_ENV = "BUDGETHUB_SERVER_ROOT"
+NOTEBOOK_ENV = "BUDGETHUB_NOTEBOOK"
 
 
 def notebook_key(path: str) -> str:
@@ -47,20 +49,29 @@ def notebook_key(path: str) -> str:
 def notebook_path(session_name: str | None = None) -> str | None:
     """The notebook this kernel belongs to, relative to the server root, or None.
 
-    Jupyter Server hands kernels ``JPY_SESSION_NAME``: the API path when a session
-    has no name, else ``os.path.join(<notebook's directory on disk>, name)``, an
-    absolute path. The agent puts the server's root in ``$BUDGETHUB_SERVER_ROOT`` so
-    both forms give the same key; without it the home directory is the root.
+    The one key of a notebook everywhere (kernel state, agent, report): its API path,
+    normalized. The agent gives every kernel ``$BUDGETHUB_NOTEBOOK``, its session's
+    API path, because ``JPY_SESSION_NAME`` depends on the name a client sends:
+    Jupyter Server makes it ``os.path.join(<notebook's directory on disk>, name)``,
+    so a client naming its session by the full relative path gave a second key
+    (``work/work/a.ipynb``). ``JPY_SESSION_NAME`` is the fallback (a server without
+    the agent); an absolute path is made relative to ``$BUDGETHUB_SERVER_ROOT``
+    (the home without it).
     """
-    name = os.environ.get("JPY_SESSION_NAME") if session_name is None else session_name
+    if session_name is None:
+        name = os.environ.get(NOTEBOOK_ENV) or os.environ.get("JPY_SESSION_NAME")
+    else:
+        name = session_name
     if not name:
         return None
+    name = name.replace(os.sep, "/")
     if os.path.isabs(name):
         root = os.environ.get(ROOT_ENV) or os.path.expanduser("~")
         rel = os.path.relpath(os.path.normpath(name), os.path.normpath(root))
         if not rel.startswith(".."):
             name = rel
-    return name.replace(os.sep, "/").lstrip("/")
+    name = posixpath.normpath("/" + name.replace(os.sep, "/")).lstrip("/")
+    return name or None
 
 
 def state_dir() -> Path:

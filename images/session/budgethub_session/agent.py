@@ -41,7 +41,7 @@ from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from budgethub_session import ROOT_ENV, SECRET_ENV
+from budgethub_session import NOTEBOOK_ENV, ROOT_ENV, SECRET_ENV, notebook_path
 
 __all__ = ["Agent"]
 
@@ -63,12 +63,12 @@ class Agent:
         self.secret = secret
 
     async def _sessions(self) -> dict[str, dict[str, Any]]:
-        """kernel id -> session model."""
+        """kernel id -> session model, its path the notebook's one key (`notebook_path`)."""
         out = {}
         for s in await ensure_async(self.app.session_manager.list_sessions()):
             kernel = s.get("kernel") or {}
             if kernel.get("id"):
-                out[kernel["id"]] = s
+                out[kernel["id"]] = {**s, "path": notebook_path(s.get("path") or "")}
         return out
 
     async def status(self) -> dict[str, Any]:
@@ -265,9 +265,28 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": "budgethub_session.agent"}]
 
 
+def _key_kernels_by_path(session_manager: Any) -> None:
+    """Every kernel a session starts (or restarts after a rename) gets
+    ``$BUDGETHUB_NOTEBOOK``: its session's API path, whatever name the client sent."""
+    get_kernel_env = session_manager.get_kernel_env
+
+    def with_notebook(path: str | None, name: Any = None) -> dict[str, str]:
+        env = dict(get_kernel_env(path, name))
+        notebook = notebook_path(path or "")
+        if notebook:
+            env[NOTEBOOK_ENV] = notebook
+        else:
+            env.pop(NOTEBOOK_ENV, None)
+        return env
+
+    session_manager.get_kernel_env = with_notebook
+
+
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     secret = os.environ.pop(SECRET_ENV, "")  # kernels and terminals do not inherit it
     os.environ[ROOT_ENV] = os.path.abspath(os.path.expanduser(serverapp.root_dir))
+    os.environ.pop(NOTEBOOK_ENV, None)
+    _key_kernels_by_path(serverapp.session_manager)
     agent = Agent(serverapp, secret)
     base = serverapp.web_app.settings.get("base_url", "/")
     serverapp.web_app.add_handlers(
