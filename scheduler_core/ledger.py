@@ -123,6 +123,18 @@ class UsageLedger:
     def keys(self) -> list[tuple[str, str]]:
         return list(self._curves)
 
+    def copy(self, since: float = -math.inf) -> UsageLedger:
+        """A ledger that answers as this one for windows starting at ``since`` or later
+        (a forecast runs a copy forward: `scheduler_core.forecast`); older breakpoints
+        are left out, so the copy costs what the window holds."""
+        out = UsageLedger()
+        for key, curve in self._curves.items():
+            first = max(0, bisect_right(curve.times, since) - 1)
+            out._curves[key] = _Curve(
+                curve.times[first:], curve.cumulative[first:], curve.rates[first:]
+            )
+        return out
+
     def window(self, start: float, end: float) -> WindowUsage:
         """Units charged per (team, pool) in ``(start, end]``, for every pair charged so far.
 

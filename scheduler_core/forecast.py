@@ -1,0 +1,274 @@
+"""Forecasts: what the policy would do, asked before anything is done.
+
+Every forecast the Hub shows is the policy itself, run dry. Funding, "starts now" and
+the place in the queue are `decide` on the live view with the hypothetical request
+added and nothing applied (`dry_run`); the estimated start is the same `Scheduler`
+run forward on a virtual clock from a copy of the live state (`run_forward`), with
+running sessions ending when they are expected to (`History`). A second derivation
+of the order (the old outlook's own loop) drifted from the policy with every rule added
+(issue 40); a dry run cannot. Pure: no I/O.
+
+Why the expected end is "the profile's median, at least the protection": a session
+cannot be stopped before its protection ends, and most end later (a notebook runs on
+past its minimum runtime); the median of the profile's past sessions is the one figure
+the Hub has for "later". A declared duration, where one is given, wins over both.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from scheduler_core.model import Allocation, Request
+from scheduler_core.registry import decide
+from scheduler_core.scheduler import Scheduler
+from scheduler_core.view import ClusterView, Decisions
+
+HORIZON_S = 14 * 86400.0
+"""How far forward an estimate looks; a request not started by then has no estimate."""
+MAX_STEPS = 2000
+"""Most schedulable moments one forward run visits (keeps an estimate cheap)."""
+_EMPTY: Mapping[str, float] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """What the next cycle would do with one request (a dry run of the policy)."""
+
+    request_id: str
+    funded: bool
+    """Funded if it started now (the admission's funding when it starts now)."""
+    starts_now: bool
+    """The cycle admits it."""
+    position: int
+    """1-based place among its pool's entries in the order the cycle used."""
+    waiting: int
+    """How many of its pool's entries that order holds (itself included)."""
+    ahead: tuple[str, ...]
+    """Entries before it in that order that the cycle leaves waiting."""
+    protected_s: float
+    """How long it would be protected if funded (0 when it would run unallocated)."""
+
+
+def with_request(view: ClusterView, request: Request) -> ClusterView:
+    """The view with ``request`` waiting too. The cycle index is dropped: it holds the
+    queues without the request, and `decide` without one decides from the rest of the
+    view (exactly as it would with one, `view.py`)."""
+    return replace(view, pending=(*view.pending, request), index=None, queued=None)
+
+
+def dry_run(view: ClusterView, now: float, request: Request | None = None) -> Decisions:
+    """`decide` on ``view`` (with ``request`` added, if given); nothing is applied."""
+    return decide(view if request is None else with_request(view, request), now)
+
+
+def read(decisions: Decisions, request: Request, pools: Mapping[str, str], now: float) -> Forecast:
+    """What ``decisions`` say of ``request``. ``pools``: request id → pool, for every
+    request the cycle may have looked at."""
+    admitted = {a.request.id: a for a in decisions.admissions}
+    order = [r for r in decisions.order if pools.get(r) == request.pool]
+    if request.id in order:
+        place = order.index(request.id)
+    else:  # not looked at (its pool takes no work now): it comes last
+        place = len(order)
+        order.append(request.id)
+    admission = admitted.get(request.id)
+    if admission is not None:
+        funded = admission.funded
+        protected = max(0.0, admission.protected_until - now) if funded else 0.0
+    else:
+        funded = bool(decisions.funded.get(request.id, False))
+        protected = request.min_runtime if funded else 0.0
+    return Forecast(
+        request_id=request.id,
+        funded=funded,
+        starts_now=admission is not None,
+        position=place + 1,
+        waiting=len(order),
+        ahead=tuple(r for r in order[:place] if r not in admitted),
+        protected_s=protected,
+    )
+
+
+def forecast(view: ClusterView, now: float, request: Request) -> Forecast:
+    """What the next cycle does with ``request`` asked for now (a dry run)."""
+    pools = {r.id: r.pool for r in view.pending}
+    pools[request.id] = request.pool
+    return read(dry_run(view, now, request), request, pools, now)
+
+
+def standing(view: ClusterView, now: float) -> tuple[Decisions, dict[str, Forecast]]:
+    """The next cycle over the waiting requests as they stand, and each one's forecast."""
+    decisions = dry_run(view, now)
+    pools = {r.id: r.pool for r in view.pending}
+    return decisions, {r.id: read(decisions, r, pools, now) for r in view.pending}
+
+
+# -- when: the scheduler run forward -----------------------------------------------
+
+
+def history_key(request: Request) -> str:
+    """What a session's length is learnt by: its profile, else its class."""
+    return request.profile or f"class:{request.klass.value}"
+
+
+@dataclass(frozen=True)
+class History:
+    """How long sessions ran, per profile (or class): what expected ends rest on."""
+
+    typical: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    """Profile → median length of its past sessions, seconds."""
+    counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    declared: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    """Request id → the length its user declared, seconds."""
+
+    @classmethod
+    def of(
+        cls, lengths: Iterable[tuple[str, float]], declared: Mapping[str, float] | None = None
+    ) -> History:
+        """From (profile or class key, seconds) of past sessions."""
+        by_key: dict[str, list[float]] = {}
+        for key, seconds in lengths:
+            if seconds > 0:
+                by_key.setdefault(key, []).append(seconds)
+        return cls(
+            MappingProxyType({k: statistics.median(v) for k, v in by_key.items()}),
+            MappingProxyType({k: len(v) for k, v in by_key.items()}),
+            MappingProxyType(dict(declared or {})),
+        )
+
+    def length(self, request: Request) -> float | None:
+        """The expected length of a session of ``request`` (None: nothing to go on)."""
+        declared = self.declared.get(request.id)
+        if declared is not None:
+            return declared
+        return self.typical.get(history_key(request))
+
+    def end(self, allocation: Allocation) -> float:
+        """When a running session is expected to end: its declared length, else its
+        profile's median, and at least the end of its protection (and of the minimum
+        runtime its user asked for)."""
+        floor = max(allocation.protected_until, allocation.start + allocation.request.min_runtime)
+        length = self.length(allocation.request)
+        return floor if length is None else max(floor, allocation.start + length)
+
+    def basis(self) -> str:
+        """What the estimates rest on, in words."""
+        if not self.typical and not self.declared:
+            return "running sessions ending as their protection ends (no history yet)"
+        seen = sum(self.counts.values())
+        return (
+            f"running sessions ending after their profile's median length ({seen} past "
+            "sessions), at least when their protection ends"
+        )
+
+
+class _Clock:
+    def __init__(self, time: float) -> None:
+        self.time = time
+
+    def now(self) -> float:
+        return self.time
+
+
+class _Forward:
+    """The actuator of a forward run: starts are noted, each session ends when expected."""
+
+    def __init__(self, clock: _Clock, history: History) -> None:
+        self.clock = clock
+        self.history = history
+        self.starts: dict[str, float] = {}
+        """Request id → its first start in the run."""
+        self.ends: list[tuple[float, int, str, int]] = []
+        """(expected end, tie-break, request id, generation)."""
+        self.generation: dict[str, int] = {}
+        self._seq = itertools.count()
+
+    def expect(self, allocation: Allocation) -> None:
+        generation = self.generation[allocation.id] = self.generation.get(allocation.id, 0) + 1
+        end = self.history.end(allocation)
+        heapq.heappush(self.ends, (end, next(self._seq), allocation.id, generation))
+
+    def launch(self, allocation: Allocation) -> None:
+        self.starts.setdefault(allocation.id, self.clock.now())
+        self.expect(allocation)
+
+    def preempt(self, allocation: Allocation, reason: str) -> bool:
+        self.generation[allocation.id] = self.generation.get(allocation.id, 0) + 1
+        return True  # it waits again, as the simulator's preempted requests do
+
+    def next_end(self) -> float | None:
+        return self.ends[0][0] if self.ends else None
+
+
+def fork(
+    core: Scheduler, now: float, history: History, extra: Request | None = None
+) -> tuple[Scheduler, _Forward]:
+    """A scheduler on a virtual clock at ``now`` holding what ``core`` holds (running
+    sessions, queue, holds, idle sessions, the window's usage), ``extra`` queued too."""
+    clock = _Clock(now)
+    forward = _Forward(clock, history)
+    copy = Scheduler(
+        core.settings,
+        core.pools.values(),
+        core.nodes.values(),
+        core.teams.teams.values(),
+        clock,
+        forward,
+    )
+    for allocation in core.running.values():
+        copy.adopt(allocation)
+        forward.expect(allocation)
+    # Adopting charged the copy's own ledger from each start; the live ledger already
+    # holds those charges, so the copy reads a copy of it instead (no view was built yet).
+    settings = core.settings
+    copy.ledger = core.ledger.copy(now - max(settings.lookback, 86400.0) - 86400.0)
+    for request in core.pending.values():
+        copy.submit(request, core.stops.get(request.id, 0))
+    for request_id, since in core.idle.items():
+        copy.mark_activity(request_id, since)
+    copy.apply(Decisions(reservations=core.reservations, funded=core.funded), now)
+    if extra is not None and extra.id not in core.pending and extra.id not in core.running:
+        copy.submit(extra)
+    return copy, forward
+
+
+def run_forward(
+    core: Scheduler,
+    now: float,
+    history: History,
+    extra: Request | None = None,
+    targets: Iterable[str] | None = None,
+    *,
+    horizon: float = HORIZON_S,
+    steps: int = MAX_STEPS,
+) -> dict[str, float]:
+    """Each target's first start (every waiting request and ``extra`` by default) when
+    the same scheduler runs forward from ``core``'s state at ``now``: settled at each
+    expected end, each time-driven wake and each cycle tick, as the simulator does. A
+    target not started within ``horizon`` seconds or ``steps`` moments is left out."""
+    copy, forward = fork(core, now, history, extra)
+    wanted = set(copy.pending) if targets is None else set(targets)
+    clock, tick = forward.clock, core.settings.cycle_tick
+    for _ in range(steps):
+        copy.settle()
+        if wanted <= forward.starts.keys():
+            break
+        t = clock.time
+        moments = [forward.next_end(), copy.next_wake()]
+        if copy.pending:
+            moments.append(t + tick)
+        later = [m for m in moments if m is not None and m > t]
+        if not later or min(later) > now + horizon:
+            break
+        t = clock.time = min(later)
+        ends = forward.ends
+        while ends and ends[0][0] <= t:
+            _, _, request_id, generation = heapq.heappop(ends)
+            if forward.generation.get(request_id) == generation and request_id in copy.running:
+                copy.finish(request_id)
+    return {r: forward.starts[r] for r in wanted if r in forward.starts}
