@@ -41,7 +41,14 @@ from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from budgethub_session import NOTEBOOK_ENV, ROOT_ENV, SECRET_ENV, notebook_path
+from budgethub_session import NOTEBOOK_ENV, RESTORE_ENV, ROOT_ENV, SECRET_ENV, notebook_path
+from budgethub_session.labnotice import (
+    LAB_WAIT_MAX,
+    PREEMPTING,
+    LabChannel,
+    LabHandler,
+    restored_notice,
+)
 
 __all__ = ["Agent"]
 
@@ -50,6 +57,9 @@ FLUSH_EXPRESSION = (
     "__import__('budgethub_session.checkpoint', fromlist=['flush_json']).flush_json()"
 )
 MAX_WITHIN = 3600.0
+MAX_MESSAGE = 300
+RESTORE_NOTICE = "restore-notice.json"
+"""The snapshot's summary the Hub writes beside the kernel state, for the lab's notice."""
 DEFAULT_WITHIN = 30.0
 
 
@@ -61,6 +71,7 @@ class Agent:
     def __init__(self, serverapp: Any, secret: str) -> None:
         self.app = serverapp
         self.secret = secret
+        self.lab = LabChannel()
 
     async def _sessions(self) -> dict[str, dict[str, Any]]:
         """kernel id -> session model, its path the notebook's one key (`notebook_path`)."""
@@ -91,17 +102,20 @@ class Agent:
             "kernels": kernels,
         }
 
-    async def checkpoint(self, within: float) -> dict[str, Any]:
+    async def checkpoint(self, within: float, message: str = PREEMPTING) -> dict[str, Any]:
+        """Flush every kernel while the open labs show ``message`` and save their
+        documents (at most half of ``within``)."""
         t0 = time.monotonic()
         deadline = t0 + within
         km = self.app.kernel_manager
         sessions = await self._sessions()
         kids = list(km.list_kernel_ids())
         before = {kid: getattr(km.get_kernel(kid), "last_activity", None) for kid in kids}
+        labs = asyncio.ensure_future(self.lab.preempting(message, min(within / 2, LAB_WAIT_MAX)))
         reports = await asyncio.gather(
             *(self._flush(kid, sessions.get(kid, {}).get("path"), deadline, within) for kid in kids)
         )
-        notebooks = await self._notebooks(sessions, before)
+        notebooks = await self._notebooks(sessions, before, await labs)
         return {
             "kernels": list(reports),
             "notebooks": notebooks,
@@ -171,14 +185,24 @@ class Agent:
         return report
 
     async def _notebooks(
-        self, sessions: dict[str, dict[str, Any]], before: dict[str, datetime | None]
+        self,
+        sessions: dict[str, dict[str, Any]],
+        before: dict[str, datetime | None],
+        labs: dict[str, Any],
     ) -> dict[str, Any]:
+        """Each open notebook kept as saved, or why not. The open labs saved their
+        documents with unsaved changes (``edits_saved``) or said why they could not;
+        without an answer from every open lab, a notebook whose kernel ran after its
+        last save may hold edits that live only in a browser."""
         saved: list[str] = []
         not_flushed: dict[str, str] = {}
+        edits = {notebook_path(p) or p for p in labs["saved"]}
+        failed = {notebook_path(p) or p: why for p, why in labs["failed"].items()}
+        every_lab = labs["answered"] > 0 and labs["answered"] == labs["asked"]
         cm = self.app.contents_manager
         for kid, s in sessions.items():
             path = s.get("path")
-            if not path or s.get("type") not in (None, "notebook"):
+            if not path or s.get("type") not in (None, "notebook") or path in failed:
                 continue
             try:
                 model = await ensure_async(cm.get(path, content=False))
@@ -187,15 +211,32 @@ class Agent:
                 continue
             modified = model.get("last_modified")
             ran = before.get(kid)
-            if isinstance(modified, datetime) and ran is not None and ran > modified:
+            if path in edits or every_lab:
+                saved.append(path)
+            elif isinstance(modified, datetime) and ran is not None and ran > modified:
                 not_flushed[path] = (
                     f"its kernel ran after the file was last saved ({modified:%Y-%m-%d %H:%M:%S} "
-                    "UTC); unsaved edits live in the browser, which the server cannot flush; "
-                    "the file is kept as last saved"
+                    f"UTC) and {_no_lab(labs)}; the file is kept as last saved"
                 )
             else:
                 saved.append(path)
-        return {"saved": sorted(saved), "not_flushed": dict(sorted(not_flushed.items()))}
+        for path, why in failed.items():
+            not_flushed[path] = f"JupyterLab could not save it ({why}); kept as last saved"
+        return {
+            "saved": sorted(set(saved)),
+            "not_flushed": dict(sorted(not_flushed.items())),
+            "edits_saved": sorted(edits),
+            "labs": {"asked": labs["asked"], "answered": labs["answered"]},
+        }
+
+
+def _no_lab(labs: dict[str, Any]) -> str:
+    if not labs["asked"]:
+        return "no JupyterLab was open to save its unsaved edits"
+    return (
+        f"{labs['asked'] - labs['answered']} of {labs['asked']} open JupyterLab pages did "
+        "not answer in time to save their unsaved edits"
+    )
 
 
 def _error(status: int, message: str) -> web.HTTPError:
@@ -258,7 +299,10 @@ class CheckpointHandler(_Handler):
             raise _error(400, "within: must be a number of seconds")
         if not 0 < within <= MAX_WITHIN:
             raise _error(400, f"within: must be > 0 and <= {MAX_WITHIN:g} seconds")
-        self.reply(await self.agent.checkpoint(float(within)))
+        message = body.get("message", PREEMPTING)
+        if not isinstance(message, str) or not 0 < len(message) <= MAX_MESSAGE:
+            raise _error(400, f"message: must be a text of 1 to {MAX_MESSAGE} characters")
+        self.reply(await self.agent.checkpoint(float(within), message))
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
@@ -282,12 +326,30 @@ def _key_kernels_by_path(session_manager: Any) -> None:
     session_manager.get_kernel_env = with_notebook
 
 
+def _announce_restore(agent: Agent, log: Any) -> None:
+    """A restored session's labs say what came back (the Hub's summary, if any)."""
+    source = os.environ.get(RESTORE_ENV)
+    if not source:
+        return
+    try:
+        with open(os.path.join(source, RESTORE_NOTICE), encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as error:
+        log.warning("budgethub agent: the snapshot's %s: %s", RESTORE_NOTICE, error)
+        return
+    if isinstance(data, dict):
+        agent.lab.announce(restored_notice(data))
+
+
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     secret = os.environ.pop(SECRET_ENV, "")  # kernels and terminals do not inherit it
     os.environ[ROOT_ENV] = os.path.abspath(os.path.expanduser(serverapp.root_dir))
     os.environ.pop(NOTEBOOK_ENV, None)
     _key_kernels_by_path(serverapp.session_manager)
     agent = Agent(serverapp, secret)
+    _announce_restore(agent, serverapp.log)
     base = serverapp.web_app.settings.get("base_url", "/")
     serverapp.web_app.add_handlers(
         ".*$",
@@ -298,6 +360,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
                 CheckpointHandler,
                 {"agent": agent},
             ),
+            (url_path_join(base, "budgethub-agent/lab"), LabHandler, {"channel": agent.lab}),
         ],
     )
     serverapp.log.info(
