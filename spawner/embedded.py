@@ -43,6 +43,7 @@ from spawner.actuator import (
 )
 from spawner.config import SchedulerConfig
 from spawner.hubapi import HubClient, split_request_id
+from spawner.notify import StartHookConfig, call_hook
 from spawner.readmodel import QueueStatus, QueueView
 from spawner.recovery import recover
 from spawner.snapshots import KEY_PATTERN, Layout
@@ -71,7 +72,7 @@ class Waiter:
     changed: asyncio.Event
 
 
-class BudgetScheduler(SchedulerConfig):
+class BudgetScheduler(StartHookConfig, SchedulerConfig):
     """The budget scheduler embedded in the Hub (one per Hub process)."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -551,6 +552,30 @@ class BudgetScheduler(SchedulerConfig):
             self.finish(request_id, state=RequestState.CANCELLED, reason=reason)
         self.kick()
 
+    def withdraw(self, request_id: str, error: BaseException, reason: str) -> bool:
+        """Take a queued request out for someone else's reason (an admin's cancel): its
+        spawner, if one waits, fails with ``error``. False if it was not queued."""
+        if not self.core.cancel(request_id):
+            return False
+        waiter = self._waiters.pop(request_id, None)
+        self._unclaimed.pop(request_id, None)
+        self.store.set_request_state(request_id, RequestState.CANCELLED, reason)
+        if waiter is not None and not waiter.future.done():
+            waiter.future.set_exception(error)
+        self.kick()
+        return True
+
+    def reprioritize(self, request_id: str, priority: int) -> int:
+        """Give a queued request a new declared priority (it orders only its team's own
+        queue); the old one. KeyError if it is not queued."""
+        request = self.core.pending[request_id]
+        self.store.set_request_priority(request_id, priority)
+        self.core.pending[request_id] = replace(request, priority=priority)
+        self.core.reconfigure()  # the kept queue order is built again from `pending`
+        self.view.changed()
+        self.kick()
+        return request.priority
+
     def finish(
         self,
         request_id: str,
@@ -576,7 +601,25 @@ class BudgetScheduler(SchedulerConfig):
 
     async def start_session(self, allocation: Allocation, ask: SessionLaunch) -> RunningSession:
         """Start the granted session; LaunchFailed if it does not (see the actuator)."""
-        return await self.actuator.start_session(allocation, ask)
+        session = await self.actuator.start_session(allocation, ask)
+        waited = allocation.start - allocation.request.submit
+        if self.start_hook is not None and waited >= self.start_hook_after:
+            request = allocation.request
+            facts = {
+                "user": request.user,
+                "server": ask.identity.server,
+                "team": request.team,
+                "profile": request.profile or "",
+                "node": allocation.node_names[0],
+                "request": request.id,
+                "waited_s": round(waited, 1),
+                "funded": allocation.funded,
+                "url": ask.base_url,
+            }
+            self._background_task(
+                call_hook(self.start_hook, facts, self.start_hook_timeout, self.log)
+            )
+        return session
 
     async def poll_session(self, request_id: str, node: str, container_id: str) -> int | None:
         """None while the session runs (or cannot be asked); its exit status once ended."""

@@ -175,10 +175,11 @@ def configure_hub(c: Any, token: str | None = None) -> None:
     roles.append({"name": "budgethub-scheduler", "scopes": SCOPES, "services": [SERVICE]})
     c.JupyterHub.load_roles = roles
     c.BudgetScheduler.hub_api_token = token
-    from spawner.snapshotapi import HANDLERS  # a user's own snapshots, over REST
+    from spawner import mysessions, queuecontrol, snapshotapi  # snapshots, My sessions, queue
 
+    ours = [*snapshotapi.HANDLERS, *mysessions.HANDLERS, *queuecontrol.HANDLERS]
     handlers = list(c.JupyterHub.extra_handlers) if "extra_handlers" in c.JupyterHub else []
-    c.JupyterHub.extra_handlers = [*handlers, *(h for h in HANDLERS if h not in handlers)]
+    c.JupyterHub.extra_handlers = [*handlers, *(h for h in ours if h not in handlers)]
     from spawner.service.wiring import configure_budget_service
 
     configure_budget_service(c)  # the budget service: pages, API, /metrics, admin

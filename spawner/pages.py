@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spawner.hubapi import split_request_id
+from spawner.profiles import human_duration
 
 BUDGET_SERVICE = "budget"
 """The hub-managed service whose "My budget" page the banner links to."""
@@ -55,6 +56,11 @@ class QueueRow:
     waiting: int
     waited: str
     reason: str
+    request_id: str = ""
+    """The request's id (the queue's cancel and priority actions name it)."""
+    priority: int = 0
+    team_position: str = ""
+    """``1 of 2`` inside its team's queue, which its priority orders."""
 
 
 @dataclass
@@ -76,11 +82,17 @@ class PageVars:
 
 
 def _waited(seconds: float) -> str:
+    """A wait as the rest of the Hub writes durations (`human_duration`: ``45 s``,
+    ``90 min``, ``3 h``), rounded as the budget service's pages round them: whole seconds
+    under a minute, whole minutes under two hours, whole hours beyond."""
+    seconds = max(0.0, seconds)
     if seconds < 60:
-        return f"{seconds:.0f} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+        seconds = round(seconds)
+    elif seconds < 2 * 3600:
+        seconds = round(seconds / 60) * 60.0
+    else:
+        seconds = round(seconds / 3600) * 3600.0
+    return human_duration(seconds)
 
 
 def page_vars(user: Any) -> PageVars | None:
@@ -148,6 +160,9 @@ def page_vars(user: Any) -> PageVars | None:
                     waiting=status.waiting,
                     waited=_waited(now - request.submit),
                     reason=reason,
+                    request_id=request_id,
+                    priority=request.priority,
+                    team_position=f"{status.team_position} of {status.team_waiting}",
                 )
             )
         found.queue.sort(key=lambda r: (r.pool, r.position))

@@ -230,6 +230,11 @@ class Store:
             row.state = state
             row.reason = reason
 
+    def set_request_priority(self, request_id: str, priority: int) -> None:
+        """Change a request's declared priority (an admin moves it inside its team's queue)."""
+        with self._write() as session:
+            self._request(session, request_id, lock=True).priority = priority
+
     def pending_requests(self, pool: str | None = None) -> list[model.Request]:
         """Requests waiting in the queue (new or requeued), in submit order."""
         query = (

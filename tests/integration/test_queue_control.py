@@ -1,0 +1,178 @@
+"""Issue 41: an administrator controls the queue from the Hub, through a real Hub.
+
+An admin changes a queued request's priority (it moves inside its own team's queue and
+never past another team's request), and cancels a queued request: its spawn ends with
+the admin's reason, which the user's spawn form and My sessions show without the admin's
+name; both actions are in the audit log. A user may do neither; a forged request id or a
+value of the wrong type is a 400 naming the field, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from typing import Any
+
+import requests
+
+from harness.browser import ADMIN, ADMIN_PASSWORD, api_session
+from harness.hub import PASSWORD, Hub, queue_events, wait_for
+from harness.nodes import ONE_GPU, local_gpu_node
+from scheduler_core.store import Store
+from scheduler_core.store.admin import AdminStore
+
+
+def _queue_status(hub: Hub, user: str, server: str = "") -> dict[str, Any]:
+    """The queue part of the first progress event of a queued spawn."""
+    for event in hub.progress(user, server, limit=20):
+        if "queue" in event:
+            return dict(event["queue"])
+    raise AssertionError(f"{user}:{server} sent no queue event")
+
+
+def _audit(hub: Hub) -> list[Any]:
+    store = Store.create(f"sqlite:///{hub.directory}/budgethub.sqlite", migrate_schema=False)
+    try:
+        return AdminStore(store).audit()
+    finally:
+        store.engine.dispose()
+
+
+def _request_id(hub: Hub, user: str, server: str = "") -> str:
+    store = Store.create(f"sqlite:///{hub.directory}/budgethub.sqlite", migrate_schema=False)
+    try:
+        ids = [r.id for r in store.pending_requests() if r.id.startswith(f"{user}/{server}/")]
+    finally:
+        store.engine.dispose()
+    assert len(ids) == 1, ids
+    return ids[0]
+
+
+def test_an_admin_moves_a_request_inside_its_team_and_cancels_one_with_a_reason(make_hub):
+    hub = make_hub(nodes=[local_gpu_node(gpus=1)], extra=ADMIN)
+    assert hub.spawn("ann", ONE_GPU).status_code in (201, 202)
+    hub.wait_ready("ann")
+    for user, server in (("cy", ""), ("ann", "two"), ("bo", "")):
+        assert hub.spawn(user, ONE_GPU, server=server).status_code == 202
+    wait_for(lambda: _queue_status(hub, "bo")["waiting"] == 3, 20, "three waiting")
+    before = _queue_status(hub, "ann", "two")
+    assert (before["team_position"], before["team_waiting"]) == (2, 2), before
+    bo_before = _queue_status(hub, "bo")["position"]
+    admin = api_session(hub, "admin", ADMIN_PASSWORD)
+
+    moved = admin.post(
+        f"{hub.url}/hub/api/budgethub/queue/priority",
+        json={"request": _request_id(hub, "ann", "two"), "priority": 50},
+        timeout=10,
+    )
+    assert moved.status_code == 200, moved.text
+    assert moved.json()["old"] == 0 and moved.json()["new"] == 50
+    after = _queue_status(hub, "ann", "two")
+    assert after["team_position"] == 1, after  # ahead of cy, its teammate
+    assert _queue_status(hub, "cy")["team_position"] == 2
+    assert _queue_status(hub, "bo")["position"] == bo_before  # no team reordered
+
+    events: list[dict[str, Any]] = []
+    listening = threading.Thread(
+        target=queue_events, args=(hub, "cy", events, threading.Event()), daemon=True
+    )
+    listening.start()
+    wait_for(lambda: events, 10, "cy's progress stream")
+    cy_id = _request_id(hub, "cy")
+    cancelled = admin.post(
+        f"{hub.url}/hub/api/budgethub/queue/cancel",
+        json={"request": cy_id, "reason": "node maintenance at noon"},
+        timeout=10,
+    )
+    assert cancelled.status_code == 200, cancelled.text
+    listening.join(timeout=30)
+    failed = [e for e in events if e.get("failed")]
+    assert failed and "node maintenance at noon" in failed[-1]["message"], events
+    assert "admin" not in failed[-1]["message"].replace("administrator", "")
+    wait_for(lambda: hub.server_model("cy") is None, 30, "cy's cancelled spawn to clear")
+
+    cy = api_session(hub, "cy", PASSWORD)
+    form = cy.get(f"{hub.url}/hub/spawn/cy", timeout=30)
+    assert "An administrator took your request out of the queue" in form.text, form.text[:2000]
+    assert "node maintenance at noon" in form.text
+    mine = cy.get(f"{hub.url}/hub/api/budgethub/users/cy/sessions", timeout=10).json()
+    assert [n["message"] for n in mine["notices"] if "node maintenance" in n["message"]], mine
+    page = cy.get(f"{hub.url}/hub/budgethub/sessions", timeout=10)
+    assert "node maintenance at noon" in page.text
+    assert ">admin<" not in page.text  # the admin's name is not shown to cy
+
+    audit = {(e.target, e.actor): e for e in _audit(hub)}
+    assert audit[(f"queue.{cy_id}", "admin")].new == "cancelled: node maintenance at noon"
+    entry = audit[(f"queue.{_request_id(hub, 'ann', 'two')}.priority", "admin")]
+    assert (entry.old, entry.new) == (0, 50)
+    for user, server in (("ann", "two"), ("bo", "")):
+        hub.stop_server(user, server)
+    hub.stop_server("ann")
+
+
+def _refused(session: requests.Session, url: str, body: Any, status: int, field: str) -> None:
+    if isinstance(body, bytes):
+        response = session.post(url, data=body, timeout=10)
+    else:
+        response = session.post(url, json=body, timeout=10)
+    assert response.status_code == status, (body, response.status_code, response.text)
+    message = response.json()["message"]
+    assert message.startswith(f"{field}: "), (body, message)
+
+
+def test_bad_input_to_the_queue_routes_is_a_400_or_403_naming_the_field(make_hub):
+    hub = make_hub(nodes=[local_gpu_node(gpus=1)], extra=ADMIN)
+    assert hub.spawn("ann", ONE_GPU).status_code in (201, 202)
+    hub.wait_ready("ann")
+    assert hub.spawn("bo", ONE_GPU).status_code == 202
+    bo_id = _request_id(hub, "bo")
+    cancel = f"{hub.url}/hub/api/budgethub/queue/cancel"
+    priority = f"{hub.url}/hub/api/budgethub/queue/priority"
+
+    ann = api_session(hub, "ann", PASSWORD)  # not an admin: bo's request is not hers
+    _refused(ann, cancel, {"request": bo_id, "reason": "mine now"}, 403, "admin")
+    _refused(ann, priority, {"request": bo_id, "priority": 100}, 403, "admin")
+    _refused(ann, cancel, {"request": "bo//forged"}, 403, "admin")  # nothing learnt
+    assert requests.post(cancel, json={"request": bo_id}, timeout=10).status_code == 403
+
+    admin = api_session(hub, "admin", ADMIN_PASSWORD)
+    for body, field in (
+        ({"request": "bo//00000000"}, "request"),
+        ({"request": bo_id.replace("bo/", "ann/")}, "request"),
+        ({"request": 12}, "request"),
+        ({"request": None}, "request"),
+        ({"request": bo_id, "reason": 5}, "reason"),
+        ({"request": bo_id, "reason": "x" * 501}, "reason"),
+        ({"request": bo_id, "why": "typo"}, "why"),
+        ([bo_id], "body"),
+        (b"{not json", "body"),
+    ):
+        _refused(admin, cancel, body, 400, field)
+    for body, field in (
+        ({"request": bo_id, "priority": "high"}, "priority"),
+        ({"request": bo_id, "priority": 1.5}, "priority"),
+        ({"request": bo_id, "priority": True}, "priority"),
+        ({"request": bo_id, "priority": -1}, "priority"),
+        ({"request": bo_id, "priority": 101}, "priority"),
+        ({"request": bo_id}, "priority"),
+        ({"request": "x" * 5000, "priority": 1}, "request"),
+    ):
+        _refused(admin, priority, body, 400, field)
+    # Nothing above changed bo's place; the forged ids named nobody else's request.
+    assert _queue_status(hub, "bo")["position"] == 1
+
+    # My sessions' routes: another user's sessions are not found; wrong types are 400s.
+    assert ann.get(f"{hub.url}/hub/api/budgethub/users/bo/sessions", timeout=10).status_code == 404
+    delete = f"{hub.url}/hub/api/budgethub/users/ann/sessions/delete-snapshots"
+    _refused(ann, delete, {"server": 3}, 400, "server")
+    _refused(ann, delete, {"server": "nothing-here"}, 400, "server")
+    _refused(ann, delete, {"server": "", "all": True}, 400, "body")
+    _refused(ann, delete, "all", 400, "body")
+    other = f"{hub.url}/hub/api/budgethub/users/bo/sessions/delete-snapshots"
+    assert ann.post(other, json={"server": ""}, timeout=10).status_code == 404
+    mine = ann.get(f"{hub.url}/hub/api/budgethub/users/ann/sessions", timeout=10).json()
+    assert not re.search(r"\bbo\b", json.dumps(mine)), mine  # no other user's name
+    assert "Traceback" not in hub.log_tail(400)
+    hub.stop_server("bo")
+    hub.stop_server("ann")
