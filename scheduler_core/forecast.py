@@ -57,8 +57,10 @@ class Forecast:
 def with_request(view: ClusterView, request: Request) -> ClusterView:
     """The view with ``request`` waiting too. The cycle index is dropped: it holds the
     queues without the request, and `decide` without one decides from the rest of the
-    view (exactly as it would with one, `view.py`)."""
-    return replace(view, pending=(*view.pending, request), index=None, queued=None)
+    view (exactly as it would with one, `view.py`). A view over part of the queue (new
+    arrivals) stays one, with the request among the queued."""
+    queued = None if view.queued is None else view.queued | {request.id}
+    return replace(view, pending=(*view.pending, request), index=None, queued=queued)
 
 
 def dry_run(view: ClusterView, now: float, request: Request | None = None) -> Decisions:
@@ -95,7 +97,11 @@ def read(decisions: Decisions, request: Request, pools: Mapping[str, str], now: 
 
 
 def forecast(view: ClusterView, now: float, request: Request) -> Forecast:
-    """What the next cycle does with ``request`` asked for now (a dry run)."""
+    """What the next cycle does with ``request`` asked for now (a dry run); its minimum
+    runtime is capped first, as `Scheduler.submit` caps it."""
+    capped = view.settings.capped_min_runtime(request.min_runtime, request.klass)
+    if capped != request.min_runtime:
+        request = replace(request, min_runtime=capped)
     pools = {r.id: r.pool for r in view.pending}
     pools[request.id] = request.pool
     return read(dry_run(view, now, request), request, pools, now)

@@ -235,7 +235,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
             ledger,
         )
         self.actuator.attach(self.core, store)
-        self.view = QueueView(self.core)
+        self.view = QueueView(self.core, self.store)  # estimates rest on past sessions
         recovered = await recover(
             self.core, store, self.actuator, tuple(self.core_teams), now, self.settings.lookback
         )

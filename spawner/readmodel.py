@@ -8,23 +8,26 @@ for notices); it changes nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from scheduler_core.kept import Queued
-from scheduler_core.model import Health, NodeGrant, PoolKind, Request
-from scheduler_core.outlook import admission_order
-from scheduler_core.ranking import PoolRanking
-from scheduler_core.rules import funds
+from sqlalchemy import select
+
+from scheduler_core.forecast import Forecast, History, forecast, history_key, run_forward, standing
+from scheduler_core.model import Health, NodeGrant, PoolKind, Request, RequestClass
 from scheduler_core.scheduler import Scheduler
-from scheduler_core.store import EventRecord
+from scheduler_core.store import EventRecord, Store
+from scheduler_core.store.models import AllocationRow, RequestRow
 from scheduler_core.view import ClusterView
 from spawner.hubapi import split_request_id
 
 NOTICE_EVENTS = ("submit", "preempt", "exit")
+HISTORY_TTL = 60.0
+"""Seconds past sessions' lengths are kept before the store is asked again."""
+HISTORY_DAYS = 30
+"""How far back past sessions' lengths are read."""
 
 
 # -- how figures are written: one helper each, for the spawn page and the budget service --
@@ -112,6 +115,10 @@ class QueueStatus:
     """Requests of other teams wait in the pool too (so the order can move)."""
     team_status: TeamStatus | None = None
     """The team's holdings in the pool now, against its share and burst."""
+    starts_now: bool = False
+    """The next cycle, run dry, admits it."""
+    basis: str = ""
+    """What ``estimated_start`` rests on, in words (`History.basis`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,15 +170,20 @@ class Outlook:
     why: str
     """Why it would run unallocated, in words (empty when funded)."""
     position: int
-    """Its place among the pool's waiting requests if asked for now (1-based)."""
+    """1 + how many of the pool's requests the next cycle, run dry with it added, looks
+    at before it and leaves waiting."""
     waiting: int
-    """How many would wait in the pool with it."""
+    """How many of the pool's requests that cycle looks at (itself included)."""
     free_now: int
     """How many sessions of this shape the pool's free slices hold now (at most 99)."""
     estimated_start: float | None
-    """Now if it fits and nothing is ahead; else the same estimate queue messages give;
-    None when running sessions ending at their protection would not free enough."""
+    """Now if the dry run starts it; else its first start when the scheduler runs
+    forward with it queued; None when that run does not start it (`forecast.HORIZON_S`)."""
     team_status: TeamStatus
+    starts_now: bool = False
+    """The next cycle, run dry with it added, admits it."""
+    basis: str = ""
+    """What ``estimated_start`` rests on, in words (`History.basis`)."""
 
 
 def unallocated_why(status: TeamStatus, who: str = "your team") -> str:
@@ -213,18 +225,83 @@ def notices_from(events: Iterable[EventRecord]) -> dict[tuple[str, str], str]:
     return notices
 
 
-class QueueView:
-    """Read-only answers about the queue and budgets of one running core."""
+def store_history(store: Store, now: float, days: float = HISTORY_DAYS) -> History:
+    """The lengths of sessions that ended in the last ``days``, per profile (or class),
+    from the store: what estimated starts rest on."""
+    ended = AllocationRow.end_time
+    query = (
+        select(RequestRow.profile, RequestRow.klass, AllocationRow.start_time, ended)
+        .join(RequestRow, AllocationRow.request_id == RequestRow.id)
+        .where(ended.is_not(None), ended > now - days * 86400)
+    )
+    lengths = []
+    with store.engine.connect() as connection:
+        for profile, klass, start, end in connection.execute(query):
+            shape = Request("", "", "", "", 0.0, profile=profile, klass=RequestClass(klass))
+            lengths.append((history_key(shape), float(end or start) - float(start)))
+    return History.of(lengths)
 
-    def __init__(self, core: Scheduler) -> None:
+
+class QueueView:
+    """Read-only answers about the queue and budgets of one running core.
+
+    Positions, funding and "starts now" are a dry run of the policy on the live state
+    (`scheduler_core.forecast`), estimates the scheduler run forward from it; both are
+    kept until the next cycle (`changed`), so a page asked many times costs one run."""
+
+    def __init__(
+        self,
+        core: Scheduler,
+        store: Store | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.core = core
-        self._order: dict[str, None] = {}
-        """Waiting requests in projected admission order (`scheduler_core.outlook`)."""
+        self.store = store
+        self.clock = clock
+        """The time answers are given for (the wall clock; a store's model, its build time)."""
+        """Where past sessions' lengths are read (None: estimates rest on protection)."""
         self._stale = True
+        self._forecasts: dict[str, Forecast] = {}
+        self._order: dict[str, list[str]] = {}
+        """Per pool, the waiting requests in the order the dry run's cycle used."""
+        self._estimates: dict[str, float] | None = None
+        self._outlooks: dict[tuple[object, ...], Outlook] = {}
+        self._history: tuple[float, History] | None = None
 
     def changed(self) -> None:
-        """A cycle ran: positions are worked out again when next asked."""
+        """A cycle ran: forecasts are worked out again when next asked."""
         self._stale = True
+
+    def _fresh(self, request_id: str | None = None) -> float:
+        """The dry run of the next cycle, made again if a cycle ran since (or a request
+        is not in it yet); returns the time it is made for."""
+        now = self.clock()
+        if self._stale or (request_id is not None and request_id not in self._forecasts):
+            decisions, self._forecasts = standing(self.core.view(now), now)
+            pools = {r: q.pool for r, q in self.core.pending.items()}
+            self._order = {}
+            for request_id_ in decisions.order:
+                if request_id_ in pools:
+                    self._order.setdefault(pools[request_id_], []).append(request_id_)
+            self._estimates = None
+            self._outlooks = {}
+            self._stale = False
+        return now
+
+    def history(self) -> History:
+        """Past sessions' lengths per profile, from the store (read again each minute)."""
+        now = self.clock()
+        if self._history is None or now - self._history[0] > HISTORY_TTL:
+            found = store_history(self.store, now) if self.store is not None else History()
+            self._history = (now, found)
+        return self._history[1]
+
+    def estimates(self) -> dict[str, float]:
+        """Every waiting request's estimated start: the scheduler run forward."""
+        now = self._fresh()
+        if self._estimates is None:
+            self._estimates = run_forward(self.core, now, self.history())
+        return self._estimates
 
     def queue_status(self, request_id: str) -> QueueStatus | None:
         """Position in the queue (overall in the pool, inside the team) and an estimate."""
@@ -232,36 +309,34 @@ class QueueView:
         request = core.pending.get(request_id)
         if request is None:
             return None
-        if self._stale:
-            now = time.time()
-            self._order = dict.fromkeys(admission_order(core.view(now), now))
-            self._stale = False
-        same_pool = [
-            r for r in self._order if r in core.pending and core.pending[r].pool == request.pool
-        ]
-        if request_id not in same_pool:
-            same_pool.append(request_id)
-        position = same_pool.index(request_id) + 1
-        team = [r for r in same_pool if core.pending[r].team == request.team]
-        funded = core.funded.get(request_id)
-        ahead = [core.pending[r] for r in same_pool[: position - 1]]
+        self._fresh(request_id)
+        said = self._forecasts.get(request_id)
+        if said is None:
+            return None
+        same_pool = self._order.get(request.pool, [])
+        team = [r for r in same_pool if r in core.pending and core.pending[r].team == request.team]
+        if request_id not in team:
+            team.append(request_id)
         pool = request.pool
+        estimated = self.estimates().get(request_id)
         return QueueStatus(
-            position=position,
-            waiting=len(same_pool),
+            position=said.position,
+            waiting=said.waiting,
             team_position=team.index(request_id) + 1,
             team_waiting=len(team),
-            funded=funded,
-            protected_s=request.min_runtime if funded else 0.0,
-            estimated_start=self.estimate(request, ahead),
+            funded=said.funded,
+            protected_s=said.protected_s,
+            estimated_start=estimated,
             unit="CPU" if core.pools[pool].kind is PoolKind.CPU else "GPU",
             team_funded=core.funded_rate(request.team, pool),
             team_share=core.teams.share(request.team, pool) * core.capacity[pool],
             budget_used=self.budget_used(request.team, pool),
             window_days=core.settings.lookback / 86400,
-            ahead=frozenset(same_pool[: position - 1]),
-            other_teams=len(team) < len(same_pool),
+            ahead=frozenset(same_pool[: said.position - 1]),
+            other_teams=len(team) < said.waiting,
             team_status=self.team_status(request.team, pool),
+            starts_now=said.starts_now,
+            basis=self.history().basis(),
         )
 
     def why_behind(self, request_id: str, passed_by: Iterable[str]) -> str:
@@ -277,23 +352,6 @@ class QueueView:
         if any(r.team == request.team for r in others):
             reasons.append("your team has a request of higher priority")
         return " and ".join(reasons)
-
-    def estimate(self, request: Request, ahead: list[Request]) -> float | None:
-        """When running sessions of the pool, ending as their protected windows do, free
-        the GPU-equivalents (or cores) of this request and those ahead of it."""
-        kind = self.core.pools[request.pool].kind
-        need = request.charge_rate(kind) + sum(r.charge_rate(kind) for r in ahead)
-        ends = sorted(
-            (a.protected_until, a.charge_rate if a.funded else a.request.charge_rate(kind))
-            for a in self.core.running.values()
-            if a.pool == request.pool
-        )
-        freed = 0.0
-        for end, units in ends:
-            freed += units
-            if freed >= need:
-                return max(end, time.time())
-        return None
 
     def team_status(self, team: str, pool: str) -> TeamStatus:
         """What the team holds in the pool now against its share and burst."""
@@ -319,53 +377,60 @@ class QueueView:
         )
 
     def outlook(self, request: Request) -> Outlook:
-        """What ``request`` (not queued) would get if asked for now: funded or not (the
-        policy's rule, with the team's charges as they stand), its place in the projected
-        admission order, how many of its shape fit on free slices, and the estimate."""
-        core = self.core
-        now = time.time()
-        view = core.view(now)
-        pool = request.pool
-        kind = core.pools[pool].kind
-        entry = Queued.of(request, core.settings, kind)
-        ranking_units, ranking_budget = _leaf(view, pool, request.team, now)
-        status = self.team_status(request.team, pool)
-        window = view.window
-        funded = funds(
-            ranking_budget > 0.0 and (ranking_units + entry.units) / ranking_budget <= 1.0,
-            status.funded,
-            entry.rate,
-            ranking_budget / window if window > 0 else 0.0,
-            core.settings,
+        """What ``request`` (not queued) would get if asked for now: the policy's next
+        cycle run dry with it added (funded or not, starts now or not, its place in the
+        order the cycle uses), how many of its shape fit on free slices, and its
+        estimated start (the scheduler run forward with it queued). Kept until the next
+        cycle, per shape, team and user."""
+        key = (
+            request.pool,
+            request.team,
+            request.user,
+            request.klass,
+            request.profile,
+            request.gpus,
+            request.nodes,
+            request.gpu_milli,
+            request.mig,
+            request.cpus,
+            request.memory_gib,
+            tuple(sorted(request.labels.items())),
+            request.min_runtime,
+            request.priority,
+            request.resumable,
         )
-        asked = dataclasses.replace(view, pending=(*view.pending, request), index=None)
-        order = [
-            r
-            for r in admission_order(asked, now)
-            if r == request.id or (r in core.pending and core.pending[r].pool == pool)
-        ]
-        position = order.index(request.id) + 1 if request.id in order else len(order) + 1
-        ahead = [core.pending[r] for r in order[: position - 1]]
-        free_now = self.free_count(request, view)
-        if free_now and not ahead:
+        now = self._fresh()
+        found = self._outlooks.get(key)
+        if found is not None:
+            return found
+        core = self.core
+        view = core.view(now)
+        said = forecast(view, now, request)
+        status = self.team_status(request.team, request.pool)
+        if said.starts_now:
             estimated: float | None = now
         else:
-            estimated = self.estimate(request, ahead)
-        return Outlook(
-            funded=funded,
-            protected_s=entry.min_runtime if funded else 0.0,
-            why="" if funded else unallocated_why(status),
-            position=position,
-            waiting=max(len(order), position),
-            free_now=free_now,
+            estimated = run_forward(core, now, self.history(), request, [request.id]).get(
+                request.id
+            )
+        found = self._outlooks[key] = Outlook(
+            funded=said.funded,
+            protected_s=said.protected_s,
+            why="" if said.funded else unallocated_why(status),
+            position=len(said.ahead) + 1,
+            waiting=said.waiting,
+            free_now=self.free_count(request, view),
             estimated_start=estimated,
             team_status=status,
+            starts_now=said.starts_now,
+            basis=self.history().basis(),
         )
+        return found
 
     def free_count(self, request: Request, view: ClusterView | None = None, most: int = 99) -> int:
         """How many sessions shaped like ``request`` the pool's free slices hold now, on
         nodes that take new work (held nodes count too: a hint, not a promise)."""
-        view = view if view is not None else self.core.view(time.time())
+        view = view if view is not None else self.core.view(self.clock())
         free = view.free or {}
         count = 0
         for node in self.core.nodes.values():
@@ -391,7 +456,7 @@ class QueueView:
         budget = core.teams.share(team, pool) * core.capacity[pool] * lookback
         if budget <= 0:
             return None
-        now = time.time()
+        now = self.clock()
         return core.ledger.charged(team, pool, now - lookback, now) / budget
 
     def team_hint(self, team: str, pools: Iterable[str]) -> str:
@@ -402,9 +467,3 @@ class QueueView:
             if used is not None:
                 parts.append(f"{pool_name}: {percent(used)} of budget used")
         return f"({'; '.join(parts)})" if parts else ""
-
-
-def _leaf(view: ClusterView, pool: str, team: str, now: float) -> tuple[float, float]:
-    """The team's charged units and budget at its own level in the pool (what funding
-    is decided on), as the policy's ranking counts them."""
-    return PoolRanking(view, pool, now).leaf(team)

@@ -108,28 +108,49 @@ def _clock(epoch: float) -> str:
     return time.strftime("%H:%M", time.localtime(epoch))
 
 
-def estimate_words(funded: bool | None, estimated: float | None, now: float) -> str:
-    """What an estimated start rests on, in words (the queue message and the form say
-    the same): running sessions ending their protected windows, after which a funded
-    request may displace them; an unallocated one can only wait for a session to end."""
-    if funded is False:
+def estimate_words(
+    funded: bool | None,
+    estimated: float | None,
+    now: float,
+    *,
+    starts_now: bool = False,
+    basis: str = "",
+) -> str:
+    """When it should start and what that rests on, in words (the queue message, the
+    form and the Hub's pages say the same): the next cycle run dry starts it now, or
+    the scheduler run forward from the live state starts it at ``estimated``
+    (`scheduler_core.forecast`); for work that would run unallocated that is no promise."""
+    if starts_now:
+        return "starts now"
+    if estimated is None and funded is False:
         return "no start time can be promised: it starts when running sessions end"
     if estimated is None:
-        return "no estimate yet: the sessions running now do not free enough"
+        return "no estimate: the scheduler run forward does not start it within 14 days"
+    rests = f" ({basis})" if basis else " (the scheduler run forward)"
     if estimated <= now + 60:
-        return "starts within a minute"
-    return f"estimated start at the latest {_clock(estimated)}, when a session's protection ends"
+        when = "starts within a minute"
+    else:
+        when = f"estimated start about {_clock(estimated)}"
+    if funded is False:
+        return f"{when}, not promised: unallocated work starts as running sessions end{rests}"
+    return f"{when}{rests}"
 
 
 def outlook_words(outlook: Outlook) -> str:
-    """One line of the form: ``would be funded, protected for 60 min; starts within a
-    minute`` or ``would run unallocated (over what …); no start time can be promised``."""
+    """One line of the form: ``would be funded, protected for 1 h; starts now`` or
+    ``would run unallocated (over what …); 2 ahead in the queue; estimated start …``."""
     if outlook.funded:
         funding = f"would be funded, protected for {human_duration(outlook.protected_s)}"
     else:
         funding = f"would run unallocated, preemptible: {outlook.why}"
-    wait = estimate_words(outlook.funded, outlook.estimated_start, time.time())
-    if outlook.position > 1:
+    wait = estimate_words(
+        outlook.funded,
+        outlook.estimated_start,
+        time.time(),
+        starts_now=outlook.starts_now,
+        basis=outlook.basis,
+    )
+    if outlook.position > 1 and not outlook.starts_now:
         wait = f"{outlook.position - 1} ahead in the queue; {wait}"
     return f"{funding}; {wait}"
 
@@ -684,7 +705,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         if status.funded is None:
             funding = "weighing your team's budget"
         elif status.funded:
-            funding = f"funded by your team's budget, protected for {status.protected_s / 60:g} min"
+            protected = human_duration(status.protected_s)
+            funding = f"funded by your team's budget, protected for {protected}"
         else:
             used = (
                 f"; {status.budget_used:.0%} of its {status.window_days:g}-day budget used"
@@ -696,7 +718,13 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
                 f"{status.team_funded:.3g} {status.unit}, its share is {status.team_share:.3g} "
                 f"{status.unit}{used}): it will run unallocated (preemptible)"
             )
-        eta = "; " + estimate_words(status.funded, status.estimated_start, time.time())
+        eta = "; " + estimate_words(
+            status.funded,
+            status.estimated_start,
+            time.time(),
+            starts_now=status.starts_now,
+            basis=status.basis,
+        )
         order = (
             ". Teams furthest under their share go first, so positions can move"
             if status.other_teams

@@ -14,6 +14,7 @@ one, and the page says how old it is and reloads itself).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import threading
 import time
@@ -24,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from scheduler_core.forecast import History, dry_run, forecast, run_forward
 from scheduler_core.ledger import UsageLedger
 from scheduler_core.metrics import HourlySeries
 from scheduler_core.model import (
@@ -35,10 +37,7 @@ from scheduler_core.model import (
     SliceKind,
     mig_weight,
 )
-from scheduler_core.outlook import admission_order
 from scheduler_core.ranking import PoolRanking
-from scheduler_core.registry import decide
-from scheduler_core.rules import funds
 from scheduler_core.scheduler import Scheduler, WallClock
 from scheduler_core.settings import SETTING_NAMES, Settings, settings_from_mapping
 from scheduler_core.store import SnapshotRecord, Store
@@ -54,13 +53,14 @@ from scheduler_core.store.models import (
     UsageRow,
 )
 from scheduler_core.store.records import WAITING_STATES
-from scheduler_core.view import Decisions
+from scheduler_core.view import ClusterView, Decisions
 from spawner import admin
 from spawner.readmodel import (
     QueueStatus,
     QueueView,
     TeamStatus,
     plural,
+    store_history,
     unallocated_why,
 )
 
@@ -229,19 +229,21 @@ class State:
     """Per pool, the waiting requests in policy order."""
     memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     """Answers worked out from this state (rendered pages and JSON), by route and viewer."""
+    history: History = field(default_factory=History)
+    """Past sessions' lengths per profile: what estimates rest on."""
+    _estimates: dict[str, float] | None = None
+    _estimating: threading.Lock = field(default_factory=threading.Lock)
 
     def estimate(self, request_id: str) -> float | None:
-        """The request's estimated start, by the spawn page's own `QueueView.estimate`
-        over the requests ahead of it in the policy order."""
-        if self.view is None or request_id not in self.core.pending:
+        """The request's estimated start: the spawn page's own forecast, the scheduler run
+        forward from this state (`forecast.run_forward`), once for every waiting request
+        of the state (None: that run does not start it)."""
+        if request_id not in self.core.pending:
             return None
-        request = self.core.pending[request_id]
-        order = self.order.get(request.pool, [])
-        try:
-            ahead = order[: order.index(request_id)]
-        except ValueError:
-            ahead = order
-        return self.view.estimate(request, [self.core.pending[r] for r in ahead])
+        with self._estimating:
+            if self._estimates is None:
+                self._estimates = run_forward(self.core, self.now, self.history)
+        return self._estimates.get(request_id)
 
     def exact(self, request_id: str) -> QueueStatus | None:
         """The request's status exactly as the spawn page's queue message has it, with
@@ -555,7 +557,7 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
         if request.id not in core.running:
             core.submit(request)
     view = core.view(now)
-    decisions = decide(view, now)
+    decisions = dry_run(view, now)  # the next cycle, run dry: order, funding, holds
     # What the live core keeps of a cycle, without its admissions or preemptions:
     # the funding of each waiting request and the holds (public `apply`, nothing run).
     core.apply(Decisions(reservations=decisions.reservations, funded=decisions.funded), now)
@@ -565,7 +567,7 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
     for node in core.nodes.values():
         pool_nodes.setdefault(node.pool, []).append(node)
     queue = []
-    for status_ in bulk_positions(core, admission_order(view, now)):
+    for status_ in bulk_positions(core, decisions.order):
         request = core.pending[status_.request_id]
         queue.append(
             Waiting(
@@ -601,8 +603,8 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
             share_units = share * capacity
             used = ledger.charged(team, pool_name, start, now)
             holding = core.funded_rate(team, pool_name)
-            within = ranking.can_fund(team, probe_runtime)
-            would = funds(within, holding, 1.0, share_units, settings)
+            probe = forecast(*_probe_view(view, team, pool_name, probe_runtime, now))
+            would = probe.funded
             why = ""
             if not would:  # the spawn form's words (readmodel.unallocated_why)
                 budget_used = used / (share_units * settings.lookback) if share_units else None
@@ -651,7 +653,7 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
                     1 for r in core.pending.values() if r.team == team and r.pool == pool_name
                 ),
                 would_fund=would,
-                protected_s=probe_runtime if would else 0.0,
+                protected_s=probe.protected_s,
                 why=why,
                 daily=tuple(daily),
             )
@@ -683,11 +685,35 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
         waits=waits,
         preemptions=preemptions,
         snapshots=store.list_snapshots(),
-        view=QueueView(core),
+        view=QueueView(core, store, lambda: now),
         order={
             pool: [w.request.id for w in queue if w.request.pool == pool] for pool in core.pools
         },
+        history=store_history(store, now),
     )
+
+
+def _probe_view(
+    view: ClusterView, team: str, pool: str, runtime: float, now: float
+) -> tuple[ClusterView, float, Request]:
+    """A session of one unit (a GPU, or a core) of ``team`` asked for now, and the view a
+    cycle over new arrivals would weigh it in (the queue's holds kept): what "would a
+    session started now be funded" asks of the policy, one request's cost per team."""
+    kind = view.pools[pool].kind
+    probe = Request(
+        f"budgethub-probe/{team}/{pool}",
+        "",
+        team,
+        pool,
+        now,
+        gpus=1 if kind is PoolKind.GPU else 0,
+        cpus=1.0,
+        memory_gib=1.0,
+        min_runtime=runtime,
+    )
+    queued = frozenset(r.id for r in view.pending)
+    scoped = dataclasses.replace(view, pending=(), queued=queued, index=None)
+    return scoped, now, probe
 
 
 def why_waiting(

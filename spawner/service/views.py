@@ -110,7 +110,7 @@ def session(state: State, allocation: Allocation, activity: dict[str, str]) -> d
 
 
 def waiting(state: State, w: Waiting, viewer: Viewer) -> dict[str, Any]:
-    """A queued request; the viewer's own with the queue message's figures and estimate."""
+    """A queued request; the viewer's own (an admin's: every one) with its estimate."""
     request, status = w.request, w.status
     kind = state.core.pools[request.pool].kind
     mine = viewer.owns(request.id)
@@ -137,7 +137,7 @@ def waiting(state: State, w: Waiting, viewer: Viewer) -> dict[str, Any]:
         "why": w.why,
         "held_nodes": list(w.held_nodes),
     }
-    if mine:
+    if full:  # the request's user, and the admin on every row of the queue
         out["estimated_start"] = state.estimate(request.id)
     return out
 

@@ -129,7 +129,7 @@ def test_rank_is_the_schedulers_order_with_the_last_day_in_it() -> None:
 
 
 def test_positions_are_those_of_the_spawn_pages_queue_view(state: Any) -> None:
-    view = QueueView(state.core)
+    view = QueueView(state.core, clock=lambda: state.now)  # the same moment
     for waiting in state.queue:
         exact = view.queue_status(waiting.request.id)
         assert exact is not None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -324,7 +326,7 @@ def test_queue_message_says_why_a_request_would_run_unallocated():
 
     common = dict(position=2, waiting=3, team_position=1, team_waiting=1, estimated_start=None)
     funded = QueueStatus(funded=True, protected_s=3600, **common)
-    assert "funded by your team's budget, protected for 60 min" in (
+    assert "funded by your team's budget, protected for 1 h" in (  # human_duration
         BudgetSpawner._queue_message(None, funded)
     )
     over = QueueStatus(
@@ -344,8 +346,14 @@ def test_queue_message_says_why_a_request_would_run_unallocated():
         "promised: it starts when running sessions end"
     )
     timed = QueueStatus(funded=True, protected_s=900, **{**common, "estimated_start": 4e9})
-    assert "estimated start at the latest " in BudgetSpawner._queue_message(None, timed)
-    assert "when a session's protection ends" in BudgetSpawner._queue_message(None, timed)
+    clock = time.strftime("%H:%M", time.localtime(4e9))
+    assert f"estimated start about {clock} (" in BudgetSpawner._queue_message(None, timed)
+    rests = dataclasses.replace(timed, basis="running sessions ending as their protection ends")
+    assert f"about {clock} (running sessions ending as their protection ends)" in (
+        BudgetSpawner._queue_message(None, rests)
+    )
+    now = dataclasses.replace(timed, starts_now=True)
+    assert BudgetSpawner._queue_message(None, now).endswith("protected for 15 min; starts now")
 
 
 def test_stop_notices_are_rebuilt_from_the_event_log():
