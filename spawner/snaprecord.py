@@ -29,7 +29,23 @@ from spawner.snapshots import (
     state_dir_in_home,
     tree_bytes,
     write_report,
+    write_restore_notice,
 )
+
+LAB_NOTICE_END = "; your variables, files and packages are being saved."
+LAB_NOTICES = {
+    "funded": "This session is being stopped for a funded request",
+    "idle": "This session is being stopped for a funded request",
+    "debug": "This session is being stopped for a debug session",
+    "drain": "This session is being stopped: its node is being drained",
+    "time-slice": "This session is being stopped: your team has had its day's share of GPU time",
+}
+"""What the session's open JupyterLab pages show while it is being snapshotted, by
+preemption reason (at most 140 characters: JupyterLab's limit for a notification)."""
+
+
+def lab_notice(reason: str) -> str:
+    return LAB_NOTICES.get(reason, "This session is being stopped") + LAB_NOTICE_END
 
 
 def _kernel_entries(
@@ -101,6 +117,14 @@ def snapshot_sentence(report: Mapping[str, Any], most: int = 8) -> str:
             f"Some kernels were busy ({report.get('why')}); they keep the state of their "
             "last finished cell."
         )
+    edits = list(dict(report.get("notebooks") or {}).get("edits_saved") or [])
+    if edits:
+        parts.append(
+            "The edits you had not saved were saved from your open JupyterLab: "
+            + ", ".join(str(p) for p in edits[:most])
+            + (f", and {len(edits) - most} more" if len(edits) > most else "")
+            + "."
+        )
     unsaved = {k: v for k, v in dict(report.get("unsaved") or {}).items() if k != "kernel state"}
     if unsaved:
         shown = [f"{name} ({why})" for name, why in list(unsaved.items())[:most]]
@@ -127,15 +151,17 @@ class SnapshotRecording:
     backends: dict[str, Runtime]
     timeouts: Timeouts
 
-    async def _checkpoint(self, agent: Agent) -> tuple[dict[str, Any] | None, str | None]:
-        """Ask the agent to checkpoint every kernel within the grace: its answer, or why
-        there is none."""
+    async def _checkpoint(
+        self, agent: Agent, reason: str = "funded"
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """Ask the agent to checkpoint every kernel within the grace, while the open
+        JupyterLab pages say why and save their edits: its answer, or why there is none."""
         grace = self.snapshots.grace
         request = HTTPRequest(
             agent.url("checkpoint"),
             method="POST",
             headers={AGENT_HEADER: agent.secret, "Content-Type": "application/json"},
-            body=json.dumps({"within": grace}),
+            body=json.dumps({"within": grace, "message": lab_notice(reason)}),
             connect_timeout=min(5.0, grace),
             request_timeout=grace + 5.0,
         )
@@ -244,6 +270,7 @@ class SnapshotRecording:
             "notebooks": {
                 "saved": list(notebooks.get("saved") or []),
                 "not_flushed": dict(notebooks.get("not_flushed") or {}),
+                "edits_saved": [str(p) for p in notebooks.get("edits_saved") or []],
             },
             "unsaved": unsaved,
             "files": "kept in the home" if home is not None else f"kept in its volume on {node}",
@@ -254,7 +281,8 @@ class SnapshotRecording:
         if captured is not None:
             try:
                 await asyncio.to_thread(write_report, captured.path, report)
-            except OSError as error:
+                await asyncio.to_thread(write_restore_notice, captured.path, report)
+            except (OSError, SnapshotError) as error:
                 self.log.warning("budgethub: %s: writing its report: %s", key, error)
         self.store.save_snapshot(
             allocation.id,

@@ -323,6 +323,36 @@ def write_report(path: Path, report: Mapping[str, Any]) -> None:
     _write_json(path / "report.json", report)
 
 
+RESTORE_NOTICE = "restore-notice.json"
+"""Beside the kernel state (so a restoring session sees it at ``$BUDGETHUB_RESTORE_DIR``):
+what the snapshot brings back, for the notice in the session's JupyterLab."""
+
+
+def write_restore_notice(path: Path, report: Mapping[str, Any]) -> None:
+    """``kernels/restore-notice.json`` of a captured snapshot: its key and time, each
+    notebook's variables, what was not kept, and the edits saved at the preemption."""
+    kernels = path / "kernels"
+    try:
+        _owned_dir(kernels)
+    except OSError as error:
+        raise SnapshotError(describe_os_error(error, "snapshot store")) from None
+    notebooks = dict(report.get("notebooks") or {})
+    _write_json(
+        kernels / RESTORE_NOTICE,
+        {
+            "key": report.get("key"),
+            "time": report.get("time"),
+            "kernels": [
+                {"notebook": k.get("notebook"), "variables": list(k.get("variables") or [])}
+                for k in report.get("kernels") or []
+                if isinstance(k, Mapping)
+            ],
+            "unsaved": dict(report.get("unsaved") or {}),
+            "edits_saved": list(notebooks.get("edits_saved") or []),
+        },
+    )
+
+
 def remove(paths: Iterable[Path]) -> None:
     for path in paths:
         if path.is_dir() and not path.is_symlink():

@@ -72,7 +72,9 @@ class Takedown:
             self, node: str, container_id: str, request_id: str = ""
         ) -> None: ...
 
-        async def _checkpoint(self, agent: Agent) -> tuple[dict[str, Any] | None, str | None]: ...
+        async def _checkpoint(
+            self, agent: Agent, reason: str = "funded"
+        ) -> tuple[dict[str, Any] | None, str | None]: ...
 
         async def _fetch_state(
             self, node: str, container_id: str, agent: Agent | None
@@ -162,7 +164,7 @@ class Takedown:
             elif snapshot and agent is not None and not self.node_answers(node):
                 why_not = f"its node {node} does not answer"
             elif snapshot and agent is not None:
-                checkpoint, why_not = await self._checkpoint(agent)
+                checkpoint, why_not = await self._checkpoint(agent, reason)
             container_id = agent.container_id if agent is not None else ""
             if not container_id:
                 container_id = await self._find_container(node, request_id)

@@ -162,3 +162,40 @@ def test_the_report_names_what_was_not_kept() -> None:
     assert "1 variable of 1 notebook come back" in sentence
     assert "last finished cell" in sentence
     assert "Not kept: a.ipynb:sock (socket.socket: cannot pickle)." in sentence
+
+
+def test_the_restore_notice_lies_beside_the_kernel_state_and_is_the_users(
+    tmp_path: Path,
+) -> None:
+    """What a restoring session's JupyterLab says came back (issue 42): written into the
+    snapshot's kernels/ (mounted at $BUDGETHUB_RESTORE_DIR), even with no kernel state."""
+    from spawner.snapshots import RESTORE_NOTICE, write_restore_notice
+
+    home = layout(tmp_path).home("ann")
+    assert home is not None
+    ensure_home(home)  # no kernel state at all: kernels/ is made for the notice
+    key = new_key()
+    captured = capture(layout(tmp_path), "ann", "", key, home=home, state_relative=STATE)
+    report = {
+        "key": key,
+        "time": 1796540400.0,
+        "kernels": [{"notebook": "a.ipynb", "variables": ["x"], "state": "saved"}],
+        "unsaved": {"a.ipynb:sock": "socket.socket: cannot pickle"},
+        "notebooks": {"saved": ["a.ipynb"], "not_flushed": {}, "edits_saved": ["a.ipynb"]},
+    }
+    write_restore_notice(captured.path, report)
+    path = captured.path / "kernels" / RESTORE_NOTICE
+    info = os.stat(path)
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (1000, 0o600)
+    assert json.loads(path.read_text()) == {
+        "key": key,
+        "time": 1796540400.0,
+        "kernels": [{"notebook": "a.ipynb", "variables": ["x"]}],
+        "unsaved": {"a.ipynb:sock": "socket.socket: cannot pickle"},
+        "edits_saved": ["a.ipynb"],
+    }
+    assert layout(tmp_path).kernels_dir("ann", "", key) == captured.path / "kernels"
+    sentence = snapshot_sentence({**report, "files": "kept in the home"})
+    assert "The edits you had not saved were saved from your open JupyterLab: a.ipynb." in (
+        sentence
+    )
