@@ -10,6 +10,7 @@ Standard library and websocket-client only (a dependency of jupyter_server).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -39,7 +40,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-
 def execute_request(
     msg_id: str, session: str, code: str, username: str, **content: Any
 ) -> dict[str, Any]:
@@ -67,6 +67,7 @@ def execute_request(
         "channel": "shell",
         "buffers": [],
     }
+
 
 @dataclass
 class CellResult:
@@ -143,6 +144,16 @@ class Kernel:
         if result.status != "ok":
             raise AssertionError(f"cell failed in {self.path}: {result.error}\n{code}")
         return result
+
+    def expression(self, expr: str, timeout: float = 120) -> Any:
+        """A user expression's value, evaluated silently (no cell: no checkpoint hooks)."""
+        msg_id = self.send("", silent=True, store_history=False, user_expressions={"x": expr})
+        reply = self.wait(msg_id, timeout)
+        content = next(m for m in reply.messages if m["msg_type"] == "execute_reply")["content"]
+        result = content["user_expressions"]["x"]
+        if result["status"] != "ok":
+            raise AssertionError(f"{self.path}: {expr}: {result.get('ename')}: {result}")
+        return ast.literal_eval(result["data"]["text/plain"])
 
     def value(self, expr: str) -> Any:
         """A JSON-able value from the kernel (json.dumps on its side)."""
@@ -320,6 +331,25 @@ class Server:
         kernel = Kernel(self, model["kernel"]["id"], path)
         self.kernels.append(kernel)
         return kernel
+
+    def create_notebook(self, path: str) -> None:
+        """An empty notebook file at ``path`` (its folders too), as JupyterLab's "New"."""
+        parts = path.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            self.api("PUT", "/api/contents/" + "/".join(parts[:i]), {"type": "directory"})
+        empty = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+        status, body = self.api(
+            "PUT", f"/api/contents/{path}", {"type": "notebook", "content": empty}
+        )
+        if status not in (200, 201):
+            raise RuntimeError(f"PUT /api/contents/{path}: {status} {body}")
+
+    def shutdown(self, kernel: Kernel) -> None:
+        """Stop a notebook's kernel (and close its websocket)."""
+        kernel.close()
+        if kernel in self.kernels:
+            self.kernels.remove(kernel)
+        self.api("DELETE", f"/api/kernels/{kernel.kernel_id}")
 
     def stop(self) -> None:
         for k in self.kernels:

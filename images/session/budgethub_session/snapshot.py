@@ -32,6 +32,7 @@ running cell may be using; the background saves leave such a group to the flush.
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import io
@@ -613,6 +614,7 @@ def load_namespace(directory: Path, namespace: dict[str, Any]) -> LoadResult:
 
 _ATOMIC = (int, float, complex, str, bytes, bool, type(None), range, slice)
 _IMMUTABLE = (tuple, frozenset)
+_PLAIN = frozenset({tuple, frozenset, list, dict, set, types.CellType, functools.partial})
 
 
 def _library_ids(namespace: dict[str, Any]) -> set[int]:
@@ -645,6 +647,7 @@ def reach(
     ndarray = np.ndarray if np is not None else ()
     seen: set[int] = set()
     ids: set[int] = set()
+    plain = {id(obj)}
     stack = [obj]
     while stack:
         o = stack.pop()
@@ -669,13 +672,23 @@ def reach(
         if isinstance(o, types.FunctionType):
             ids.add(i)
             if o.__globals__ is namespace:  # a cell's function: its defaults and closure
-                stack.extend(gc.get_referents(o))
+                children = gc.get_referents(o)
+                plain.update(map(id, children))
+                stack.extend(children)
             continue
         if isinstance(o, types.BuiltinFunctionType | types.WrapperDescriptorType):
             continue
-        if not isinstance(o, _IMMUTABLE):
+        children = gc.get_referents(o)
+        if i in plain and (type(o) in _PLAIN or type(o).__module__ == "__main__"):
+            # A tuple reached through the user's own containers, objects and closures:
+            # variables holding the same one share it (``b = a``); library internals'
+            # tuples (shared by design) glue nothing.
+            plain.update(map(id, children))
+            if o or not isinstance(o, _IMMUTABLE):  # () is one object everywhere
+                ids.add(i)
+        elif not isinstance(o, _IMMUTABLE):
             ids.add(i)
-        stack.extend(gc.get_referents(o))
+        stack.extend(children)
     return frozenset(ids), False
 
 
