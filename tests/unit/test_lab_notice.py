@@ -62,7 +62,8 @@ def ran_after_save(server: Server, path: str) -> None:
 
 def test_a_lab_saves_its_edits_before_the_checkpoint_reports(server: Server) -> None:
     ran_after_save(server, "nb1.ipynb")
-    assert poll(server, "lab-1", wait=0) == {"seq": 0, "notices": []}  # the lab is open
+    first = poll(server, "lab-1", wait=0)  # the lab is open
+    assert first["seq"] == 0 and first["notices"] == []
     waiting = background(poll, server, "lab-1", 0)
     checkpoint = background(server.agent, "POST", "checkpoint", {"within": 20})
     waiting["thread"].join(30)
@@ -118,6 +119,16 @@ def test_a_lab_that_does_not_answer_is_waited_for_then_named(server: Server) -> 
     why = report["notebooks"]["not_flushed"]["nb3.ipynb"]
     assert "1 of 1 open JupyterLab pages did not answer" in why, why
     assert report["notebooks"]["labs"] == {"asked": 1, "answered": 0}
+
+
+def test_a_labs_polls_are_not_activity(server: Server) -> None:
+    """The Hub prefers idle sessions as victims: an open lab's polling must not make a
+    session look busy."""
+    before = server.agent("GET", "status")[1]["last_activity"]
+    time.sleep(0.05)
+    poll(server, "lab-idle", wait=0)
+    poll(server, "lab-idle", wait=1)
+    assert server.agent("GET", "status")[1]["last_activity"] == before
 
 
 def test_without_a_lab_the_checkpoint_does_not_wait(server: Server) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -48,6 +49,7 @@ class LabChannel:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
+        self.instance = secrets.token_hex(8)  # a restarted server's notices start at 1 again
         self.seq = 0
         self.notices: list[dict[str, Any]] = []
         self.seen: dict[str, float] = {}  # client -> last poll (or its end)
@@ -84,7 +86,7 @@ class LabChannel:
                 new = [n for n in self.notices if n["seq"] > after]
                 left = deadline - self.clock()
                 if new or left <= 0:
-                    return {"seq": self.seq, "notices": new}
+                    return {"instance": self.instance, "seq": self.seq, "notices": new}
                 try:
                     await asyncio.wait_for(self._wake.wait(), left)
                 except TimeoutError:
@@ -169,6 +171,7 @@ class LabHandler(APIHandler):
     """``budgethub-agent/lab``: a lab's long poll (GET) and its saves (POST)."""
 
     auth_resource = "contents"
+    _track_activity = False  # a lab's polls and saves asked for by the spawner are not the user's
     channel: LabChannel
 
     def initialize(self, channel: LabChannel) -> None:
