@@ -169,7 +169,7 @@ class Agent:
                 )
                 return report
             result = json.loads(ast.literal_eval(expr["data"]["text/plain"]))
-            for key in ("state", "saved", "unsaved", "bytes", "error"):
+            for key in ("state", "saved", "unsaved", "reopened", "bytes", "error"):
                 if key in result:
                     report[key] = result[key]
         except queue.Empty:
