@@ -56,12 +56,28 @@ from scheduler_core.ranking import Key, PoolRanking
 from scheduler_core.registry import register
 from scheduler_core.rules import (
     funded_rates,
-    funds,
+    funding,
     health_preemptions,
     kept_reservations,
     oversize_above,
 )
 from scheduler_core.settings import Settings
+from scheduler_core.verdict import (
+    BACKFILLED,
+    DAY_SLICE,
+    DAY_SPENT,
+    FUNDED_GROUNDS,
+    HOLDING,
+    NO_ROOM,
+    NO_SHARE,
+    NO_VICTIMS,
+    OVER_SHARE_BESIDE,
+    PLACED,
+    PREEMPTS,
+    TEAM_SLICING,
+    Verdict,
+    Verdicts,
+)
 from scheduler_core.view import Admission, ClusterView, Decisions, Preemption
 
 _DAY = 86400.0
@@ -365,6 +381,9 @@ class _Cycle:
         self.released: list[str] = []
         self.order: list[str] = []
         self.funded: dict[str, bool] = {}
+        self.notes: list[tuple[Queued, str, float, str]] = []
+        """Per entry looked at, in ``order``: its funding ground, the protection it
+        would get if funded, and its placement outcome (the verdict's makings)."""
         self._over: dict[str, frozenset[str]] = {}
         self._blockers: defaultdict[tuple[str, str], list[str]] | None = None
         """Per (team, pool), its funded sessions that keep it from slicing itself
@@ -427,6 +446,7 @@ class _Cycle:
         window = self.view.window
         rates = self.rates
         order_append = self.order.append
+        note = self.notes.append
         funded_now = self.funded
         starvation_bound = settings.starvation_bound
         max_reservations = settings.max_reservations_per_pool
@@ -508,34 +528,41 @@ class _Cycle:
                                 for members, rate, claimed in lenders
                             ),
                         )
-                    funded = (
-                        leaf_budget > 0.0
-                        and others <= share_limit
-                        and _slice_pays(sliced, protect, settings)
-                    )
+                    if leaf_budget <= 0.0:
+                        ground = NO_SHARE
+                    elif others > share_limit:
+                        ground = OVER_SHARE_BESIDE
+                    elif _slice_pays(sliced, protect, settings):
+                        ground = DAY_SLICE
+                    else:
+                        ground = DAY_SPENT
+                    funded = ground is DAY_SLICE
                     if funded and sliced < protect:
                         protect, units = sliced, entry.rate * sliced
                     elif not funded and beside:
                         # Beside work beyond the share: only the window budget funds it,
                         # as any request beyond the share (and it may hold, as they may).
                         beside = False
-                        funded = funds(
+                        ground = funding(
                             leaf_budget > 0.0 and (leaf_units + units) / leaf_budget <= 1.0,
                             others,
                             entry.rate,
                             share_rate,
                             settings,
                         )
+                        funded = ground in FUNDED_GROUNDS
                 elif team in draining and request.klass is RequestClass.BATCH:
                     funded = False
+                    ground = TEAM_SLICING
                 else:
-                    funded = funds(
+                    ground = funding(
                         leaf_budget > 0.0 and (leaf_units + units) / leaf_budget <= 1.0,
                         rates[rate_key],
                         entry.rate,
                         share_rate,
                         settings,
                     )
+                    funded = ground in FUNDED_GROUNDS
                     running = rates[rate_key]
                     if (
                         not funded
@@ -551,6 +578,7 @@ class _Cycle:
                         sliced = day_room / (entry.rate + running)
                         if _slice_pays(sliced, protect, settings):
                             funded = beside = True
+                            ground = DAY_SLICE
                             if sliced < protect:
                                 protect, units = sliced, entry.rate * sliced
                 funded_now[request_id] = funded
@@ -563,11 +591,14 @@ class _Cycle:
                 # Fit, else victims, else hold; each only where it may find something.
                 grants: tuple[NodeGrant, ...] | None = None
                 preempts: tuple[str, ...] = ()
+                outcome = NO_ROOM
                 if holder or (
                     entry.shape_id not in no_fit_exact
                     and not no_fit.known(entry.shape, (), entry.shape_id)
                 ):
                     grants = self.fit(entry, holder, no_fit)
+                    if grants is not None:
+                        outcome = PLACED
                 if (
                     grants is None
                     and self.capacity.reserved
@@ -578,7 +609,10 @@ class _Cycle:
                     # session takes them rather than stop someone's work, and resumable
                     # work that would run unallocated may stop no one anyway.
                     grants = self.backfill(entry, no_backfill)
+                    if grants is not None:
+                        outcome = BACKFILLED
                 if grants is None and funded:
+                    outcome = NO_VICTIMS
                     # A holder ranks as its team stands, before its own charge (S7 of
                     # docs/architecture.md).
                     after = ranking.key(team) if holder else afters.get(units)
@@ -614,17 +648,21 @@ class _Cycle:
                         )
                         if found is not None:
                             grants, preempts = found
+                            outcome = PREEMPTS if preempts else PLACED
                 elif grants is None and entry.debug:
+                    outcome = NO_VICTIMS
                     lane = self.lane(entry, team, holder, state)
                     if lane is not None:
                         grants, preempts = lane
-                        funded = funded_now[request_id] = funds(
+                        outcome = PREEMPTS if preempts else PLACED
+                        ground = funding(
                             leaf_budget > 0.0 and (leaf_units + units) / leaf_budget <= 1.0,
                             rates[rate_key],
                             entry.rate,
                             share_rate,
                             settings,
                         )
+                        funded = funded_now[request_id] = ground in FUNDED_GROUNDS
                 charged = False
                 if grants is not None:
                     charged = self.admit(
@@ -638,6 +676,11 @@ class _Cycle:
                     and len(held) < max_reservations
                 ):
                     self.hold(entry, held)
+                    if request_id in held:
+                        outcome = HOLDING
+                elif holder:
+                    outcome = HOLDING
+                note((entry, ground, protect, outcome))
 
                 # The team keeps its turn while its next entry still sorts first.
                 if at >= end:
@@ -928,19 +971,7 @@ class _Cycle:
         request = entry.request
         if holder:
             self.end_hold(request.id, state)
-        protected = protect if funded else self.settings.unallocated_grace
-        if not funded and entry.debug and not self.funded_victims.isdisjoint(preempts):
-            # An unfunded debug session that stopped funded work keeps its place for its
-            # protected window: else the next funded request took it back, and the lane
-            # stopped someone else's work for it again, cycle after cycle.
-            protected = protect
-        if entry.debug:
-            stops = self.view.stops.get(request.id, 0)
-            if stops:
-                # Stopped before it ran its course: twice as long each time (S2 of
-                # docs/architecture.md).
-                doubled = protect * 2.0 ** (stops if funded else stops - 1)
-                protected = max(protected, min(doubled, self.settings.max_min_runtime))
+        protected = self.protection(entry, funded, protect, preempts)
         self.admissions.append(
             Admission(request, grants, funded, self.now + protected, entry.rate, preempts)
         )
@@ -949,6 +980,59 @@ class _Cycle:
         self.rates[(request.team, state.name)] += entry.rate
         state.ranking.charge(request.team, units)
         return True
+
+    def protection(
+        self, entry: Queued, funded: bool, protect: float, preempts: tuple[str, ...] = ()
+    ) -> float:
+        """Seconds the entry is protected if admitted now (after ``preempts`` stop): its
+        minimum runtime (``protect``, cut to a day slice where S5 cuts it) if funded,
+        else the unallocated grace; longer for a debug session stopped before (S2)."""
+        settings = self.settings
+        protected = protect if funded else settings.unallocated_grace
+        if not funded and entry.debug and not self.funded_victims.isdisjoint(preempts):
+            # An unfunded debug session that stopped funded work keeps its place for its
+            # protected window: else the next funded request took it back, and the lane
+            # stopped someone else's work for it again, cycle after cycle.
+            protected = protect
+        if entry.debug:
+            stops = self.view.stops.get(entry.request.id, 0)
+            if stops:
+                # Stopped before it ran its course: twice as long each time (S2 of
+                # docs/architecture.md).
+                doubled = protect * 2.0 ** (stops if funded else stops - 1)
+                protected = max(protected, min(doubled, settings.max_min_runtime))
+        return protected
+
+    def verdict(self, position: int, admitted: Mapping[str, Admission]) -> Verdict:
+        """The verdict of the entry looked at in ``position`` (built when read)."""
+        entry, ground, protect, outcome = self.notes[position]
+        request_id = entry.request.id
+        funded = self.funded[request_id]
+        admission = admitted.get(request_id)
+        if admission is None:
+            protected = self.protection(entry, funded, protect)
+            return Verdict(request_id, position, funded, ground, protected, outcome)
+        return Verdict(
+            request_id,
+            position,
+            funded,
+            ground,
+            admission.protected_until - self.now,
+            outcome,
+            admission.grants,
+            admission.preempts,
+        )
+
+    def verdicts(self) -> Verdicts:
+        """Every entry's verdict, in ``order``, each built on first read."""
+        admitted: dict[str, Admission] = {}
+
+        def build(position: int) -> Verdict:
+            if not admitted and self.admissions:
+                admitted.update((a.request.id, a) for a in self.admissions)
+            return self.verdict(position, admitted)
+
+        return Verdicts(self.order, build)
 
     def decisions(self) -> Decisions:
         """Decisions: preemptions and admissions in the order they must be carried out,
@@ -963,6 +1047,7 @@ class _Cycle:
             reservations=MappingProxyType({k: tuple(v) for k, v in reservations.items()}),
             order=tuple(self.order),
             funded=MappingProxyType(self.funded),
+            verdicts=self.verdicts(),
             released=tuple(self.released),
             searches=MappingProxyType(self.known_failures.found),
         )

@@ -17,10 +17,20 @@ from collections.abc import Collection
 from scheduler_core.capacity import Capacity
 from scheduler_core.model import Health, Node
 from scheduler_core.settings import Settings
+from scheduler_core.verdict import (
+    BUDGET,
+    BURST,
+    FUNDED_GROUNDS,
+    NO_SHARE,
+    OVER_BUDGET,
+    OVER_BURST,
+    SHARE,
+)
 from scheduler_core.view import ClusterView, Preemption
 
 __all__ = [
     "funded_rates",
+    "funding",
     "funds",
     "health_preemptions",
     "kept_reservations",
@@ -69,23 +79,36 @@ _EPS = 1e-9
 """Slack for sums of charge rates compared with a share."""
 
 
-def funds(
+def funding(
     within_budget: bool, running: float, rate: float, share_rate: float, settings: Settings
-) -> bool:
-    """R2 (docs/architecture.md): is a request of ``rate`` units per second funded?
+) -> str:
+    """R2 (docs/architecture.md): on what ground is a request of ``rate`` units per second
+    funded (a `verdict.FUNDED_GROUNDS` code), or why not?
 
     ``within_budget``: the team's usage over the window plus the request's protected
     window stays within its budget; ``running``: the charge rate of the team's funded
-    sessions in the pool; ``share_rate``: its share of the pool's capacity.
+    sessions in the pool; ``share_rate``: its share of the pool's capacity. Funded
+    within the guaranteed part of the share (`SHARE`); else, within the budget, as the
+    team's only funded work (`BUDGET`) or beside it up to the burst cap (`BURST`, S4).
     """
     after = running + rate
     guaranteed = settings.guaranteed_share * share_rate
     if guaranteed > 0 and after <= guaranteed + _EPS:
-        return True
+        return SHARE
     if not within_budget:
-        return False
+        return OVER_BUDGET if share_rate > 0 else NO_SHARE
+    if running <= _EPS:
+        return BUDGET
     cap = settings.funded_burst
-    return not cap or running <= _EPS or after <= cap * share_rate + _EPS
+    return BURST if not cap or after <= cap * share_rate + _EPS else OVER_BURST
+
+
+def funds(
+    within_budget: bool, running: float, rate: float, share_rate: float, settings: Settings
+) -> bool:
+    """R2 (docs/architecture.md): is a request of ``rate`` units per second funded?
+    (`funding`'s answer is a funded ground.)"""
+    return funding(within_budget, running, rate, share_rate, settings) in FUNDED_GROUNDS
 
 
 def oversize_above(share_rate: float, settings: Settings) -> float:

@@ -24,6 +24,7 @@ from scheduler_core.model import Allocation, Node, NodeGrant, Pool, Request
 from scheduler_core.nodefree import NodeFree
 from scheduler_core.settings import Settings
 from scheduler_core.teams import TeamTree
+from scheduler_core.verdict import Verdict
 
 _EMPTY: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 
@@ -104,6 +105,11 @@ class Decisions:
     or no longer funded (only funded requests hold nodes)."""
     searches: Mapping[SearchKey, int] = field(default_factory=lambda: MappingProxyType({}))
     """Victim searches that failed this cycle, for the scheduler's `CycleIndex.searches`."""
+    verdicts: Mapping[str, Verdict] = field(default_factory=lambda: MappingProxyType({}))
+    """Per pending request considered, in ``order``: the policy's `Verdict` (funded and on
+    what ground, protection, placed or why not, position). ``order`` is its keys in
+    order and ``funded`` its funded flags. Empty from policies that give none (the
+    baselines)."""
 
     @property
     def follow_up(self) -> bool:
