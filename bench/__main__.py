@@ -13,6 +13,8 @@ against its bar in bench/bars.toml.
 * bench.snapshot_cells — checkpoint overhead per cell (50 cells, 200 MB of state) in the image
 * bench.snapshot — preemption decision -> slices free, restore start -> variables available
   (1 GiB of kernel variables, 1 GiB of home files)
+* bench.restore_fidelity — the restore-fidelity property test at scale: 40 generated
+  namespaces checkpointed in a real kernel and restored into a fresh one
 * bench.service — the budget service's API and pages: 150 users, 15 teams, 2,000 requests
 * bench.slurm — a session as a Slurm job against the same session on Docker, and
   preemption decision -> slices free on Slurm (a real two-node cluster; root)
@@ -54,6 +56,7 @@ MODULES: tuple[tuple[str, list[str]], ...] = (
     ("spawn", []),
     ("snapshot_cells", []),
     ("snapshot", []),
+    ("restore_fidelity", []),
     ("service", []),
     ("slurm", []),
 )
