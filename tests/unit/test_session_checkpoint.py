@@ -12,6 +12,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -313,3 +314,63 @@ def test_a_value_changed_while_pickled_is_retried_not_reported(tmp_path: Path) -
     assert first.saved == ["y"] and first.unsaved == {}
     second = cp.save(ns, set())  # the next cell named nothing: x is retried anyway
     assert second.written == ["x"] and second.saved == ["x", "y"]
+
+
+def test_a_readable_text_file_is_left_to_the_flush(tmp_path: Path) -> None:
+    (tmp_path / "d.txt").write_text("a\nb\n")
+    text = open(tmp_path / "d.txt")  # noqa: SIM115
+    raw = open(tmp_path / "d.txt", "rb")  # noqa: SIM115
+    try:
+        text.readline()
+        raw.read(1)
+        ns = {"text": text, "holder": [text], "raw": raw}
+        cp = Checkpointer(tmp_path / "s", "x.ipynb", ns)
+        # The background thread never reads a text file's position (its decoder is the
+        # running cell's); the file is named until the flush saves it.
+        background = cp.save(ns, background=True)
+        assert background.saved == ["raw"]
+        assert set(background.unsaved) == {"text", "holder"}
+        assert "saved at the next flush" in background.unsaved["text"]
+        flushed = cp.save(ns, None, fsync=True)
+        assert flushed.saved == ["holder", "raw", "text"] and flushed.unsaved == {}
+        assert "position 2" in flushed.reopened["text"]
+        assert flushed.reopened["holder"] == flushed.reopened["text"]
+        # Later background saves keep the flush's write.
+        assert cp.save(ns, {"text"}, background=True).saved == ["holder", "raw", "text"]
+        fresh: dict[str, object] = {}
+        loaded = load_namespace(tmp_path / "s", fresh)
+        assert fresh["holder"][0] is fresh["text"]  # type: ignore[index]
+        assert fresh["text"].readline() == "b\n"  # type: ignore[attr-defined]
+        assert set(loaded.reopened) == {"holder", "raw", "text"}
+    finally:
+        text.close()
+        raw.close()
+        for value in list(locals().get("fresh", {}).values()):
+            getattr(value, "close", lambda: None)()
+
+
+def test_a_file_gone_at_restore_drops_the_variables_holding_it(tmp_path: Path) -> None:
+    (tmp_path / "d.txt").write_text("x")
+    handle = open(tmp_path / "d.txt", "rb")  # noqa: SIM115
+    try:
+        ns = {"f": handle, "box": {"f": handle}, "other": [1]}
+        Checkpointer(tmp_path / "s", "x.ipynb", ns).save(ns)
+    finally:
+        handle.close()
+    (tmp_path / "d.txt").unlink()
+    fresh: dict[str, object] = {}
+    loaded = load_namespace(tmp_path / "s", fresh)
+    assert fresh == {"other": [1]}
+    assert "is the file" in loaded.not_restored["f"]
+    assert "holds the file" in loaded.not_restored["box"]
+    assert "FileNotFoundError" in loaded.not_restored["box"]
+
+
+def test_variables_holding_one_tuple_are_one_group(tmp_path: Path) -> None:
+    pair = (1, "two")
+    ns = {"a": pair, "b": pair, "c": [pair], "d": tuple([1, "two"]), "e": ()}
+    Checkpointer(tmp_path / "s", "x.ipynb", ns).save(ns)
+    fresh: dict[str, Any] = {}
+    load_namespace(tmp_path / "s", fresh)
+    assert fresh["a"] is fresh["b"] is fresh["c"][0]
+    assert fresh["d"] == pair and fresh["d"] is not fresh["a"]

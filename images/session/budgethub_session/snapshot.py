@@ -911,6 +911,12 @@ class Checkpointer:
                 # the last good write.
                 if not isinstance(error, DeferredToFlush):
                     self._retry.update(members)
+                elif old is None:  # never written: named until the flush writes it
+                    for m in members:
+                        self._unsaved[m] = (
+                            f"{type_name(values[m])}: holds the open text file {error}, whose "
+                            "position only the agent's flush reads; saved at the next flush"
+                        )
                 return old
             if len(members) == 1:
                 self._unsaved[members[0]] = f"{type_name(values[members[0]])}: {_why(error)}"
