@@ -647,10 +647,14 @@ def reach(
     ndarray = np.ndarray if np is not None else ()
     seen: set[int] = set()
     ids: set[int] = set()
-    plain = {id(obj)}
-    stack = [obj]
-    while stack:
-        o = stack.pop()
+    # Reached through the user's own containers, objects and closures (drained first),
+    # or through anything else: a tuple counts as shared only on the first kind of path
+    # (``b = a``), never inside library objects, whose tuples are shared by design.
+    plain = [obj]
+    stack: list[Any] = []
+    while plain or stack:
+        user = bool(plain)
+        o = plain.pop() if user else stack.pop()
         i = id(o)
         if i in seen:
             continue
@@ -672,23 +676,18 @@ def reach(
         if isinstance(o, types.FunctionType):
             ids.add(i)
             if o.__globals__ is namespace:  # a cell's function: its defaults and closure
-                children = gc.get_referents(o)
-                plain.update(map(id, children))
-                stack.extend(children)
+                (plain if user else stack).extend(gc.get_referents(o))
             continue
         if isinstance(o, types.BuiltinFunctionType | types.WrapperDescriptorType):
             continue
-        children = gc.get_referents(o)
-        if i in plain and (type(o) in _PLAIN or type(o).__module__ == "__main__"):
-            # A tuple reached through the user's own containers, objects and closures:
-            # variables holding the same one share it (``b = a``); library internals'
-            # tuples (shared by design) glue nothing.
-            plain.update(map(id, children))
-            if o or not isinstance(o, _IMMUTABLE):  # () is one object everywhere
+        if user and (type(o) in _PLAIN or type(o).__module__ == "__main__"):
+            if not isinstance(o, _IMMUTABLE) or len(o):  # () is one object everywhere
                 ids.add(i)
-        elif not isinstance(o, _IMMUTABLE):
+            plain.extend(gc.get_referents(o))
+            continue
+        if not isinstance(o, _IMMUTABLE):
             ids.add(i)
-        stack.extend(children)
+        stack.extend(gc.get_referents(o))
     return frozenset(ids), False
 
 
