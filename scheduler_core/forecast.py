@@ -10,12 +10,15 @@ of the order (the old outlook's own loop) drifted from the policy with every rul
 
 Why the expected end is "the profile's median, at least the protection": a session
 cannot be stopped before its protection ends, and most end later (a notebook runs on
-past its minimum runtime); the median of the profile's past sessions is the one figure
-the Hub has for "later". A declared duration, where one is given, wins over both.
+past its minimum runtime); the median of the profile's past sessions that ran at least
+as long as this one has so far is the one figure the Hub has for "later" (the plain
+median would end every session older than it at once). A declared duration, where one
+is given, wins over both.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import statistics
@@ -33,6 +36,7 @@ HORIZON_S = 14 * 86400.0
 MAX_STEPS = 2000
 """Most schedulable moments one forward run visits (keeps an estimate cheap)."""
 _EMPTY: Mapping[str, float] = MappingProxyType({})
+_NONE: Mapping[str, tuple[float, ...]] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +130,8 @@ def history_key(request: Request) -> str:
 class History:
     """How long sessions ran, per profile (or class): what expected ends rest on."""
 
-    typical: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
-    """Profile → median length of its past sessions, seconds."""
-    counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    lengths: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: _NONE)
+    """Profile → the lengths of its past sessions, seconds, sorted."""
     declared: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
     """Request id → the length its user declared, seconds."""
 
@@ -142,34 +145,39 @@ class History:
             if seconds > 0:
                 by_key.setdefault(key, []).append(seconds)
         return cls(
-            MappingProxyType({k: statistics.median(v) for k, v in by_key.items()}),
-            MappingProxyType({k: len(v) for k, v in by_key.items()}),
+            MappingProxyType({k: tuple(sorted(v)) for k, v in by_key.items()}),
             MappingProxyType(dict(declared or {})),
         )
 
-    def length(self, request: Request) -> float | None:
-        """The expected length of a session of ``request`` (None: nothing to go on)."""
+    def length(self, request: Request, elapsed: float = 0.0) -> float | None:
+        """The expected length of a session of ``request`` that has run ``elapsed``
+        seconds: its declared length, else the median of its profile's past sessions
+        that ran longer than that (None: nothing to go on)."""
         declared = self.declared.get(request.id)
         if declared is not None:
             return declared
-        return self.typical.get(history_key(request))
+        past = self.lengths.get(history_key(request), ())
+        longer = past[bisect.bisect_right(past, elapsed) :]
+        return statistics.median(longer) if longer else None
 
-    def end(self, allocation: Allocation) -> float:
+    def end(self, allocation: Allocation, now: float | None = None) -> float:
         """When a running session is expected to end: its declared length, else its
-        profile's median, and at least the end of its protection (and of the minimum
-        runtime its user asked for)."""
+        profile's median length among sessions that ran at least as long as it has by
+        ``now``, and at least the end of its protection (and of the minimum runtime its
+        user asked for)."""
         floor = max(allocation.protected_until, allocation.start + allocation.request.min_runtime)
-        length = self.length(allocation.request)
+        elapsed = 0.0 if now is None else max(0.0, now - allocation.start)
+        length = self.length(allocation.request, elapsed)
         return floor if length is None else max(floor, allocation.start + length)
 
     def basis(self) -> str:
         """What the estimates rest on, in words."""
-        if not self.typical and not self.declared:
-            return "running sessions ending as their protection ends (no history yet)"
-        seen = sum(self.counts.values())
+        if not self.lengths and not self.declared:
+            return "running sessions end when their protection ends (no past sessions to go by)"
+        seen = sum(len(v) for v in self.lengths.values())
         return (
-            f"running sessions ending after their profile's median length ({seen} past "
-            "sessions), at least when their protection ends"
+            "running sessions end after their profile's median length (of "
+            f"{seen} past sessions), at least when their protection ends"
         )
 
 
@@ -196,7 +204,7 @@ class _Forward:
 
     def expect(self, allocation: Allocation) -> None:
         generation = self.generation[allocation.id] = self.generation.get(allocation.id, 0) + 1
-        end = self.history.end(allocation)
+        end = self.history.end(allocation, self.clock.now())
         heapq.heappush(self.ends, (end, next(self._seq), allocation.id, generation))
 
     def launch(self, allocation: Allocation) -> None:
@@ -255,11 +263,14 @@ def run_forward(
 ) -> dict[str, float]:
     """Each target's first start (every waiting request and ``extra`` by default) when
     the same scheduler runs forward from ``core``'s state at ``now``: settled at each
-    expected end, each time-driven wake and each cycle tick, as the simulator does. A
+    expected end, each time-driven wake and each tick that can run a cycle. A
     target not started within ``horizon`` seconds or ``steps`` moments is left out."""
     copy, forward = fork(core, now, history, extra)
     wanted = set(copy.pending) if targets is None else set(targets)
-    clock, tick = forward.clock, core.settings.cycle_tick
+    # Between events a tick runs a cycle only each budget_recheck (`Scheduler.step`): the
+    # forward run visits those ticks alone, not every cycle_tick.
+    clock = forward.clock
+    tick = max(core.settings.cycle_tick, core.settings.budget_recheck)
     for _ in range(steps):
         copy.settle()
         if wanted <= forward.starts.keys():

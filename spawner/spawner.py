@@ -126,13 +126,13 @@ def estimate_words(
         return "no start time can be promised: it starts when running sessions end"
     if estimated is None:
         return "no estimate: the scheduler run forward does not start it within 14 days"
-    rests = f" ({basis})" if basis else " (the scheduler run forward)"
+    rests = f", if {basis}" if basis else " (the scheduler run forward)"
     if estimated <= now + 60:
         when = "starts within a minute"
     else:
         when = f"estimated start about {_clock(estimated)}"
     if funded is False:
-        return f"{when}, not promised: unallocated work starts as running sessions end{rests}"
+        return f"{when}, not promised (it would run unallocated){rests}"
     return f"{when}{rests}"
 
 

@@ -69,12 +69,12 @@ def test_the_estimate_is_when_the_scheduler_run_forward_starts_it() -> None:
         core.submit(dataclasses.replace(ask(rid, "a"), submit=10.0))
     starts = run_forward(core, 10.0, History())
     assert sorted(starts.values()) == [pytest.approx(HOUR), pytest.approx(2 * HOUR)]
-    assert "no history" in History().basis()
+    assert "no past sessions" in History().basis()
 
     history = History.of([("class:interactive", 3 * HOUR)] * 3)
     later = run_forward(core, 10.0, history)
     assert sorted(later.values()) == [pytest.approx(3 * HOUR)] * 2
-    assert "median length (3 past sessions)" in history.basis()
+    assert "median length (of 3 past sessions)" in history.basis()
 
 
 def test_a_declared_length_wins_over_the_history_and_protection_is_the_floor() -> None:

@@ -348,8 +348,8 @@ def test_queue_message_says_why_a_request_would_run_unallocated():
     timed = QueueStatus(funded=True, protected_s=900, **{**common, "estimated_start": 4e9})
     clock = time.strftime("%H:%M", time.localtime(4e9))
     assert f"estimated start about {clock} (" in BudgetSpawner._queue_message(None, timed)
-    rests = dataclasses.replace(timed, basis="running sessions ending as their protection ends")
-    assert f"about {clock} (running sessions ending as their protection ends)" in (
+    rests = dataclasses.replace(timed, basis="running sessions end when their protection ends")
+    assert f"about {clock}, if running sessions end when their protection ends" in (
         BudgetSpawner._queue_message(None, rests)
     )
     now = dataclasses.replace(timed, starts_now=True)
