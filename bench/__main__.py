@@ -6,6 +6,8 @@ against its bar in bench/bars.toml.
 * bench.idle — where the idle GPU time of the seed-1 month goes
 * bench.compare — budget and the four baselines on that month (`budgethub compare`)
 * bench.family — budget and legacy over 88-1,024 GPUs x loads x notebook shares, two seeds
+* bench.forecast — the form's forecast at submit against what happened, on the family's
+  88-GPU workloads
 * bench.restorable — restorable notebooks and idle-session release on five months
 * placement — the placement benchmark on the Alibaba trace (`budgethub bench placement`;
   printed, no bar)
@@ -51,6 +53,7 @@ MODULES: tuple[tuple[str, list[str]], ...] = (
     ("idle", []),
     ("compare", []),
     ("family", []),
+    ("forecast", []),
     ("restorable", []),
     (PLACEMENT, []),
     ("spawn", []),
