@@ -56,6 +56,11 @@ class Forecast:
     """Entries before it in that order that the cycle leaves waiting."""
     protected_s: float
     """How long it would be protected if funded (0 when it would run unallocated)."""
+    ground: str = ""
+    """The verdict's funding ground, or why not funded (`verdict` codes; "" from a
+    policy that gives no verdicts)."""
+    reason: str = ""
+    """The verdict's placement, or why not placed (`verdict` codes)."""
 
 
 def with_request(view: ClusterView, request: Request) -> ClusterView:
@@ -83,7 +88,12 @@ def read(decisions: Decisions, request: Request, pools: Mapping[str, str], now: 
         place = len(order)
         order.append(request.id)
     admission = admitted.get(request.id)
-    if admission is not None:
+    verdict = decisions.verdicts.get(request.id)
+    ground = reason = ""
+    if verdict is not None:  # the policy's own answer
+        funded, ground, reason = verdict.funded, verdict.ground, verdict.reason
+        protected = verdict.protected_s if funded else 0.0
+    elif admission is not None:
         funded = admission.funded
         protected = max(0.0, admission.protected_until - now) if funded else 0.0
     else:
@@ -97,6 +107,8 @@ def read(decisions: Decisions, request: Request, pools: Mapping[str, str], now: 
         waiting=len(order),
         ahead=tuple(r for r in order[:place] if r not in admitted),
         protected_s=protected,
+        ground=ground,
+        reason=reason,
     )
 
 

@@ -20,6 +20,7 @@ from scheduler_core.model import Health, NodeGrant, PoolKind, Request, RequestCl
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.store import EventRecord, Store
 from scheduler_core.store.models import AllocationRow, RequestRow
+from scheduler_core.verdict import message
 from scheduler_core.view import ClusterView
 from spawner.hubapi import split_request_id
 
@@ -119,6 +120,8 @@ class QueueStatus:
     """The next cycle, run dry, admits it."""
     basis: str = ""
     """What ``estimated_start`` rests on, in words (`History.basis`)."""
+    ground: str = ""
+    """The verdict's funding ground or why not funded (a `verdict` code; "": none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,21 +189,24 @@ class Outlook:
     """What ``estimated_start`` rests on, in words (`History.basis`)."""
 
 
-def unallocated_why(status: TeamStatus, who: str = "your team") -> str:
-    """Why a request of the team would run unallocated (the queue message's words; the
+def unallocated_why(status: TeamStatus, who: str = "your team", ground: str = "") -> str:
+    """Why a request of the team would run unallocated: the policy's verdict in its words
+    (``ground``, a `verdict` code) with the team's figures (the queue message's words; the
     budget service's My budget and Queue pages say the same)."""
     if status.share <= 0:
         return f"{who} has no share of the {status.pool} pool"
-    return (
-        f"over what {who}'s allocation funds now (its funded sessions hold "
-        f"{amount(status.funded)} {status.unit}, its share is {amount(status.share)} {status.unit}"
+    figures = (
+        f"its funded sessions hold {amount(status.funded)} {status.unit}, its share is "
+        f"{amount(status.share)} {status.unit}"
         + (
             f"; {percent(status.budget_used)} of its {status.window_days:g}-day budget used"
             if status.budget_used is not None
             else ""
         )
-        + ")"
     )
+    if ground:
+        return f"{message(ground).removeprefix('not funded: ')} ({figures})"
+    return f"over what {who}'s allocation funds now ({figures})"
 
 
 def notices_from(events: Iterable[EventRecord]) -> dict[tuple[str, str], str]:
@@ -337,6 +343,7 @@ class QueueView:
             team_status=self.team_status(request.team, pool),
             starts_now=said.starts_now,
             basis=self.history().basis(),
+            ground=said.ground,
         )
 
     def why_behind(self, request_id: str, passed_by: Iterable[str]) -> str:
@@ -416,7 +423,7 @@ class QueueView:
         found = self._outlooks[key] = Outlook(
             funded=said.funded,
             protected_s=said.protected_s,
-            why="" if said.funded else unallocated_why(status),
+            why="" if said.funded else unallocated_why(status, ground=said.ground),
             position=len(said.ahead) + 1,
             waiting=said.waiting,
             free_now=self.free_count(request, view),

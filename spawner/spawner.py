@@ -27,6 +27,7 @@ from traitlets import Integer, List, default
 
 from scheduler_core.model import Allocation, Request
 from scheduler_core.store import RequestState
+from scheduler_core.verdict import message
 from spawner.actuator import Agent
 from spawner.containers import DEFAULT_PIDS_LIMIT, SessionIdentity
 from spawner.embedded import BudgetScheduler, LaunchFailed, QueueStatus, SessionLaunch, Waiter
@@ -713,10 +714,15 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
                 if status.budget_used is not None
                 else ""
             )
+            why = (
+                message(status.ground).removeprefix("not funded: ")
+                if status.ground
+                else "over what your team's allocation funds now"
+            )
             funding = (
-                "over what your team's allocation funds now (its funded sessions hold "
-                f"{status.team_funded:.3g} {status.unit}, its share is {status.team_share:.3g} "
-                f"{status.unit}{used}): it will run unallocated (preemptible)"
+                f"{why} (its funded sessions hold {status.team_funded:.3g} {status.unit}, its "
+                f"share is {status.team_share:.3g} {status.unit}{used}): it will run "
+                "unallocated (preemptible)"
             )
         eta = "; " + estimate_words(
             status.funded,

@@ -619,7 +619,7 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
                     budget_used=budget_used,
                     window_days=settings.lookback / DAY,
                 )
-                why = unallocated_why(team_status, "the team")
+                why = unallocated_why(team_status, "the team", probe.ground)
             members = core.teams.subtree(team)
             n = _hours(day0, now)
             wanted = _sum_hours((asked.get((m, pool_name)) for m in members), n)

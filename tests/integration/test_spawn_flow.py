@@ -48,8 +48,8 @@ def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path):
     assert "nlp gpu: holds 1 GPU funded of a 1 GPU share" in form
     # Per profile and team: funded or not, and the wait, as the queue messages say it.
     notebook = cy.inner_text(".budgethub-profile[data-profile=gpu-notebook]")
-    assert "would run unallocated, preemptible: over what your team's allocation funds" in (
-        notebook
+    assert "would run unallocated, preemptible: beyond the team's burst limit next to its " in (
+        notebook  # the policy's verdict (OVER_BURST), with the team's figures
     )
     assert "starts within a minute" not in notebook  # unallocated: no promise
     debug = cy.inner_text(".budgethub-profile[data-profile=debug]")

@@ -53,3 +53,4 @@ def test_the_forecast_is_what_the_next_cycle_does(case: tuple[Scenario, int, flo
     assert (said.funded, said.starts_now) == (done.funded, done.starts_now), (said, done)
     assert (said.position, said.waiting, said.ahead) == (done.position, done.waiting, done.ahead)
     assert said.protected_s == done.protected_s
+    assert (said.ground, said.reason) == (done.ground, done.reason)  # the verdict's codes
