@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,8 +123,8 @@ def test_status_reports_activity(server: Server) -> None:
     assert server.agent("GET", "status")[1]["last_activity"] == second["last_activity"]
 
 
-def _open_named(server: Server, path: str, name: str) -> Kernel:
-    """A session for ``path`` whose client names it ``name`` (not the file's name)."""
+def _open_named(server: Server, path: str, name: str) -> tuple[Kernel, str]:
+    """A session for ``path`` whose client names it ``name``; its kernel and id."""
     status, model = server.api(
         "POST",
         "/api/sessions",
@@ -132,7 +133,7 @@ def _open_named(server: Server, path: str, name: str) -> Kernel:
     assert status == 201, model
     kernel = Kernel(server, model["kernel"]["id"], path)
     server.kernels.append(kernel)
-    return kernel
+    return kernel, model["id"]
 
 
 def test_one_key_per_notebook_whatever_name_the_client_sends(tmp_path: Path) -> None:
@@ -145,18 +146,34 @@ def test_one_key_per_notebook_whatever_name_the_client_sends(tmp_path: Path) -> 
     root, home = tmp_path / "root", tmp_path / "home"
     (root / "work").mkdir(parents=True)
     with Server(root, home=home, secret=SECRET) as first:
-        full = _open_named(first, "work/nb1.ipynb", "work/nb1.ipynb")
-        absolute = _open_named(first, "work/nb2.ipynb", str(root / "work" / "nb2.ipynb"))
+        for name in ("nb1.ipynb", "nb2.ipynb", "nb3.ipynb", "top.ipynb"):
+            parent = root / ("" if name == "top.ipynb" else "work")
+            (parent / name).write_text(
+                '{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}'
+            )
+        full, _ = _open_named(first, "work/nb1.ipynb", "work/nb1.ipynb")
+        absolute, _ = _open_named(first, "work/nb2.ipynb", str(root / "work" / "nb2.ipynb"))
+        # JupyterLab 4: the kernel starts for <directory>/<uuid> named by the file's name,
+        # then the session moves to the notebook's path.
+        lab, session_id = _open_named(first, f"work/{uuid.uuid4()}", "nb3.ipynb")
+        status, _ = first.api("PATCH", f"/api/sessions/{session_id}", {"path": "work/nb3.ipynb"})
+        assert status == 200
         plain = first.open_notebook("top.ipynb")
         full.ok("a = 1")
         absolute.ok("b = 2")
+        lab.ok("d = 4")
         plain.ok("c = 3")
         status, report = first.agent("POST", "checkpoint", {"within": 30})
         assert status == 200, report
         by = {k["notebook"]: k["saved"] for k in report["kernels"]}
-        assert by == {"work/nb1.ipynb": ["a"], "work/nb2.ipynb": ["b"], "top.ipynb": ["c"]}
+        assert by == {
+            "work/nb1.ipynb": ["a"],
+            "work/nb2.ipynb": ["b"],
+            "work/nb3.ipynb": ["d"],
+            "top.ipynb": ["c"],
+        }
         keys = sorted(p.name for p in first.state_dir.iterdir() if p.is_dir())
-        expected = ["top.ipynb", "work/nb1.ipynb", "work/nb2.ipynb"]
+        expected = ["top.ipynb", "work/nb1.ipynb", "work/nb2.ipynb", "work/nb3.ipynb"]
         assert keys == sorted(notebook_key(p) for p in expected)
         for path in expected:
             manifest = load_manifest(first.state_dir / notebook_key(path))

@@ -50,13 +50,13 @@ def notebook_path(session_name: str | None = None) -> str | None:
     """The notebook this kernel belongs to, relative to the server root, or None.
 
     The one key of a notebook everywhere (kernel state, agent, report): its API path,
-    normalized. The agent gives every kernel ``$BUDGETHUB_NOTEBOOK``, its session's
-    API path, because ``JPY_SESSION_NAME`` depends on the name a client sends:
-    Jupyter Server makes it ``os.path.join(<notebook's directory on disk>, name)``,
-    so a client naming its session by the full relative path gave a second key
-    (``work/work/a.ipynb``). ``JPY_SESSION_NAME`` is the fallback (a server without
-    the agent); an absolute path is made relative to ``$BUDGETHUB_SERVER_ROOT``
-    (the home without it).
+    normalized. The agent gives every kernel ``$BUDGETHUB_NOTEBOOK``, its notebook's
+    API path (`budgethub_session.agent.session_notebook`), because
+    ``JPY_SESSION_NAME`` depends on the name a client sends: Jupyter Server makes it
+    ``os.path.join(<notebook's directory on disk>, name)``, so a client naming its
+    session by the full relative path gave a second key (``work/work/a.ipynb``).
+    ``JPY_SESSION_NAME`` is the fallback (a server without the agent); an absolute
+    path is made relative to ``$BUDGETHUB_SERVER_ROOT`` (the home without it).
     """
     if session_name is None:
         name = os.environ.get(NOTEBOOK_ENV) or os.environ.get("JPY_SESSION_NAME")

@@ -30,6 +30,7 @@ import asyncio
 import hmac
 import json
 import os
+import posixpath
 import queue
 import time
 from datetime import datetime
@@ -309,14 +310,27 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": "budgethub_session.agent"}]
 
 
-def _key_kernels_by_path(session_manager: Any) -> None:
+def session_notebook(path: str | None, name: str | None, root: str) -> str | None:
+    """The notebook of a session that starts a kernel: its path when that is a file;
+    else (JupyterLab starts a session at ``<notebook's directory>/<uuid>`` and moves it
+    to the notebook's path once the kernel runs) that directory and the name's last
+    part (JupyterLab's name is the file's name; other clients send the whole path)."""
+    rel = notebook_path(path or "")
+    if rel and os.path.isfile(os.path.join(root, rel)):
+        return rel
+    if name:
+        return notebook_path(posixpath.join(posixpath.dirname(rel or ""), posixpath.basename(name)))
+    return rel
+
+
+def _key_kernels_by_path(session_manager: Any, root: str) -> None:
     """Every kernel a session starts (or restarts after a rename) gets
-    ``$BUDGETHUB_NOTEBOOK``: its session's API path, whatever name the client sent."""
+    ``$BUDGETHUB_NOTEBOOK``: its notebook's path, whatever name the client sent."""
     get_kernel_env = session_manager.get_kernel_env
 
     def with_notebook(path: str | None, name: Any = None) -> dict[str, str]:
         env = dict(get_kernel_env(path, name))
-        notebook = notebook_path(path or "")
+        notebook = session_notebook(path, name if isinstance(name, str) else None, root)
         if notebook:
             env[NOTEBOOK_ENV] = notebook
         else:
@@ -347,7 +361,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     secret = os.environ.pop(SECRET_ENV, "")  # kernels and terminals do not inherit it
     os.environ[ROOT_ENV] = os.path.abspath(os.path.expanduser(serverapp.root_dir))
     os.environ.pop(NOTEBOOK_ENV, None)
-    _key_kernels_by_path(serverapp.session_manager)
+    _key_kernels_by_path(serverapp.session_manager, os.environ[ROOT_ENV])
     agent = Agent(serverapp, secret)
     _announce_restore(agent, serverapp.log)
     base = serverapp.web_app.settings.get("base_url", "/")
