@@ -12,6 +12,8 @@ against its bar in bench/bars.toml.
 * placement — the placement benchmark on the Alibaba trace (`budgethub bench placement`;
   printed, no bar)
 * bench.spawn — BudgetSpawner against DockerSpawner on the local engine (`make images` first)
+* bench.browser_start — a click on Start to JupyterLab ready in headless Chromium, one
+  user alone and four at once
 * bench.snapshot_cells — checkpoint overhead per cell (50 cells, 200 MB of state) in the image
 * bench.snapshot — preemption decision -> slices free, restore start -> variables available
   (1 GiB of kernel variables, 1 GiB of home files)
@@ -57,6 +59,7 @@ MODULES: tuple[tuple[str, list[str]], ...] = (
     ("restorable", []),
     (PLACEMENT, []),
     ("spawn", []),
+    ("browser_start", []),
     ("snapshot_cells", []),
     ("snapshot", []),
     ("restore_fidelity", []),
