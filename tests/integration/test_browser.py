@@ -7,8 +7,13 @@ the queued session starting when the first one stops.
 
 from __future__ import annotations
 
+import json
+import time
+
+import requests
+
 from harness.browser import log_in
-from harness.nodes import local_gpu_node
+from harness.nodes import demo_teams, local_gpu_node
 
 
 def test_a_notebook_then_a_queue_that_moves_in_a_real_browser(make_hub, browser, tmp_path):
@@ -36,3 +41,32 @@ def test_a_notebook_then_a_queue_that_moves_in_a_real_browser(make_hub, browser,
     bo.wait_for_load_state()
     assert "/user/bo/" in bo.url
     hub.stop_server("bo")
+
+
+def test_the_form_states_the_protection_cap_an_admin_set(make_hub, browser):
+    """Issue 41: after an admin lowers max_min_runtime in the budget service, the spawn
+    form says the new cap, not the configured 8 h, and refuses a runtime above it."""
+    groups = {"nlp": ["ann"], "budget-admins": ["boss"]}
+    hub = make_hub(nodes=[local_gpu_node(gpus=1)], teams=demo_teams(), groups=groups)
+    ann = log_in(browser, hub, "ann")
+    assert "protected 1 h by default, at most 8 h" in ann.inner_text("form")
+    hub.http.post(f"{hub.api}/users/boss", timeout=10)
+    token = hub.http.post(f"{hub.api}/users/boss/tokens", json={}, timeout=10).json()["token"]
+    service = f"{hub.url}/services/budget/api/v1/admin"
+    headers = {"Authorization": f"token {token}"}
+    answer = requests.patch(
+        f"{service}/settings", data=json.dumps({"max_min_runtime": "2h"}), headers=headers,
+        timeout=20,
+    )  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    deadline = time.monotonic() + 30
+    while "at most 2 h" not in ann.inner_text("form") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        ann.reload()
+    text = ann.inner_text("form")
+    assert "protected 1 h by default, at most 2 h" in text and "at most 8 h" not in text
+    ann.fill("#budgethub-min-runtime", "3h")
+    ann.click("form input[type=submit], form button[type=submit]")
+    ann.wait_for_load_state()
+    assert "3 h is over the cap of 2 h" in ann.inner_text("body")
+    assert hub.server_model("ann") is None
