@@ -248,7 +248,7 @@ def file_spec(obj: Any, background: bool = False) -> dict[str, Any]:
         "kind": "text" if text else "raw" if isinstance(obj, io.FileIO) else "buffered",
         "name": name,
         "path": os.path.abspath(name),
-        "mode": obj.mode,
+        "mode": getattr(obj, "mode", None) or raw.mode.replace("b", ""),
         "closed": obj.closed,
         "position": None,
     }
