@@ -10,13 +10,15 @@ value of the wrong type is a 400 naming the field, never a 500.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
+from pathlib import Path
 from typing import Any
 
 import requests
 
-from harness.browser import ADMIN, ADMIN_PASSWORD, api_session
+from harness.browser import ADMIN, ADMIN_PASSWORD, api_session, open_hub, shot
 from harness.hub import PASSWORD, Hub, queue_events, wait_for
 from harness.nodes import ONE_GPU, local_gpu_node
 from scheduler_core.store import Store
@@ -175,4 +177,62 @@ def test_bad_input_to_the_queue_routes_is_a_400_or_403_naming_the_field(make_hub
     assert not re.search(r"\bbo\b", json.dumps(mine)), mine  # no other user's name
     assert "Traceback" not in hub.log_tail(400)
     hub.stop_server("bo")
+    hub.stop_server("ann")
+
+
+def test_the_admin_page_sets_a_priority_cancels_and_cancels_a_pending_spawn(
+    make_hub, browser, tmp_path
+):
+    shots = Path(os.environ.get("BUDGETHUB_SHOTS") or tmp_path)
+    hub = make_hub(nodes=[local_gpu_node(gpus=1)], extra=ADMIN)
+    assert hub.spawn("ann", ONE_GPU).status_code in (201, 202)
+    hub.wait_ready("ann")
+    for user, server in (("cy", ""), ("ann", "two"), ("bo", "")):
+        assert hub.spawn(user, ONE_GPU, server=server).status_code == 202
+    page = open_hub(browser, hub, "admin", ADMIN_PASSWORD)
+    page.goto(f"{hub.url}/hub/admin")
+    rows = page.locator(".budgethub-queue-row")
+    rows.first.wait_for(timeout=30_000)
+    assert rows.count() == 3
+    # The Hub's own table: a queued server's disabled "Server is pending" gets a cancel.
+    page.locator(".budgethub-cancel-pending").first.wait_for(timeout=30_000)
+    assert page.locator(".budgethub-cancel-pending").count() == 3
+    shot(page, "admin-queue-control.png", shots)
+    page.evaluate("localStorage.setItem('jupyterhub-bs-theme', 'dark')")
+    page.reload()
+    page.locator(".budgethub-cancel-pending").first.wait_for(timeout=30_000)
+    shot(page, "admin-queue-control-dark.png", shots)
+    page.evaluate("localStorage.setItem('jupyterhub-bs-theme', 'light')")
+    page.reload()
+
+    two = page.locator(".budgethub-queue-row[data-user=ann][data-server=two]")
+    two.locator("input[name=priority]").fill("7")
+    with page.expect_navigation(timeout=15_000):  # the page says so, then reloads
+        two.locator(".budgethub-priority button").click()
+        page.locator("#budgethub-queue-status.alert-success").wait_for(timeout=10_000)
+        assert "set from 0 to 7" in page.inner_text("#budgethub-queue-status")
+    wait_for(lambda: _queue_status(hub, "ann", "two")["team_position"] == 1, 10, "ann/two first")
+    two = page.locator(".budgethub-queue-row[data-user=ann][data-server=two]")
+    two.wait_for(timeout=10_000)
+    assert two.locator("input[name=priority]").input_value() == "7"
+    two.locator("input[name=priority]").fill("2.5")  # the API names the field
+    two.locator(".budgethub-priority button").click()
+    page.locator("#budgethub-queue-status.alert-danger").wait_for(timeout=10_000)
+    assert "priority: must be a whole number" in page.inner_text("#budgethub-queue-status")
+
+    cy = page.locator(".budgethub-queue-row[data-user=cy]")
+    cy.locator("input[name=reason]").fill("the GPU is reserved for a course today")
+    cy.locator(".budgethub-cancel button").click()
+    wait_for(lambda: hub.server_model("cy") is None, 30, "cy's spawn to end")
+
+    page.reload()
+    page.locator(".budgethub-queue-row").first.wait_for(timeout=30_000)
+    bo_button = page.locator("tr.user-row:has([data-testid='user-name-div-bo'])")
+    bo_button.locator(".budgethub-cancel-pending").click()
+    wait_for(lambda: hub.server_model("bo") is None, 30, "bo's spawn to end")
+    entries = [(e.target.split(".")[0], e.new) for e in _audit(hub) if e.actor == "admin"]
+    assert ("queue", "cancelled: the GPU is reserved for a course today") in entries, entries
+    assert ("queue", "cancelled") in entries and ("queue", 7) in entries, entries
+    page.context.close()
+    hub.stop_server("ann", "two")
     hub.stop_server("ann")
