@@ -35,6 +35,12 @@ HORIZON_S = 14 * 86400.0
 """How far forward an estimate looks; a request not started by then has no estimate."""
 MAX_STEPS = 2000
 """Most schedulable moments one forward run visits (keeps an estimate cheap)."""
+EXACT_S = 3600.0
+"""A forward run visits every moment up to this far ahead."""
+COARSEN = 0.02
+"""Beyond `EXACT_S`, it takes the moments within this fraction of their distance past it
+as one: a start estimated a day ahead may be up to half an hour late, and a deep queue
+costs fewer cycles."""
 _EMPTY: Mapping[str, float] = MappingProxyType({})
 _NONE: Mapping[str, tuple[float, ...]] = MappingProxyType({})
 
@@ -263,6 +269,64 @@ def fork(
     return copy, forward
 
 
+class ForwardRun:
+    """The same scheduler run forward from ``core``'s state at ``now`` (``extra`` queued
+    too), as far as the starts asked for need: settled at each expected end, each
+    time-driven wake and each tick that can run a cycle, as the simulator settles. It
+    stops for good past ``horizon`` seconds, after ``steps`` moments, or once nothing
+    waits; a request not started by then has no estimate. Asking for a request deeper
+    in the queue goes on from where the last question left it."""
+
+    def __init__(
+        self,
+        core: Scheduler,
+        now: float,
+        history: History,
+        extra: Request | None = None,
+        *,
+        horizon: float = HORIZON_S,
+        steps: int = MAX_STEPS,
+    ) -> None:
+        self.copy, self.forward = fork(core, now, history, extra)
+        self.now = now
+        self.end = now + horizon
+        self.steps = steps
+        # Between events a tick runs a cycle only each budget_recheck (`Scheduler.step`):
+        # the forward run visits those ticks alone, not every cycle_tick.
+        self.tick = max(core.settings.cycle_tick, core.settings.budget_recheck)
+        self.done = False
+        self.copy.settle()
+
+    def start(self, request_id: str) -> float | None:
+        """When ``request_id`` first starts in the run (None: not within its bounds)."""
+        starts = self.forward.starts
+        while request_id not in starts and not self.done:
+            self._advance()
+        return starts.get(request_id)
+
+    def _advance(self) -> None:
+        copy, forward = self.copy, self.forward
+        clock, t = forward.clock, forward.clock.time
+        moments = [forward.next_end(), copy.next_wake()]
+        if copy.pending:
+            moments.append(t + self.tick)
+        later = [m for m in moments if m is not None and m > t]
+        self.steps -= 1
+        if not copy.pending or not later or min(later) > self.end or self.steps < 0:
+            self.done = True
+            return
+        # Far moments are taken together: past EXACT_S ahead, what falls within COARSEN
+        # of the distance beyond it is one moment.
+        first = min(later)
+        t = clock.time = first + max(0.0, first - self.now - EXACT_S) * COARSEN
+        ends = forward.ends
+        while ends and ends[0][0] <= t:
+            _, _, request_id, generation = heapq.heappop(ends)
+            if forward.generation.get(request_id) == generation and request_id in copy.running:
+                copy.finish(request_id)
+        copy.settle()
+
+
 def run_forward(
     core: Scheduler,
     now: float,
@@ -273,31 +337,10 @@ def run_forward(
     horizon: float = HORIZON_S,
     steps: int = MAX_STEPS,
 ) -> dict[str, float]:
-    """Each target's first start (every waiting request and ``extra`` by default) when
-    the same scheduler runs forward from ``core``'s state at ``now``: settled at each
-    expected end, each time-driven wake and each tick that can run a cycle. A
-    target not started within ``horizon`` seconds or ``steps`` moments is left out."""
-    copy, forward = fork(core, now, history, extra)
-    wanted = set(copy.pending) if targets is None else set(targets)
-    # Between events a tick runs a cycle only each budget_recheck (`Scheduler.step`): the
-    # forward run visits those ticks alone, not every cycle_tick.
-    clock = forward.clock
-    tick = max(core.settings.cycle_tick, core.settings.budget_recheck)
-    for _ in range(steps):
-        copy.settle()
-        if wanted <= forward.starts.keys():
-            break
-        t = clock.time
-        moments = [forward.next_end(), copy.next_wake()]
-        if copy.pending:
-            moments.append(t + tick)
-        later = [m for m in moments if m is not None and m > t]
-        if not later or min(later) > now + horizon:
-            break
-        t = clock.time = min(later)
-        ends = forward.ends
-        while ends and ends[0][0] <= t:
-            _, _, request_id, generation = heapq.heappop(ends)
-            if forward.generation.get(request_id) == generation and request_id in copy.running:
-                copy.finish(request_id)
-    return {r: forward.starts[r] for r in wanted if r in forward.starts}
+    """Each target's first start (every waiting request and ``extra`` by default) in a
+    `ForwardRun`; a target it does not start is left out."""
+    run = ForwardRun(core, now, history, extra, horizon=horizon, steps=steps)
+    wanted = list(run.copy.pending) if targets is None else list(targets)
+    wanted += [r for r in run.forward.starts if targets is None and r not in wanted]
+    found = {r: run.start(r) for r in wanted}
+    return {r: t for r, t in found.items() if t is not None}

@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from scheduler_core.forecast import Forecast, History, forecast, history_key, run_forward, standing
+from scheduler_core.forecast import (
+    Forecast,
+    ForwardRun,
+    History,
+    forecast,
+    history_key,
+    run_forward,
+    standing,
+)
 from scheduler_core.model import Health, NodeGrant, PoolKind, Request, RequestClass
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.store import EventRecord, Store
@@ -270,7 +278,7 @@ class QueueView:
         self._forecasts: dict[str, Forecast] = {}
         self._order: dict[str, list[str]] = {}
         """Per pool, the waiting requests in the order the dry run's cycle used."""
-        self._estimates: dict[str, float] | None = None
+        self._forward: ForwardRun | None = None
         self._outlooks: dict[tuple[object, ...], Outlook] = {}
         self._history: tuple[float, History] | None = None
 
@@ -289,7 +297,7 @@ class QueueView:
             for request_id_ in decisions.order:
                 if request_id_ in pools:
                     self._order.setdefault(pools[request_id_], []).append(request_id_)
-            self._estimates = None
+            self._forward = None
             self._outlooks = {}
             self._stale = False
         return now
@@ -302,12 +310,13 @@ class QueueView:
             self._history = (now, found)
         return self._history[1]
 
-    def estimates(self) -> dict[str, float]:
-        """Every waiting request's estimated start: the scheduler run forward."""
+    def estimate(self, request_id: str) -> float | None:
+        """A waiting request's estimated start: the scheduler run forward from the live
+        state (one run per cycle, as far as the requests asked for need)."""
         now = self._fresh()
-        if self._estimates is None:
-            self._estimates = run_forward(self.core, now, self.history())
-        return self._estimates
+        if self._forward is None:
+            self._forward = ForwardRun(self.core, now, self.history())
+        return self._forward.start(request_id)
 
     def queue_status(self, request_id: str) -> QueueStatus | None:
         """Position in the queue (overall in the pool, inside the team) and an estimate."""
@@ -324,7 +333,7 @@ class QueueView:
         if request_id not in team:
             team.append(request_id)
         pool = request.pool
-        estimated = self.estimates().get(request_id)
+        estimated = self.estimate(request_id)
         return QueueStatus(
             position=said.position,
             waiting=said.waiting,

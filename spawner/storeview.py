@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from scheduler_core.forecast import History, dry_run, forecast, run_forward
+from scheduler_core.forecast import ForwardRun, History, dry_run, forecast
 from scheduler_core.ledger import UsageLedger
 from scheduler_core.metrics import HourlySeries
 from scheduler_core.model import (
@@ -231,19 +231,19 @@ class State:
     """Answers worked out from this state (rendered pages and JSON), by route and viewer."""
     history: History = field(default_factory=History)
     """Past sessions' lengths per profile: what estimates rest on."""
-    _estimates: dict[str, float] | None = None
+    _forward: ForwardRun | None = None
     _estimating: threading.Lock = field(default_factory=threading.Lock)
 
     def estimate(self, request_id: str) -> float | None:
         """The request's estimated start: the spawn page's own forecast, the scheduler run
-        forward from this state (`forecast.run_forward`), once for every waiting request
-        of the state (None: that run does not start it)."""
+        forward from this state (`forecast.ForwardRun`, one per state, run only as far
+        as the requests asked for need; None: that run does not start it)."""
         if request_id not in self.core.pending:
             return None
         with self._estimating:
-            if self._estimates is None:
-                self._estimates = run_forward(self.core, self.now, self.history)
-        return self._estimates.get(request_id)
+            if self._forward is None:
+                self._forward = ForwardRun(self.core, self.now, self.history)
+            return self._forward.start(request_id)
 
     def exact(self, request_id: str) -> QueueStatus | None:
         """The request's status exactly as the spawn page's queue message has it, with

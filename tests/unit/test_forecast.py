@@ -68,12 +68,13 @@ def test_the_estimate_is_when_the_scheduler_run_forward_starts_it() -> None:
     for rid in ("w1", "w2"):
         core.submit(dataclasses.replace(ask(rid, "a"), submit=10.0))
     starts = run_forward(core, 10.0, History())
-    assert sorted(starts.values()) == [pytest.approx(HOUR), pytest.approx(2 * HOUR)]
+    # exact within the first hour, then within 2 % of the distance past it (COARSEN)
+    assert sorted(starts.values()) == [HOUR, pytest.approx(2 * HOUR, abs=0.02 * HOUR)]
     assert "no past sessions" in History().basis()
 
     history = History.of([("class:interactive", 3 * HOUR)] * 3)
     later = run_forward(core, 10.0, history)
-    assert sorted(later.values()) == [pytest.approx(3 * HOUR)] * 2
+    assert sorted(later.values()) == [pytest.approx(3 * HOUR, abs=0.04 * HOUR)] * 2
     assert "median length (of 3 past sessions)" in history.basis()
 
 
