@@ -15,16 +15,20 @@ Where the time goes, per start (from the page's main-frame navigations):
   through the Hub);
 * ``lab``: then until the main area is ready (JupyterLab loads and starts).
 
-The Hub's own count of the server's start ("took X seconds to start") is printed too.
-Run: ``python -m bench.browser_start [--rounds N] [--users N]`` (needs the engine, the
-images of ``make images`` and Chromium).
+With ``--against IMAGE`` a second Hub runs the same profiles on IMAGE and the lone
+starts alternate between the two (a change to the image, judged at the same load).
+The machine's load average is printed first and last: on a shared machine it moves
+these figures more than anything here does.
+
+Run: ``python -m bench.browser_start [--rounds N] [--users N] [--against IMAGE]`` (needs
+the engine, the images of ``make images`` and Chromium).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import re
+import os
 import shutil
 import statistics
 import tempfile
@@ -36,6 +40,7 @@ from typing import Any
 from harness.browser import CHROMIUM, FLAGS, MAIN_AREA_READY, async_log_in
 from harness.hub import Hub, remove_containers, start_hub
 from harness.nodes import local_gpu_node
+from spawner.spawner import DEFAULT_PROFILES
 
 FIGURES = ("browser_start.alone_s", "browser_start.together_s")
 """The figures ``collect`` returns (bench/bars.toml)."""
@@ -113,12 +118,6 @@ async def starts(hub: Hub, users: list[str]) -> list[Start]:
             await browser.close()
 
 
-def hub_start_seconds(hub: Hub) -> list[float]:
-    """The Hub's own count of each server start (its "took X seconds to start" lines)."""
-    text = hub.log_path.read_text(errors="replace")
-    return [float(s) for s in re.findall(r"took ([\d.]+) seconds to start", text)]
-
-
 def stop_all(hub: Hub, users: list[str]) -> None:
     for user in users:
         if hub.server_model(user) is not None:
@@ -139,10 +138,70 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
+def load() -> str:
+    """The machine's load averages (1, 5, 15 min) and cores: what the figures ran beside."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.1f} {five:.1f} {fifteen:.1f} on {os.cpu_count()} cores"
+
+
+def open_hub(work: Path, name: str, users: list[str], image: str | None) -> Hub:
+    """A Hub with the default profiles (their image replaced by ``image`` if given)."""
+    home = work / name
+    home.mkdir()
+    profiles = None
+    if image is not None:
+        profiles = [{**p, "image": image} for p in DEFAULT_PROFILES]
+    return start_hub(
+        home,
+        hub_name=name,
+        nodes=[local_gpu_node(gpus=4)],
+        teams=[{"name": "bench", "share": {"gpu": 1.0, "cpu": 1.0}}],
+        groups={"bench": users},
+        profiles=profiles,
+        extra="c.JupyterHub.log_level = 'INFO'\n",
+    )
+
+
+def start_once(hub: Hub, users: list[str]) -> list[Start]:
+    runs = asyncio.run(starts(hub, users))
+    stop_all(hub, users)
+    return runs
+
+
+def phase_text(run: Start) -> str:
+    return ", ".join(f"{p} {s:.2f}" for p, s in run.phases().items())
+
+
+def measure(hubs: dict[str, Hub], users: list[str], rounds: int) -> dict[str, Any]:
+    """A warm-up start per Hub, ``rounds`` lone starts on each in turn, then ``users`` at
+    once on the first."""
+    for name, hub in hubs.items():
+        say(f"warm-up start, {name}: {start_once(hub, users[:1])[0].total:.2f} s (not counted)")
+    alone: dict[str, list[Start]] = {name: [] for name in hubs}
+    for i in range(rounds):
+        for name, hub in hubs.items():
+            alone[name].extend(start_once(hub, users[:1]))
+            run = alone[name][-1]
+            say(f"alone {i + 1}/{rounds}, {name}: {run.total:.2f} s ({phase_text(run)})")
+    first = next(iter(hubs))
+    together = start_once(hubs[first], users)
+    for run in together:
+        say(f"together, {run.user}: {run.total:.2f} s ({phase_text(run)})")
+    for name, runs in alone.items():
+        say(summary(f"one user alone, {name}: Start sent -> JupyterLab ready", runs))
+    say(summary(f"{len(users)} users at once, {first}: Start sent -> JupyterLab ready", together))
+    return {"alone": [r.total for r in alone[first]], "together": [r.total for r in together]}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench.browser_start")
     parser.add_argument("--rounds", type=int, default=5, help="starts of one user alone")
     parser.add_argument("--users", type=int, default=4, help="users who click Start at once")
+    parser.add_argument(
+        "--against",
+        metavar="IMAGE",
+        help="a second Hub whose profiles run IMAGE; the lone starts alternate between them",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds: must be at least 1")
@@ -154,38 +213,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work = Path(tempfile.gettempdir()) / "budgethub-bench-browser"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
-    hub = start_hub(
-        work,
-        hub_name="bench-browser",
-        nodes=[local_gpu_node(gpus=4)],
-        teams=[{"name": "bench", "share": {"gpu": 1.0, "cpu": 1.0}}],
-        groups={"bench": users},
-        extra="c.JupyterHub.log_level = 'INFO'\n",
-    )
-    results: dict[str, Any] = {}
+    say(f"bench.browser_start: {load()}")
+    hubs: dict[str, Hub] = {}
     try:
-        warm = asyncio.run(starts(hub, users[:1]))  # image in the page cache, lab assets
-        stop_all(hub, users)
-        say(f"warm-up start: {warm[0].total:.2f} s (not counted)")
-        alone: list[Start] = []
-        for i in range(args.rounds):
-            alone.extend(asyncio.run(starts(hub, users[:1])))
-            stop_all(hub, users)
-            phases = ", ".join(f"{p} {s:.2f}" for p, s in alone[-1].phases().items())
-            say(f"alone {i + 1}/{args.rounds}: {alone[-1].total:.2f} s ({phases})")
-        together = asyncio.run(starts(hub, users))
-        stop_all(hub, users)
-        for run in together:
-            phases = ", ".join(f"{p} {s:.2f}" for p, s in run.phases().items())
-            say(f"together, {run.user}: {run.total:.2f} s ({phases})")
-        say(summary("one user alone, click -> JupyterLab ready", alone))
-        say(summary(f"{args.users} users at once, click -> JupyterLab ready", together))
-        hub_s = hub_start_seconds(hub)
-        say(f"the Hub's count of each server start: median {statistics.median(hub_s):.2f} s")
-        results = {"alone": [r.total for r in alone], "together": [r.total for r in together]}
+        hubs["budgethub/gpu:latest"] = open_hub(work, "bench-browser", users, None)
+        if args.against:
+            hubs[args.against] = open_hub(work, "bench-browser-b", users, args.against)
+        results = measure(hubs, users, args.rounds)
     finally:
-        hub.stop()
-        remove_containers("bench-browser")
+        for hub in hubs.values():
+            hub.stop()
+            remove_containers(hub.hub_name)
+    say(f"bench.browser_start: done, {load()}")
     return results
 
 
