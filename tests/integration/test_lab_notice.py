@@ -21,6 +21,7 @@ from harness.browser import open_hub, shot
 from harness.hub import Hub
 from harness.kernels import Kernel, Server
 from harness.nodes import local_gpu_node
+from spawner.snaprecord import snapshot_sentence
 
 TYPED = "typed_but_never_saved = 'kept'"
 NOTEBOOK = {
@@ -63,6 +64,11 @@ def test_the_lab_warns_saves_the_unsaved_edits_and_says_what_came_back(
     server.api("PUT", "contents/draft.ipynb", json={"type": "notebook", "content": NOTEBOOK})
     with server.open("draft.ipynb") as kernel:
         assert kernel.run("value = 6 * 7").error is None
+    # A client that names its session by the whole path (as harness.kernels does):
+    # still one notebook, work/notes.ipynb (issue 42, defect 4).
+    server.put_notebook("work/notes.ipynb")
+    with server.open("work/notes.ipynb") as kernel:
+        assert kernel.run("w = 'notes'").error is None
 
     page = open_hub(browser, hub, "gus")
     try:
@@ -87,6 +93,8 @@ def test_the_lab_warns_saves_the_unsaved_edits_and_says_what_came_back(
     assert report["notebooks"]["edits_saved"] == ["draft.ipynb"], report["notebooks"]
     assert report["notebooks"]["not_flushed"] == {}
     assert not any("unsaved changes" in k for k in report["unsaved"]), report["unsaved"]
+    assert [k["notebook"] for k in report["kernels"]] == ["draft.ipynb", "work/notes.ipynb"]
+    assert "2 variables of 2 notebooks come back" in snapshot_sentence(report)
     hub.stop_server("ann")
 
     start(hub, "gus")
@@ -95,7 +103,7 @@ def test_the_lab_warns_saves_the_unsaved_edits_and_says_what_came_back(
         cell = open_notebook(page, hub, "draft.ipynb")
         assert TYPED in cell.inner_text()
         body_has(page, "Restored from the snapshot of")
-        body_has(page, "and 1 variable of 1 notebook")
+        body_has(page, "and 2 variables of 2 notebooks")
         page.get_by_role("button", name="Details").first.click()
         body_has(page, "draft.ipynb: 1 variable (value), loaded when its kernel starts")
         body_has(page, "draft.ipynb: the edits you had not saved")
