@@ -55,12 +55,12 @@ def test_my_sessions_lists_every_session_of_mine_and_its_buttons_work(
     page.wait_for_url("**/hub/budgethub/sessions")
     assert _rows(page) == {"second": "running", "third": "queued", "": "snapshot"}
     second = " ".join(page.inner_text("tr[data-server=second]").split())
-    assert "gpu-1" in second and "1 GPU, " in second and "unallocated" in second, second
+    assert "on gpu-1" in second and "1 GPU, " in second and "unallocated" in second, second
     assert re.search(r"\d\d:\d\d", second), second  # protected until
     third = " ".join(page.inner_text("tr[data-server=third]").split())
     assert "position 1 of 1" in third and "unallocated" in third, third
     # The estimated start, from the read model the spawn page's queue message uses.
-    estimate = page.inner_text("tr[data-server=third] td:nth-child(7)").strip()
+    estimate = page.inner_text("tr[data-server=third] td.budgethub-estimate").strip()
     said = next(e["message"] for e in hub.progress("gus", "third") if "queue" in e)
     assert estimate and estimate != "—", estimate
     clock = re.search(r"\d\d:\d\d", estimate)
