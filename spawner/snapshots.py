@@ -349,6 +349,7 @@ def write_restore_notice(path: Path, report: Mapping[str, Any]) -> None:
             ],
             "unsaved": dict(report.get("unsaved") or {}),
             "edits_saved": list(notebooks.get("edits_saved") or []),
+            "files": report.get("files"),
         },
     )
 

@@ -175,6 +175,7 @@ def test_a_restored_session_tells_its_labs_what_came_back(tmp_path: Path) -> Non
         ],
         "unsaved": {"work/a.ipynb:sock": "socket.socket: cannot pickle 'socket' object"},
         "edits_saved": ["work/a.ipynb"],
+        "files": "kept in its volume on gpu-1",
     }
     (restore / "restore-notice.json").write_text(json.dumps(summary))
     with Server(tmp_path / "root", home=tmp_path / "home", restore_dir=restore) as s:
@@ -187,4 +188,5 @@ def test_a_restored_session_tells_its_labs_what_came_back(tmp_path: Path) -> Non
     )
     assert "work/a.ipynb: 2 variables (df, n), loaded when its kernel starts" in notice["back"]
     assert "work/a.ipynb: the edits you had not saved" in notice["back"]
+    assert notice["back"][0] == "Your files and installed packages (kept in its volume on gpu-1)."
     assert notice["lost"] == ["work/a.ipynb:sock: socket.socket: cannot pickle 'socket' object"]

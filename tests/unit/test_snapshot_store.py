@@ -193,6 +193,7 @@ def test_the_restore_notice_lies_beside_the_kernel_state_and_is_the_users(
         "kernels": [{"notebook": "a.ipynb", "variables": ["x"]}],
         "unsaved": {"a.ipynb:sock": "socket.socket: cannot pickle"},
         "edits_saved": ["a.ipynb"],
+        "files": None,
     }
     assert layout(tmp_path).kernels_dir("ann", "", key) == captured.path / "kernels"
     sentence = snapshot_sentence({**report, "files": "kept in the home"})

@@ -142,7 +142,9 @@ def restored_notice(data: Mapping[str, Any]) -> dict[str, Any]:
     notebooks = sum(1 for k in kernels if k.get("variables"))
     unsaved = {str(k): str(v) for k, v in dict(data.get("unsaved") or {}).items()}
     edits = [str(p) for p in data.get("edits_saved") or []]
-    back = ["Your files and installed packages (the whole home)."]
+    files = data.get("files")
+    where = "the whole home" if files in (None, "kept in the home") else str(files)
+    back = [f"Your files and installed packages ({where})."]
     for k in kernels:
         names = [str(v) for v in k.get("variables") or []]
         if names:
