@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from scheduler_core.model import Allocation, Request
+from scheduler_core.model import Allocation, PoolKind, Request
 from scheduler_core.registry import decide
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.view import ClusterView, Decisions
@@ -344,3 +344,49 @@ def run_forward(
     wanted += [r for r in run.forward.starts if targets is None and r not in wanted]
     found = {r: run.start(r) for r in wanted}
     return {r: t for r, t in found.items() if t is not None}
+
+
+# -- what a team would get: one unit asked for now ------------------------------------
+
+
+def probe_request(team: str, pool: str, view: ClusterView, runtime: float, now: float) -> Request:
+    """A session of one unit of ``pool`` (a GPU, or a core) for ``team``, asked for now."""
+    gpu = view.pools[pool].kind is PoolKind.GPU
+    return Request(
+        f"budgethub-probe/{team}/{pool}",
+        "",
+        team,
+        pool,
+        now,
+        gpus=1 if gpu else 0,
+        cpus=1.0,
+        memory_gib=1.0,
+        min_runtime=runtime,
+    )
+
+
+def probes(
+    view: ClusterView, now: float, pool: str, teams: Iterable[str], runtime: float
+) -> dict[str, Forecast]:
+    """For each team, what a session of one unit asked for now would get, as the cycle
+    over new arrivals that follows it decides (the queue's holds kept, no one else
+    weighed). Teams outside any hierarchy are asked in one dry run: their funding rests
+    on their own figures alone (a sub-team's may rest on its relatives' queues, S5), so
+    each of those is asked alone."""
+    tree = view.teams
+    names = list(teams)
+    related = [t for t in names if tree.teams[t].parent is not None or tree.has_children(t)]
+    alone = set(related)
+    queued = frozenset(r.id for r in view.pending)
+    scoped = replace(view, pending=(), queued=queued, index=None)
+    out: dict[str, Forecast] = {}
+    flat = [probe_request(t, pool, view, runtime, now) for t in names if t not in alone]
+    if flat:
+        together = replace(scoped, pending=tuple(flat), queued=queued | {r.id for r in flat})
+        decisions = decide(together, now)
+        where = {r.id: pool for r in flat}
+        for request in flat:
+            out[request.team] = read(decisions, request, where, now)
+    for team in related:
+        out[team] = forecast(scoped, now, probe_request(team, pool, view, runtime, now))
+    return out

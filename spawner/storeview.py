@@ -14,7 +14,6 @@ one, and the page says how old it is and reloads itself).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import threading
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from scheduler_core.forecast import ForwardRun, History, dry_run, forecast
+from scheduler_core.forecast import ForwardRun, History, dry_run, probes
 from scheduler_core.ledger import UsageLedger
 from scheduler_core.metrics import HourlySeries
 from scheduler_core.model import (
@@ -53,7 +52,7 @@ from scheduler_core.store.models import (
     UsageRow,
 )
 from scheduler_core.store.records import WAITING_STATES
-from scheduler_core.view import ClusterView, Decisions
+from scheduler_core.view import Decisions
 from spawner import admin
 from spawner.readmodel import (
     QueueStatus,
@@ -598,12 +597,13 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
                     allocation.team, 0.0
                 ) + allocation.request.charge_rate(kind)
         probe_runtime = settings.capped_min_runtime(None, "interactive")
+        probed = probes(view, now, pool_name, core.teams.teams, probe_runtime)
         for team in core.teams.teams:
             share = core.teams.share(team, pool_name)
             share_units = share * capacity
             used = ledger.charged(team, pool_name, start, now)
             holding = core.funded_rate(team, pool_name)
-            probe = forecast(*_probe_view(view, team, pool_name, probe_runtime, now))
+            probe = probed[team]  # a session of one unit asked for now: the policy's answer
             would = probe.funded
             why = ""
             if not would:  # the spawn form's words (readmodel.unallocated_why)
@@ -691,29 +691,6 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
         },
         history=store_history(store, now),
     )
-
-
-def _probe_view(
-    view: ClusterView, team: str, pool: str, runtime: float, now: float
-) -> tuple[ClusterView, float, Request]:
-    """A session of one unit (a GPU, or a core) of ``team`` asked for now, and the view a
-    cycle over new arrivals would weigh it in (the queue's holds kept): what "would a
-    session started now be funded" asks of the policy, one request's cost per team."""
-    kind = view.pools[pool].kind
-    probe = Request(
-        f"budgethub-probe/{team}/{pool}",
-        "",
-        team,
-        pool,
-        now,
-        gpus=1 if kind is PoolKind.GPU else 0,
-        cpus=1.0,
-        memory_gib=1.0,
-        min_runtime=runtime,
-    )
-    queued = frozenset(r.id for r in view.pending)
-    scoped = dataclasses.replace(view, pending=(), queued=queued, index=None)
-    return scoped, now, probe
 
 
 def why_waiting(

@@ -100,12 +100,13 @@ MIG_PROFILES = [
 
 
 def test_a_debug_request_with_free_mig_instances_says_it_starts_now(make_hub: Any) -> None:
-    """Issue 40's second case: two whole-GPU requests wait for the node's one whole
-    GPU, and five MIG instances are free. The form put the debug session behind them
-    ("2 ahead in the queue; estimated start at the latest ..."); it starts at once."""
+    """Issue 40's second case: ann (nlp) holds the node's one whole GPU, two requests of
+    vision (which ranks first) wait for it, and five MIG instances are free. The form
+    put dan's (nlp) debug session behind vision's two ("2 ahead in the queue; estimated
+    start at the latest ..."): the old order had no debug lane. It starts at once."""
     hub = make_hub(
         nodes=[local_gpu_node(gpus=2, mig={"1": ["1g.10gb"] * 5}, cpus=16, memory_gib=32)],
-        groups={"nlp": ["ann", "cy"], "vision": ["bo", "dan"]},
+        groups={"nlp": ["ann", "dan"], "vision": ["bo", "cy"]},
         profiles=MIG_PROFILES,
     )
     assert hub.spawn("ann", ONE_GPU).status_code in (201, 202)
@@ -114,7 +115,7 @@ def test_a_debug_request_with_free_mig_instances_says_it_starts_now(make_hub: An
         assert hub.spawn(user, ONE_GPU).status_code == 202  # both wait for the GPU
     page = hub.login("dan").get(f"{hub.url}/hub/spawn", timeout=30).text
     assert "(5 free now)" in page, page[:3000]
-    line = form_line(hub, "dan", "debug", "vision")
+    line = form_line(hub, "dan", "debug", "nlp")
     assert line == "would be funded, protected for 15 min; starts now", line
     asked = time.time()
     assert hub.spawn("dan", {"profile": "debug"}).status_code in (201, 202)
