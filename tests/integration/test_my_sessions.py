@@ -3,7 +3,7 @@
 gus has a snapshotted default server (preempted), a running server and a queued one. From
 the Hub's nav bar, My sessions lists all three with their state, node, what they hold,
 funded or unallocated, protection and the estimated start, and no other user's name;
-its buttons leave the queue, stop, start from the snapshot and delete it. Screenshots
+its buttons leave the queue, stop, start from the snapshot, start fresh and delete it. Screenshots
 (light and dark) go to the test's folder, or to $BUDGETHUB_SHOTS when set.
 """
 
@@ -106,6 +106,13 @@ def test_my_sessions_lists_every_session_of_mine_and_its_buttons_work(
         " === 'snapshot'",
         timeout=30_000,
     )
+    page.click("tr[data-server=''] .budgethub-fresh")  # the snapshot ignored
+    page.wait_for_url(re.compile(r".*/(spawn-pending|user)/gus.*"), timeout=60_000)
+    model = hub.wait_ready("gus", timeout=120)
+    assert model["user_options"]["fresh"] == "on" and "restore" not in model["user_options"]
+    hub.stop_server("gus")
+    page.goto(f"{hub.url}/hub/budgethub/sessions")
+    assert _rows(page)[""] == "snapshot"  # kept: a fresh start does not delete it
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("tr[data-server=''] .budgethub-delete")
     page.wait_for_selector("#budgethub-no-sessions", timeout=30_000)
