@@ -407,8 +407,10 @@ def _expr(
     if kind == "column":
         df = draw(st.sampled_from([n for n, k in kinds.items() if k == "df"]))
         return f"{df}['b']", "series"
-    if kind == "obj":
-        return draw(st.sampled_from(_OBJS)).format(e=e(), f=e()), kind
+    if kind == "obj":  # the kind says which can take an attribute later (_mutate)
+        template = draw(st.sampled_from(_OBJS))
+        mutable = "attr" if template[0] in "PB" else "slot" if template[0] == "S" else kind
+        return template.format(e=e(), f=e()), mutable
     if kind == "func":
         return draw(st.sampled_from(_FUNCS)).format(e=e()), kind
     if kind == "bad":
@@ -417,7 +419,7 @@ def _expr(
 
 
 def _mutate(draw: Any, st: Any, atoms: Any, p: Program, kinds: dict[str, str]) -> None:
-    targets = [n for n, k in kinds.items() if k in ("list", "dict", "obj")]
+    targets = [n for n, k in kinds.items() if k in ("list", "dict", "attr", "slot")]
     if not targets:
         return
     target = draw(st.sampled_from(targets))
@@ -426,11 +428,10 @@ def _mutate(draw: Any, st: Any, atoms: Any, p: Program, kinds: dict[str, str]) -
         line = f"{target}.append({value})"
     elif kinds[target] == "dict":
         line = f"{target}['m'] = {value}"
-    else:  # an instance: a new attribute, or its slot (Frozen raises: then nothing)
-        line = (
-            f"if isinstance({target}, (Point, Bag)): {target}.extra = {value}\n"
-            f"if isinstance({target}, Slotted): {target}.b = {value}"
-        )
+    elif kinds[target] == "attr":  # a dataclass or a class with a property
+        line = f"{target}.extra = {value}"
+    else:
+        line = f"{target}.b = {value}"
     p.lines.append(line)
     if value in p.holds:  # (an alias holds its target and the target it: both taint)
         p.holds[target].add(value)
