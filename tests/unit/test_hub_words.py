@@ -86,3 +86,14 @@ def test_the_hook_posts_to_a_local_receiver_and_calls_a_callable() -> None:
     # A receiver that is gone, or a hook that raises, is logged and never raises.
     assert not asyncio.run(call_hook(url, facts, 2.0, log))
     assert not asyncio.run(call_hook(lambda _f: 1 / 0, facts, 2.0, log))
+
+
+def test_a_priority_an_admin_set_is_kept_in_the_store_the_hub_recovers_from() -> None:
+    from scheduler_core.store import Store
+
+    with Store.create("sqlite://") as store:
+        request = Request(id="ann/two/abcd", user="ann", team="nlp", pool="gpu", submit=1.0)
+        store.add_request(request)
+        store.set_request_priority(request.id, 42)
+        assert store.load_request(request.id).priority == 42
+        assert [r.priority for r in store.pending_requests()] == [42]
