@@ -485,6 +485,12 @@ def save(path: Path, outcomes: Sequence[Outcome], variants: Sequence[Outcome]) -
 def load_budget(path: Path) -> list[Outcome]:
     """The budget runs (not ``against``) that ``save`` wrote to ``path``; ValueError says
     what is wrong with the file."""
+    return [o for o in load_runs(path) if o.job.policy == "budget"]
+
+
+def load_runs(path: Path) -> list[Outcome]:
+    """Every run (not ``against``) that ``save`` wrote to ``path``, each policy's;
+    ValueError says what is wrong with the file."""
     try:
         document = json.loads(path.read_text())
     except OSError as error:
@@ -497,7 +503,7 @@ def load_budget(path: Path) -> list[Outcome]:
         runs = [outcome_from(record) for record in document["runs"]]
     except (KeyError, TypeError) as error:
         raise ValueError(f"{path}: runs: a run is malformed ({error})") from None
-    return [o for o in runs if o.job.policy == "budget"]
+    return runs
 
 
 def same_scenarios(saved: Sequence[Outcome], days: int, small_teams: int) -> list[Outcome]:
@@ -639,6 +645,15 @@ def parser() -> argparse.ArgumentParser:
         help="print this run's budget against the budget runs that --save wrote to PATH"
         " (another tree's rules), run by run on the same scenarios",
     )
+    out.add_argument(
+        "--show",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="only print the tables of the runs that --save wrote to PATH (repeatable: a grid"
+        " run in parts), simulating nothing",
+    )
     out.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (1)")
     out.add_argument(
         "--plot", type=Path, default=DEFAULT_PLOT, help=f"PNG to write ({DEFAULT_PLOT})"
@@ -694,6 +709,8 @@ def main(argv: list[str] | None = None) -> int:
 def collect(argv: list[str] | None = None) -> dict[str, float]:
     """Run the grid as ``main`` does, printing the same; the figures (FIGURES)."""
     args = parser().parse_args(argv)
+    if args.show:
+        return show(args.show)
     if args.days < 1:
         parser().error(f"--days: {args.days} is not a number of days >= 1")
     if args.jobs < 1:
@@ -735,18 +752,7 @@ def collect(argv: list[str] | None = None) -> dict[str, float]:
         f" {runs} runs of {args.days} simulated days in {wall:.0f} s"
         f" ({args.jobs} at a time; simulation alone {sum(o.wall_s for o in outcomes):.0f} s)"
     )
-    for line in table(cells, outcomes):
-        print(line)
-    held = cells_held(cells, outcomes)
-    print(
-        f"family: every bar holds on {held} of {len(cells)} cells (bars: debug p90 <= 5 min,"
-        f" occupancy >= 95%, every team daily >= 90%, legacy debug p90 >= 5x budget's;"
-        f" a bar holds where it holds on every seed)"
-    )
-    for line in [*lost_table(cells, outcomes), *lost_summary(outcomes)]:
-        print(line)
-    for line in baseline_lines(cells, outcomes):
-        print(line)
+    print_grid(cells, outcomes)
     budget = [o for o in outcomes if o.job.policy == "budget"]
     legacy = [o for o in outcomes if o.job.policy == "legacy"]
     if against:
@@ -767,6 +773,44 @@ def collect(argv: list[str] | None = None) -> dict[str, float]:
         plot(args.plot, cells, outcomes, title)
         print(f"family: plot written to {args.plot}")
     return figures(budget, legacy)
+
+
+def print_grid(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> None:
+    """The bars' table and verdict, the lost work's table and spread, the baselines."""
+    for line in table(cells, outcomes):
+        print(line)
+    print(
+        f"family: every bar holds on {cells_held(cells, outcomes)} of {len(cells)} cells"
+        f" (bars: debug p90 <= 5 min, occupancy >= 95%, every team daily >= 90%, legacy"
+        f" debug p90 >= 5x budget's; a bar holds where it holds on every seed)"
+    )
+    for line in [*lost_table(cells, outcomes), *lost_summary(outcomes)]:
+        print(line)
+    for line in baseline_lines(cells, outcomes):
+        print(line)
+
+
+def show(paths: Sequence[Path]) -> dict[str, float]:
+    """Print the tables of runs that ``--save`` wrote (a grid run in parts, one invocation
+    per size, say), simulating nothing; the figures (FIGURES) as ``collect`` gives them.
+    A run saved twice (the same cell, seed, policy, days and settings) is taken once."""
+    found: dict[Job, Outcome] = {}
+    for path in paths:
+        try:
+            for outcome in load_runs(path):
+                found.setdefault(outcome.job, outcome)
+        except ValueError as error:
+            parser().error(f"--show: {error}")
+    outcomes = list(found.values())
+    cells = sorted({o.job.cell for o in outcomes}, key=lambda c: (c.gpus, c.load, c.share))
+    seeds = sorted({o.job.seed for o in outcomes})
+    print(
+        f"family: {len(outcomes)} saved runs of {len(cells)} cells, seeds"
+        f" {','.join(map(str, seeds))}, from {', '.join(map(str, paths))}"
+    )
+    print_grid(cells, outcomes)
+    budget = [o for o in outcomes if o.job.policy == "budget"]
+    return figures(budget, [o for o in outcomes if o.job.policy == "legacy"])
 
 
 def cells_held(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> int:

@@ -295,3 +295,31 @@ def test_a_run_reads_lost_work_and_goodput_from_the_metrics() -> None:
     assert run.lost_gpu_h > 0 and run.preemptions > 0
     assert run.lost_share == pytest.approx(run.lost_gpu_h / (16 * 24), abs=1e-4)
     assert run.goodput == pytest.approx(run.occupancy - run.lost_share, abs=2e-4)
+
+
+def test_show_prints_saved_parts_of_the_grid_as_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two sizes saved by two invocations print as one grid, each run taken once."""
+    small = Cell(88, 1.0, 0.35)
+    large = Cell(256, 1.0, 0.35)
+    first, second = tmp_path / "88.json", tmp_path / "256.json"
+    runs88 = [
+        replace(outcome(p, s, lost_share=0.1), job=Job(small, s, p, 7, 0))
+        for p, s in (("budget", 1), ("legacy", 1))
+    ]
+    runs256 = [
+        replace(outcome(p, 1, lost_share=0.3), job=Job(large, 1, p, 7, 0))
+        for p in ("budget", "legacy")
+    ]
+    family.save(first, runs88, [])
+    family.save(second, [*runs256, runs88[0]], [])
+    figures = family.collect(["--show", str(first), "--show", str(second)])
+    out = capsys.readouterr().out
+    assert "family: 4 saved runs of 2 cells, seeds 1" in out
+    assert "every bar holds on" in out and "budget across 2 workloads" in out
+    assert "lost to preemption 10.0% / 20.0% / 30.0% of the GPU time" in out
+    assert figures["family.occupancy"] == 0.97
+    with pytest.raises(SystemExit):
+        family.main(["--show", str(tmp_path / "none.json")])
+    assert "--show:" in capsys.readouterr().err
