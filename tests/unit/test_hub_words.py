@@ -97,3 +97,26 @@ def test_a_priority_an_admin_set_is_kept_in_the_store_the_hub_recovers_from() ->
         store.set_request_priority(request.id, 42)
         assert store.load_request(request.id).priority == 42
         assert [r.priority for r in store.pending_requests()] == [42]
+
+
+@pytest.mark.parametrize("admin", [True, False])
+def test_the_services_queue_page_sends_an_admin_to_the_hubs_queue_control(admin: bool) -> None:
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+    from spawner.service.views import Viewer
+
+    env = Environment(
+        loader=FileSystemLoader(str(app.TEMPLATES)), autoescape=select_autoescape(["html"])
+    )
+    scopes = {"custom:budget:read"} | ({"custom:budget:admin"} if admin else set())
+    viewer = Viewer(name="x", groups=frozenset(), scopes=frozenset(scopes))
+    html = env.get_template("queue.html").render(
+        prefix="/services/budget/",
+        hub_prefix="/hub/",
+        viewer=viewer,
+        data={"pools": []},
+        state=None,
+        stamp=str,
+        title="Queue",
+    )
+    assert ('href="/hub/admin"' in html and "queue-control" in html) is admin
