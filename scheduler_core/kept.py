@@ -103,7 +103,11 @@ class Queued:
     units: float
     """``rate × min_runtime``: what funding it commits its team to."""
     debug: bool = False
-    """A debug request: it takes the fast lane (see policy.py)."""
+    """A debug request: it takes the fast lane (see scheduler_core/policy)."""
+    kind: int = -1
+    """Equal numbers for requests the policy cannot tell apart but by id, submit time and
+    priority (same shape, protected window, rate, class and resumability): one cycle's
+    answer for one holds for the next of its team while nothing changed (`kind_of`)."""
 
     @classmethod
     def of(cls, request: Request, settings: Settings, kind: PoolKind) -> Queued:
@@ -111,7 +115,24 @@ class Queued:
         rate = request.charge_rate(kind)
         shape = shape_of(request)
         debug = request.klass is RequestClass.DEBUG
-        return cls(request, shape, shape_id(shape), min_runtime, rate, rate * min_runtime, debug)
+        number = shape_id(shape)
+        units = rate * min_runtime
+        found = kind_of((number, min_runtime, rate, units, request.klass, request.resumable))
+        return cls(request, shape, number, min_runtime, rate, units, debug, found)
+
+
+_KINDS: dict[tuple[object, ...], int] = {}
+_NEXT_KIND = itertools.count()
+
+
+def kind_of(figures: tuple[object, ...]) -> int:
+    """A number for a request's figures (`Queued.kind`), given out as `shape_id` does."""
+    found = _KINDS.get(figures)
+    if found is None:
+        if len(_KINDS) >= 100_000:
+            _KINDS.clear()  # numbers are never given out twice
+        found = _KINDS[figures] = next(_NEXT_KIND)
+    return found
 
 
 QueueKey = tuple[bool, int, float, str]

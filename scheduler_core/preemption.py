@@ -417,7 +417,7 @@ class Victims:
 
 @dataclass(frozen=True, slots=True)
 class Lane:
-    """A limit on the victims of one search (policy.py).
+    """A limit on the victims of one search (policy/victims.py).
 
     The fast lane's: a debug request stops debug sessions only with the rights a
     funded request has anyway (``normal``: the teams the rank rule permits; None for a

@@ -9,7 +9,7 @@ holds. Its rank (`key`) weighs in its last day the same way
 each over the share of its span; funding (`leaf`, `can_fund`) keeps the window's
 ratio alone. Why: the window ranks a team by its week, so one that ran hard earlier
 in the week stays behind for days, and while it is short it may stop no work of the
-teams ahead of it, even of teams over their share now (docs/architecture.md,
+teams ahead of it, even of teams over their share now (docs/policy.md,
 "Evidence", R1, with the measurements). The day alone as the rank did worse than
 the window: the week is what keeps a team from running over its share day after
 day. Keys compare level by level from the root, so two teams are ordered by

@@ -1,6 +1,6 @@
 """Policies by name: `register` adds one, `decide` runs the one a view's settings name.
 
-The budget policy (policy.py) and the baselines (baselines/) register themselves
+The budget policy (policy/) and the baselines (baselines/) register themselves
 when imported; importing `scheduler_core` imports them all. A policy is a pure
 function ``(view, now) -> Decisions``.
 """

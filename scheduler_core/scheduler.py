@@ -41,8 +41,8 @@ from scheduler_core.model import (
     RequestClass,
     Team,
 )
+from scheduler_core.policy import partial_cycle_safe
 from scheduler_core.registry import decide
-from scheduler_core.rules import oversize
 from scheduler_core.settings import Settings
 from scheduler_core.teams import TeamTree
 from scheduler_core.view import ClusterView, Decisions
@@ -307,9 +307,16 @@ class Scheduler:
         last = self._last_cycle
         if self._changed or starving or last is None or now - last >= self.settings.budget_recheck:
             return self.cycle()
-        if self.settings.own_slice_after > 0 and self._may_slice_itself(ended, now):
-            # Whether a team slices itself depends on its waiting jobs and its running
-            # ones' protection, which a cycle over part of the queue does not see.
+        if not partial_cycle_safe(
+            self.settings,
+            now,
+            self.pending,
+            self._fresh,
+            ended,
+            self.teams,
+            self._capacity,
+            self.pools,
+        ):
             return self.cycle()
         scope = set(self._fresh)
         if expired:
@@ -324,33 +331,6 @@ class Scheduler:
         if scope or draining:
             return self.cycle(scope)
         return None
-
-    def _may_slice_itself(self, ended: set[tuple[str, str]], now: float) -> bool:
-        """Has a team with a job larger than its share waiting longer than
-        ``own_slice_after`` had a session's protected window end, or asked for new batch
-        work? Whether it slices itself, and whether its new batch work is funded, may
-        then have changed. (Asked on every protected window that ends, the whole queue
-        was looked at on nearly every event of a saturated month: 38 s against 21 s.)"""
-        teams = set(ended)
-        for request_id in self._fresh:
-            request = self.pending.get(request_id)
-            if request is not None and request.klass is RequestClass.BATCH:
-                teams.add((request.team, request.pool))
-        if not teams:
-            return False
-        settings = self.settings
-        bound = settings.own_slice_after
-        for request in self.pending.values():
-            slot = (request.team, request.pool)
-            if slot not in teams or now - request.submit < bound:
-                continue
-            pool = self.pools[request.pool]
-            share_rate = self.teams.own_share(request.team, request.pool) * self._capacity.get(
-                request.pool, 0.0
-            )
-            if oversize(request.charge_rate(pool.kind), share_rate, settings):
-                return True
-        return False
 
     def settle(self, observe: Callable[[Decisions], None] | None = None) -> Decisions | None:
         """`step`, then at once the follow-up cycles it calls for.

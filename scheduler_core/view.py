@@ -63,7 +63,7 @@ class ClusterView:
     (the actuator reads it from the session's agent; the simulator from the scenario)."""
     stops: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     """Per waiting debug request, the times it was preempted before it ran its course
-    (the policy protects its next start longer: `policy._Cycle.admit`)."""
+    (the policy protects its next start longer: `policy.cycle.Cycle.protection`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,149 @@
+"""S5 of docs/architecture.md, day slices: jobs larger than their team's share, funded
+from the last day's share rather than the window's budget, and stopped once that
+day is spent while others wait (the evidence is in docs/policy.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from scheduler_core.kept import Queued
+from scheduler_core.ledger import WindowUsage
+from scheduler_core.rules import oversize_above
+from scheduler_core.settings import Settings
+from scheduler_core.view import ClusterView, Preemption
+
+if TYPE_CHECKING:
+    from scheduler_core.policy.cycle import Cycle, Pass
+
+__all__ = ["DAY", "DayUsage", "lent", "slice_pays"]
+
+DAY = 86400.0
+
+
+def slice_pays(sliced: float, protect: float, settings: Settings) -> bool:
+    """Does a day slice of ``sliced`` seconds fund a request protected for ``protect``:
+    at least a cycle tick, or its protected window if shorter than
+    ``debug_min_runtime`` (the shortest run the contract protects). A slice shorter
+    than ``default_min_runtime`` stops only sessions that resume (S5)."""
+    return sliced >= min(max(protect, settings.cycle_tick), settings.debug_min_runtime) - 1e-9
+
+
+class DayUsage:
+    """Day slices (S5): jobs larger than their team's share, funded from the last
+    day's share rather than the window's budget.
+
+    Such a job is larger than R2's share test allows, and with a week's budget it
+    could run on for days and leave its team nothing the rest of the week. So it is
+    admitted while the team's charge over the last day leaves room for its protected
+    window, with the team's other funded work charged beside it for as long, and, if
+    it can be resumed, stopped (`slices_over`) once that charge reaches the day's
+    share while other work waits in the pool; it comes back when the day slides on.
+    The same terms fund a job within the share that R2 does not fund beside the
+    team's work below the share, and a sub-team's job may borrow the days of the
+    levels above it (`lenders`, `lent`).
+    """
+
+    def __init__(self, view: ClusterView, now: float) -> None:
+        self.view = view
+        self.now = now
+        usage = view.usage
+        self.usage = usage if isinstance(usage, WindowUsage) else None
+        self.start = max(usage.start, now - DAY) if isinstance(usage, WindowUsage) else now
+        self.span = now - self.start
+
+    def lenders(self, team: str, pool: str) -> list[tuple[tuple[str, ...], float]]:
+        """The levels above the team's own work whose share it may borrow, as (subtree,
+        share rate): its ancestors, and itself if it has sub-teams (`lent`)."""
+        tree = self.view.teams
+        capacity = self.view.capacity.get(pool, 0.0)
+        return [
+            (tree.subtree(level), tree.share(level, pool) * capacity)
+            for level in tree.ancestors(team)
+            if level != team or tree.has_children(team)
+        ]
+
+    def room(self, team: str, pool: str, share_rate: float) -> float:
+        """Units the team may still be charged in the pool before its day's share."""
+        return self.subtree_room((team,), pool, share_rate)
+
+    def subtree_room(self, members: tuple[str, ...], pool: str, share_rate: float) -> float:
+        """Units the teams in ``members`` (a team's whole subtree, or the team alone) may
+        still be charged in the pool before that team's day share (``share_rate``)."""
+        if self.usage is None:
+            return share_rate * DAY
+        usage, start = self.usage, self.start
+        return share_rate * self.span - sum(usage.since((m, pool), start) for m in members)
+
+    def slices_over(self, stopped: set[str]) -> list[Preemption]:
+        """Stops for resumable oversize jobs past protection whose team's day is spent."""
+        view = self.view
+        guaranteed = view.settings.guaranteed_share
+        if self.usage is None or not view.pending or guaranteed <= 0:
+            return []  # without a guaranteed share there are no day slices to stop
+        waiting = {r.pool for r in view.pending}
+        tree = view.teams
+        settings = view.settings
+        now = self.now
+        found: list[Preemption] = []
+        # (team, pool) → (share rate, the rate above which a job is oversize).
+        limits: dict[tuple[str, str], tuple[float, float]] = {}
+        for allocation in view.allocations:
+            # The cheap tests first: this runs over every session in every cycle.
+            if not allocation.funded or allocation.protected_until > now:
+                continue
+            request = allocation.request
+            pool = request.pool
+            if (
+                pool not in waiting
+                or allocation.start >= now
+                or not request.resumable
+                or request.id in stopped
+            ):
+                continue
+            slot = (request.team, pool)
+            limit = limits.get(slot)
+            if limit is None:
+                share_rate = tree.own_share(request.team, pool) * view.capacity.get(pool, 0)
+                limit = limits[slot] = (share_rate, oversize_above(share_rate, settings))
+            share_rate, above = limit
+            if allocation.charge_rate <= above:
+                continue
+            # Its own day spent, and the day of every level it may borrow from (none for
+            # a top-level team).
+            if self.room(request.team, pool, share_rate) <= 1e-6 and all(
+                self.subtree_room(members, pool, rate) <= 1e-6
+                for members, rate in self.lenders(request.team, pool)
+            ):
+                found.append(Preemption(allocation.id, "time-slice"))
+        return found
+
+
+def lent(
+    cycle: Cycle, team: str, team_queues: Mapping[str, tuple[Queued, ...]], state: Pass
+) -> list[tuple[tuple[str, ...], float, float]]:
+    """What a day slice of the team may borrow from its relatives (S5): per level above
+    its own work (`DayUsage.lenders`), that level's subtree, its share rate, and
+    what the subtree's other teams claim of it now: each at least its funded
+    rate, and up to its own share, what it runs funded and waits for. A job
+    larger than the team's share may then be sliced from that level's day for as
+    long as the level's day share pays for it, the team's other funded work and
+    those claims together: a parent's share is owed to the demand of its whole
+    subtree, and a sub-team's own day is often far smaller than its job."""
+    out: list[tuple[tuple[str, ...], float, float]] = []
+    pool = state.name
+    tree = cycle.view.teams
+    capacity = cycle.view.capacity.get(pool, 0.0)
+    rates, waiting = cycle.rates, state.waiting
+    for members, share_rate in cycle.day.lenders(team, pool):
+        claimed = 0.0
+        for member in members:
+            if member == team:
+                continue
+            wanted = waiting.get(member)
+            if wanted is None:
+                wanted = waiting[member] = sum(e.rate for e in team_queues.get(member, ()))
+            running = rates[(member, pool)]
+            claimed += max(running, min(tree.own_share(member, pool) * capacity, running + wanted))
+        out.append((members, share_rate, claimed))
+    return out
