@@ -85,7 +85,9 @@ def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path):
     admin = open_hub(browser, hub, "admin", ADMIN_PASSWORD)
     admin.goto(f"{hub.url}/hub/admin")
     table = admin.inner_text(".budgethub-admin-queue")
-    assert re.search(r"gpu\s+1 of 1\s+bo\s+\(default\)\s+vision\s+gpu-notebook", table), table
+    assert re.search(
+        r"1 of 1\s+pool gpu\s+bo\s+\(default\)\s+vision\s+1 of 1 in team\s+gpu-notebook", table
+    ), table
     assert "funded; waits for free slices" in table
     shot(admin, "admin-queue.png", tmp_path)
     hub.stop_server("bo")
