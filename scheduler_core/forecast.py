@@ -370,23 +370,10 @@ def probes(
 ) -> dict[str, Forecast]:
     """For each team, what a session of one unit asked for now would get, as the cycle
     over new arrivals that follows it decides (the queue's holds kept, no one else
-    weighed). Teams outside any hierarchy are asked in one dry run: their funding rests
-    on their own figures alone (a sub-team's may rest on its relatives' queues, S5), so
-    each of those is asked alone."""
-    tree = view.teams
-    names = list(teams)
-    related = [t for t in names if tree.teams[t].parent is not None or tree.has_children(t)]
-    alone = set(related)
+    weighed). Each team is asked in a dry run of its own: asked together, one team's
+    probe changed another's funding (a day slice, S5), as a property test found."""
     queued = frozenset(r.id for r in view.pending)
     scoped = replace(view, pending=(), queued=queued, index=None)
-    out: dict[str, Forecast] = {}
-    flat = [probe_request(t, pool, view, runtime, now) for t in names if t not in alone]
-    if flat:
-        together = replace(scoped, pending=tuple(flat), queued=queued | {r.id for r in flat})
-        decisions = decide(together, now)
-        where = {r.id: pool for r in flat}
-        for request in flat:
-            out[request.team] = read(decisions, request, where, now)
-    for team in related:
-        out[team] = forecast(scoped, now, probe_request(team, pool, view, runtime, now))
-    return out
+    return {
+        team: forecast(scoped, now, probe_request(team, pool, view, runtime, now)) for team in teams
+    }

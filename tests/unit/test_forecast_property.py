@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.builders import Idle, scenarios
-from scheduler_core.forecast import forecast, probe_request, probes, read
+from scheduler_core.forecast import forecast, read
 from scheduler_core.scenario import Scenario
 from scheduler_core.simulator import Simulation
 
@@ -54,31 +54,3 @@ def test_the_forecast_is_what_the_next_cycle_does(case: tuple[Scenario, int, flo
     assert (said.position, said.waiting, said.ahead) == (done.position, done.waiting, done.ahead)
     assert said.protected_s == done.protected_s
     assert (said.ground, said.reason) == (done.ground, done.reason)  # the verdict's codes
-
-
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(snapshot_and_request())
-def test_teams_asked_together_get_what_each_gets_asked_alone(
-    case: tuple[Scenario, int, float],
-) -> None:
-    """The budget pages ask every team's one-unit probe of a pool in one dry run; each
-    team's answer must be the one it gets asked alone (`probes`)."""
-    scenario, _, stop = case
-    simulation = Simulation(dataclasses.replace(scenario, horizon=stop))
-    simulation.run()
-    core = simulation.scheduler
-    now = simulation.clock.now()
-    view = core.view(now)
-    teams = list(core.teams.teams)
-    together = probes(view, now, "g", teams, 3600.0)
-    scoped = dataclasses.replace(
-        view, pending=(), queued=frozenset(r.id for r in view.pending), index=None
-    )
-    for team in teams:
-        alone = forecast(scoped, now, probe_request(team, "g", view, 3600.0, now))
-        got = together[team]
-        assert (got.funded, got.ground, got.protected_s) == (
-            alone.funded,
-            alone.ground,
-            alone.protected_s,
-        ), team
