@@ -173,9 +173,10 @@ def fund(
     """Funding of one entry: S6 first (may it slice its team), then S5 for a job
     larger than the share, else S6's hold on batch work, else R2, and if R2 says no
     to a job within the share beside the team's work below it, S5's day slice."""
-    swap = own_slice(cycle, state, turn, entry)
     if entry.rate > turn.share_limit and turn.day_sliced:
+        swap = own_slice(cycle, state, turn, entry)
         return oversize_slice(cycle, state, turn, entry, swap, team_queues)
+    swap = False  # S6 asks only of a job larger than the share, day-sliced (`own_slice`)
     protect, units = entry.min_runtime, entry.units
     if turn.team in state.draining and entry.request.klass is RequestClass.BATCH:
         return TEAM_SLICING, protect, units, False, swap
