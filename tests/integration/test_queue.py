@@ -38,13 +38,13 @@ def test_a_full_cluster_queues_with_positions_and_starts_in_turn(make_hub):
     assert "1 of 1 in your team" in message
     # nlp's share is half the one GPU and ann's session holds all of it: a second
     # one would pass 1.25 x the share, so it would run unallocated.
-    assert (
-        "over what your team's allocation funds now (its funded sessions hold 1 GPU, "
-        "its share is 0.5 GPU; " in message
+    assert (  # the policy's verdict (OVER_BURST) in its words, with the team's figures
+        "beyond the team's burst limit next to its other funded work (its funded sessions "
+        "hold 1 GPU, its share is 0.5 GPU; " in message
     )
     assert "-day budget used): it will run unallocated (preemptible)" in message
     bo_message = next(e["message"] for e in bo_events if "queue" in e)
-    assert "funded by your team's budget, protected for 60 min" in bo_message
+    assert "funded by your team's budget, protected for 1 h" in bo_message  # human_duration
     assert "estimated start" in bo_message  # when ann's protected hour ends, at the latest
     assert hub.server_model("bo")["pending"] == "spawn"
 
