@@ -111,7 +111,13 @@ def _queued_row(scheduler: Any, request_id: str, request: Request, now: float) -
         row.position = f"{status.position} of {status.waiting}"
         row.funding = {True: "funded", False: "unallocated", None: "not yet weighed"}[status.funded]
         row.estimated_start = status.estimated_start
-        row.estimate = estimate_words(status.funded, status.estimated_start, now)
+        row.estimate = estimate_words(
+            status.funded,
+            status.estimated_start,
+            now,
+            starts_now=status.starts_now,
+            basis=status.basis,
+        )
     return row
 
 

@@ -130,7 +130,13 @@ def page_vars(user: Any) -> PageVars | None:
             status.position,
             status.waiting,
             status.funded,
-            estimate_words(status.funded, status.estimated_start, now),
+            estimate_words(
+                status.funded,
+                status.estimated_start,
+                now,
+                starts_now=status.starts_now,
+                basis=status.basis,
+            ),
         )
     found.snapshot_notice = scheduler.home_snapshot_notice(user.name)
     if getattr(user, "admin", False):
