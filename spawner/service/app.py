@@ -22,6 +22,7 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.ioloop import IOLoop
 from tornado.web import Application, HTTPError, RedirectHandler, RequestHandler
 
 from spawner import admin as checks
@@ -93,6 +94,11 @@ def usage_series(data: dict[str, Any], pool: str) -> list[tuple[str, list[tuple[
 
 def slice_rows(node: dict[str, Any]) -> list[tuple[str, str, str]]:
     return [(s["device"], s["kind"], s["by"] or "") for s in node["slices"]]
+
+
+async def _off_loop(make: Callable[[], Any]) -> Any:
+    """``make()`` on the loop's thread pool."""
+    return await IOLoop.current().run_in_executor(None, make)
 
 
 class Base(HubOAuthenticated, RequestHandler):  # type: ignore[misc]
@@ -201,31 +207,35 @@ class Base(HubOAuthenticated, RequestHandler):  # type: ignore[misc]
         )
         return str(html)
 
-    def memo(self, state: State, key: tuple[Any, ...], make: Callable[[], str]) -> str:
+    async def memo(self, state: State, key: tuple[Any, ...], make: Callable[[], str]) -> str:
         """An answer worked out once per state and viewer (the store unchanged); a stale
-        one (it says its age) is worked out each time."""
+        one (it says its age) is worked out each time. It is worked out on a thread: the
+        first estimates of a long queue run the scheduler forward for seconds, and the
+        service's loop must go on answering meanwhile."""
         if self.stale:
-            return str(make())
+            return str(await _off_loop(make))
         viewer = self.viewer()
         full = (*key, viewer.name, viewer.groups, viewer.scopes)
         found = state.memo.get(full)
         if found is None:
+            found = await _off_loop(make)
             if len(state.memo) > 2048:
                 state.memo.clear()
-            found = state.memo[full] = make()
+            state.memo[full] = found
         return str(found)
 
-    def page(self, state: State, template: str, data: Any, title: str, *key: Any) -> None:
-        html = self.memo(
+    async def page(self, state: State, template: str, data: Any, title: str, *key: Any) -> None:
+        _ = self.xsrf_token  # made (its cookie set) here on the loop, not on the thread
+        html = await self.memo(
             state,
             ("page", template, *key),
             lambda: self.render_html(template, data=data(), state=state, title=title),
         )
         self.finish(html)
 
-    def json_memo(self, state: State, key: tuple[Any, ...], make: Callable[[], Any]) -> None:
+    async def json_memo(self, state: State, key: tuple[Any, ...], make: Callable[[], Any]) -> None:
         self.set_header("Content-Type", "application/json")
-        self.finish(self.memo(state, ("json", *key), lambda: json.dumps(make())))
+        self.finish(await self.memo(state, ("json", *key), lambda: json.dumps(make())))
 
     def json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
@@ -281,13 +291,13 @@ class MyPage(Base):
         viewer = self.viewer()
         seen = await activity(self, viewer.name)
         key = tuple(sorted(seen.items()))
-        self.page(state, "my.html", lambda: views.me(state, viewer, seen), "My budget", key)
+        await self.page(state, "my.html", lambda: views.me(state, viewer, seen), "My budget", key)
 
 
 class TeamsPage(Base):
     async def get(self) -> None:
         state = await self.state()
-        self.page(state, "teams.html", lambda: views.teams(state, self.viewer()), "Teams")
+        await self.page(state, "teams.html", lambda: views.teams(state, self.viewer()), "Teams")
 
 
 def page_args(handler: Base) -> tuple[int, int]:
@@ -309,7 +319,7 @@ class QueuePage(Base):
     async def get(self) -> None:
         state = await self.state()
         limit, offset = page_args(self)
-        self.page(
+        await self.page(
             state,
             "queue.html",
             lambda: views.queue(state, self.viewer(), limit=limit, offset=offset),
@@ -322,7 +332,7 @@ class QueuePage(Base):
 class NodesPage(Base):
     async def get(self) -> None:
         state = await self.state()
-        self.page(state, "nodes.html", lambda: views.nodes(state, self.viewer()), "Nodes")
+        await self.page(state, "nodes.html", lambda: views.nodes(state, self.viewer()), "Nodes")
 
 
 class AdminPage(Base):
@@ -485,20 +495,20 @@ class MeApi(Api):
         viewer, state = self.viewer(), await self.state()
         seen = await activity(self, viewer.name)
         key = ("me", *sorted(seen.items()))
-        self.json_memo(state, key, lambda: views.me(state, viewer, seen))
+        await self.json_memo(state, key, lambda: views.me(state, viewer, seen))
 
 
 class TeamsApi(Api):
     async def get(self) -> None:
         state = await self.state()
-        self.json_memo(state, ("teams",), lambda: views.teams(state, self.viewer()))
+        await self.json_memo(state, ("teams",), lambda: views.teams(state, self.viewer()))
 
 
 class QueueApi(Api):
     async def get(self) -> None:
         limit, offset = page_args(self)
         state = await self.state()
-        self.json_memo(
+        await self.json_memo(
             state,
             ("queue", limit, offset),
             lambda: views.queue(state, self.viewer(), limit=limit, offset=offset),
@@ -508,7 +518,7 @@ class QueueApi(Api):
 class NodesApi(Api):
     async def get(self) -> None:
         state = await self.state()
-        self.json_memo(state, ("nodes",), lambda: views.nodes(state, self.viewer()))
+        await self.json_memo(state, ("nodes",), lambda: views.nodes(state, self.viewer()))
 
 
 class AdminApi(Api):
