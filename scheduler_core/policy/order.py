@@ -91,6 +91,7 @@ def judge_all(
     slicing_after = cycle.settings.own_slice_after
     order_append, note, funded = cycle.order.append, cycle.notes.append, cycle.funded
     top = heap[0] if heap else None
+    first = top[:2] if top is not None else None  # the heap's head is fixed for the turn
     while True:
         entry = queue[at]
         at += 1
@@ -120,7 +121,7 @@ def judge_all(
             return at
         following = queue[at]
         next_later = not following.debug
-        if not charged and (top is None or (next_later, current) < top[:2]):
+        if not charged and (first is None or (next_later, current) < first):
             continue
         pushed = (next_later, current, following.request.submit, team)
         if charged or (top is not None and not pushed < top):

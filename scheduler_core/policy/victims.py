@@ -114,9 +114,11 @@ def over_share(cycle: Cycle, state: Pass) -> frozenset[str]:
     if found is None:
         held: defaultdict[str, float] = defaultdict(float)
         stopped = cycle.stopped
+        name = state.name
         for allocation in cycle.view.allocations:
-            if allocation.pool == state.name and allocation.id not in stopped:
-                held[allocation.team] += allocation.charge_rate
+            request = allocation.request  # its fields, not the properties: every session
+            if request.pool == name and request.id not in stopped:
+                held[request.team] += allocation.charge_rate
         window = cycle.view.window
         found = frozenset(
             t
