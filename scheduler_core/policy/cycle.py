@@ -138,11 +138,28 @@ class Cycle:
         makings)."""
         self.over: dict[str, frozenset[str]] = {}
         """Per pool, the teams over their share now (`victims.over_share`)."""
-        self.blockers: defaultdict[tuple[str, str], list[str]] | None = None
-        """Per (team, pool), its funded sessions that keep it from slicing itself
+        self.blockers: dict[str, defaultdict[str, list[str]]] | None = None
+        """Per pool and team, its funded sessions that keep it from slicing itself
         (`victims.own_swappable`), found on first use."""
         self.node_clears: dict[str, float] | None = None
         """Per node, when its last protected window ends (`holds.clears`)."""
+        self._by_pool: dict[str, list[Allocation]] | None = None
+
+    def pool_allocations(self, pool: str) -> list[Allocation]:
+        """The view's allocations in the pool, in the view's order. Grouped once per
+        cycle, on first use: the rules that read every session of a pool (S1's teams
+        over their share, S6's blockers) then read only that pool's."""
+        groups = self._by_pool
+        if groups is None:
+            groups = self._by_pool = {}
+            for allocation in self.view.allocations:
+                pool_of = allocation.request.pool
+                found = groups.get(pool_of)
+                if found is None:
+                    groups[pool_of] = [allocation]
+                else:
+                    found.append(allocation)
+        return groups.get(pool, [])
 
     def victims(self) -> Victims:
         """The sessions this cycle may still preempt: past their protected window (or

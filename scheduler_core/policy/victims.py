@@ -94,17 +94,20 @@ def own_swappable(cycle: Cycle, team: str, pool: str) -> bool:
     `Settings.own_slice_after`), or stopped this cycle."""
     blockers = cycle.blockers
     if blockers is None:
-        # Once per cycle: sessions only leave the set (stopped), never join it.
+        blockers = cycle.blockers = {}
+    found = blockers.get(pool)
+    if found is None:
+        # Once per cycle and pool: sessions only leave the set (stopped), never join it.
         now = cycle.now
-        blockers = cycle.blockers = defaultdict(list)
-        for allocation in cycle.view.allocations:
+        found = blockers[pool] = defaultdict(list)
+        for allocation in cycle.pool_allocations(pool):
             if allocation.funded and (
                 allocation.protected_until > now or not allocation.request.resumable
             ):
                 request = allocation.request
-                blockers[(request.team, request.pool)].append(request.id)
+                found[request.team].append(request.id)
     stopped = cycle.stopped
-    return all(i in stopped for i in blockers.get((team, pool), ()))
+    return all(i in stopped for i in found.get(team, ()))
 
 
 def over_share(cycle: Cycle, state: Pass) -> frozenset[str]:
@@ -115,9 +118,9 @@ def over_share(cycle: Cycle, state: Pass) -> frozenset[str]:
         held: defaultdict[str, float] = defaultdict(float)
         stopped = cycle.stopped
         name = state.name
-        for allocation in cycle.view.allocations:
+        for allocation in cycle.pool_allocations(name):
             request = allocation.request  # its fields, not the properties: every session
-            if request.pool == name and request.id not in stopped:
+            if request.id not in stopped:
                 held[request.team] += allocation.charge_rate
         window = cycle.view.window
         found = frozenset(
