@@ -81,10 +81,15 @@ class DayUsage:
         guaranteed = view.settings.guaranteed_share
         if self.usage is None or not view.pending or guaranteed <= 0:
             return []  # without a guaranteed share there are no day slices to stop
-        waiting = {r.pool for r in view.pending}
+        now = self.now
+        index = view.index
+        if index is not None and index.at == now and index.queues is not None:
+            # The kept queues are the pending requests (`heads.queue_heads`), per pool.
+            waiting = {pool for pool, teams in index.queues.items() if any(teams.values())}
+        else:
+            waiting = {r.pool for r in view.pending}
         tree = view.teams
         settings = view.settings
-        now = self.now
         found: list[Preemption] = []
         # (team, pool) → (share rate, the rate above which a job is oversize).
         limits: dict[tuple[str, str], tuple[float, float]] = {}
