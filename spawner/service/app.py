@@ -154,9 +154,11 @@ class Base(HubOAuthenticated, RequestHandler):  # type: ignore[misc]
 
     async def state(self, *, fresh: bool = False) -> State:
         """The model as the store is now: a change made before this request shows (the
-        model is built again; past its ``wait``, the previous one comes marked stale)."""
+        model is built again; past its ``wait``, a page gets the previous one marked stale).
+        The JSON API always waits for the build: its answers carry no age a client could
+        read, so one is never stale."""
         try:
-            state, self.stale = await self.model.current(fresh=fresh)
+            state, self.stale = await self.model.current(fresh=fresh or self.api)
         except NOT_READY as error:
             log.warning("the store is not ready: %s", error)
             raise HTTPError(503, "the scheduler's store is not ready yet; try again") from None
