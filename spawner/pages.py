@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spawner.hubapi import split_request_id
-from spawner.profiles import human_duration
+from spawner.profiles import rounded_duration
 
 BUDGET_SERVICE = "budget"
 """The hub-managed service whose "My budget" page the banner links to."""
@@ -79,20 +79,6 @@ class PageVars:
     @property
     def status_line(self) -> str:
         return " · ".join(f"{t.team} — {t.line}" for t in self.teams)
-
-
-def _waited(seconds: float) -> str:
-    """A wait as the rest of the Hub writes durations (`human_duration`: ``45 s``,
-    ``90 min``, ``3 h``), rounded as the budget service's pages round them: whole seconds
-    under a minute, whole minutes under two hours, whole hours beyond."""
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        seconds = round(seconds)
-    elif seconds < 2 * 3600:
-        seconds = round(seconds / 60) * 60.0
-    else:
-        seconds = round(seconds / 3600) * 3600.0
-    return human_duration(seconds)
 
 
 def page_vars(user: Any) -> PageVars | None:
@@ -164,7 +150,7 @@ def page_vars(user: Any) -> PageVars | None:
                     pool=request.pool,
                     position=status.position,
                     waiting=status.waiting,
-                    waited=_waited(now - request.submit),
+                    waited=rounded_duration(now - request.submit),
                     reason=reason,
                     request_id=request_id,
                     priority=request.priority,

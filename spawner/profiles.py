@@ -455,6 +455,20 @@ def human_duration(seconds: float) -> str:
     return _human(seconds)
 
 
+def rounded_duration(seconds: float) -> str:
+    """`human_duration` rounded to what a page needs to say (the Hub's pages and the
+    budget service's alike): whole seconds under a minute, whole minutes under two
+    hours, whole hours beyond; a negative span is 0 s."""
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        seconds = round(seconds)
+    elif seconds < 2 * 3600:
+        seconds = round(seconds / 60) * 60.0
+    else:
+        seconds = round(seconds / 3600) * 3600.0
+    return _human(seconds)
+
+
 def _count(n: float, unit: str) -> str:
     return f"{n:g} {unit}{'' if n == 1 else 's'}"
 

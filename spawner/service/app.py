@@ -26,7 +26,7 @@ from tornado.ioloop import IOLoop
 from tornado.web import Application, HTTPError, RedirectHandler, RequestHandler
 
 from spawner import admin as checks
-from spawner.profiles import human_duration
+from spawner.profiles import rounded_duration
 from spawner.readmodel import amount, number, percent, plural
 from spawner.service import charts, openapi, views
 from spawner.service.metrics import registry
@@ -47,14 +47,7 @@ def duration(seconds: float | None) -> str:
     under a minute, whole minutes under two hours, whole hours beyond."""
     if seconds is None or not math.isfinite(seconds):
         return "—"
-    seconds = max(0.0, float(seconds))
-    if seconds < 60:
-        seconds = round(seconds)
-    elif seconds < 2 * 3600:
-        seconds = round(seconds / 60) * 60.0
-    else:
-        seconds = round(seconds / 3600) * 3600.0
-    return human_duration(seconds)
+    return rounded_duration(seconds)
 
 
 def clock(epoch: float | None) -> str:

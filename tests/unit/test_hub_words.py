@@ -15,8 +15,8 @@ import pytest
 from scheduler_core.model import Request
 from spawner.mysessions import holds
 from spawner.notify import FIELDS, call_hook, hook_url, template_fault
-from spawner.pages import _waited
 from spawner.profiles import human_duration
+from spawner.profiles import rounded_duration as _waited
 from spawner.service import app
 
 log = logging.getLogger("test")
