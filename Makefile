@@ -5,8 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROXY_STAMP := proxy/node_modules/.installed
+# The compiled scheduler core (scheduler_core/native.py): rebuilt when its source changes.
+NATIVE_STAMP := scheduler_core/native.json
+NATIVE_SOURCES := $(wildcard scheduler_core/*.py scheduler_core/policy/*.py)
 
-.PHONY: test lint unit integration bench demo engine images browser proxy postgres clean packages setup session-env
+.PHONY: test lint unit integration bench demo engine images browser proxy postgres clean packages setup session-env native
 
 # pytest-xdist workers. The suite mostly waits (on containers, kernels, the Hub), so
 # more workers than cores pay off; each worker has its own Hubs, ports and state folders.
@@ -37,7 +40,7 @@ packages:
 # Everything the suite needs, the independent parts at once: the venv and lint, the
 # proxy, PostgreSQL, and the engine with the images (the longest, from a debootstrap).
 setup: packages
-	$(MAKE) --no-print-directory -j4 --output-sync=target lint $(PROXY_STAMP) postgres images browser session-env
+	$(MAKE) --no-print-directory -j4 --output-sync=target lint $(NATIVE_STAMP) $(PROXY_STAMP) postgres images browser session-env
 
 
 # The virtual environment is rebuilt when pyproject.toml changes. The session images'
@@ -48,6 +51,13 @@ $(STAMP): pyproject.toml images/session/pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/pip install --quiet -e images/session
 	@touch $(STAMP)
+
+# The policy, the scheduler and the simulator compiled with mypyc, beside their source
+# (scripts/compile_core.py). Without a C compiler the build fails and they run from
+# source: the same decisions, about half as fast, so `make` goes on.
+native: $(NATIVE_STAMP)
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES) scripts/compile_core.py
+	@$(BIN)/python scripts/compile_core.py || echo "make: the scheduler core runs from source"
 
 # The Hub's proxy: JupyterHub's Node.js configurable-http-proxy, exactly as pinned by
 # proxy/package-lock.json (npm ci), reinstalled when that changes. Node.js and npm come
@@ -102,16 +112,16 @@ test: setup
 integration: setup
 	$(BIN)/pytest -q $(XDIST) tests/integration
 
-unit: $(STAMP)
+unit: $(STAMP) $(NATIVE_STAMP)
 	$(BIN)/pytest -q -n 2 -m "not postgres and not slow and not docker"
 
 # Every benchmark, then each figure against its bar in bench/bars.toml: exits 1 when one
 # falls outside, 2 when one is missing. `make bench ONLY=cycle,month` runs a subset.
-bench: $(STAMP) $(PROXY_STAMP) images
+bench: $(STAMP) $(NATIVE_STAMP) $(PROXY_STAMP) images
 	$(BIN)/python -m bench $(if $(ONLY),--only $(ONLY))
 
 # The embedded default (jupyterhub_config.py) at http://127.0.0.1:8000.
-demo: $(STAMP) $(PROXY_STAMP) images
+demo: $(STAMP) $(NATIVE_STAMP) $(PROXY_STAMP) images
 	@mkdir -p .demo
 	@echo
 	@echo "  budgethub demo: http://127.0.0.1:8000"
@@ -122,4 +132,5 @@ demo: $(STAMP) $(PROXY_STAMP) images
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyterhub -f jupyterhub_config.py
 
 clean:
+	-$(BIN)/python scripts/compile_core.py --clean
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .demo proxy/node_modules

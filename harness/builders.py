@@ -28,6 +28,7 @@ from scheduler_core import model
 from scheduler_core.capacity import Capacity
 from scheduler_core.errors import InputError
 from scheduler_core.metrics import result
+from scheduler_core.model import Allocation
 from scheduler_core.scenario import Scenario, parse_scenario
 from scheduler_core.scheduler import Actuator, Clock, Scheduler
 from scheduler_core.settings import Settings
@@ -428,23 +429,38 @@ def watch_protected_windows(simulation: Simulation, reasons: set[str] | None = N
     a node that is not down made inside its protected window (seen through the
     actuator); ``reasons``, if given, collects every preemption's reason."""
     inside: list[str] = []
-    actuator = simulation.scheduler.actuator
-    real_preempt = actuator.preempt
+    scheduler = simulation.scheduler
+    scheduler.actuator = _Watched(scheduler.actuator, simulation, inside, reasons)
+    return inside
 
-    def preempt(allocation: Any, reason: str) -> bool:
+
+class _Watched:
+    """An actuator that notes preemptions inside protected windows, then passes every
+    call on (the compiled simulator's actuator takes no patched methods)."""
+
+    def __init__(
+        self, inner: Actuator, simulation: Simulation, inside: list[str], reasons: set[str] | None
+    ) -> None:
+        self.inner = inner
+        self.simulation = simulation
+        self.inside = inside
+        self.reasons = reasons
+
+    def launch(self, allocation: Allocation) -> None:
+        self.inner.launch(allocation)
+
+    def preempt(self, allocation: Allocation, reason: str) -> bool:
+        simulation = self.simulation
         now = simulation.clock.now()
-        if reasons is not None:
-            reasons.add(reason)
+        if self.reasons is not None:
+            self.reasons.add(reason)
         healthy = all(
             simulation.scheduler.nodes[n].health is not model.Health.DOWN
             for n in allocation.node_names
         )
         if healthy and allocation.protected_until > now + 1e-9:
-            inside.append(f"{allocation.id} at {now} ({reason})")
-        return real_preempt(allocation, reason)
-
-    actuator.preempt = preempt  # type: ignore[method-assign]
-    return inside
+            self.inside.append(f"{allocation.id} at {now} ({reason})")
+        return self.inner.preempt(allocation, reason)
 
 
 def check_no_double_booking(scheduler: Scheduler) -> None:

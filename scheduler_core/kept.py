@@ -29,6 +29,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import ClassVar
 
 from scheduler_core.ledger import UsageLedger, WindowUsage
 from scheduler_core.model import Allocation, Node, Pool, PoolKind, Request, RequestClass, SliceKind
@@ -394,7 +395,7 @@ class KnownFailures:
 
     FOCUS_LIMIT = 8
     """More grown nodes than this and the whole search is cheaper."""
-    REACH = 32
+    REACH: ClassVar[int] = 32
     """A failure recorded more than this many log entries ago is not looked at."""
 
     def __init__(
@@ -466,7 +467,7 @@ class Kept:
     frozen `CycleIndex` of it. ``free`` and ``funded_rates`` are for reading.
     """
 
-    GROWTH_KEPT = KnownFailures.REACH
+    GROWTH_KEPT: ClassVar[int] = KnownFailures.REACH
     """Entries of the growth log a cycle may need (see `KnownFailures`)."""
 
     def __init__(

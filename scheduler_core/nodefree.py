@@ -21,33 +21,41 @@ class NodeFree:
 
     __slots__ = ("node", "cpus", "memory_gib", "whole", "shared", "mig", "_gpus", "_in_order")
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, source: NodeFree | None = None) -> None:
+        """What is free on an empty ``node``, or a copy of ``source`` (its node's)."""
         self.node = node
+        self.cpus: float
+        self.memory_gib: float
+        self.whole: list[Gpu]
+        self.shared: dict[str, int]
+        """Milli-GPUs in use on GPUs that hold fractional sessions."""
+        self.mig: dict[str, list[tuple[str, MigInstance]]]
+        self._gpus: dict[str, Gpu]
+        self._in_order: bool
+        """Are the whole GPUs listed by index (as `give` keeps them)?"""
+        if source is not None:
+            self.cpus = source.cpus
+            self.memory_gib = source.memory_gib
+            self.whole = list(source.whole)
+            self.shared = dict(source.shared)
+            self.mig = {k: list(v) for k, v in source.mig.items()}
+            self._gpus = source._gpus
+            self._in_order = source._in_order
+            return
         self.cpus = node.cpus
         self.memory_gib = node.memory_gib
-        self.whole: list[Gpu] = [g for g in node.gpus if not g.mig]
-        self.shared: dict[str, int] = {}
-        """Milli-GPUs in use on GPUs that hold fractional sessions."""
-        self.mig: dict[str, list[tuple[str, MigInstance]]] = {}
+        self.whole = [g for g in node.gpus if not g.mig]
+        self.shared = {}
+        self.mig = {}
         for gpu in node.gpus:
             for inst in gpu.mig:
                 self.mig.setdefault(inst.profile, []).append((gpu.uuid, inst))
         self._gpus = {g.uuid: g for g in node.gpus}
         indexes = [g.index for g in self.whole]
         self._in_order = all(a < b for a, b in zip(indexes, indexes[1:], strict=False))
-        """Are the whole GPUs listed by index (as `give` keeps them)?"""
 
     def copy(self) -> NodeFree:
-        clone = NodeFree.__new__(NodeFree)
-        clone.node = self.node
-        clone.cpus = self.cpus
-        clone.memory_gib = self.memory_gib
-        clone.whole = list(self.whole)
-        clone.shared = dict(self.shared)
-        clone.mig = {k: list(v) for k, v in self.mig.items()}
-        clone._gpus = self._gpus
-        clone._in_order = self._in_order
-        return clone
+        return NodeFree(self.node, self)
 
     @property
     def free_whole(self) -> int:

@@ -194,7 +194,7 @@ class Victims:
 
         ``reach``, if given, is each node's free whole GPUs plus what the exposed
         sessions there hold, for the capacity the cycle starts from."""
-        victims = cls.__new__(cls)
+        victims = cls((), now, gang_wait)
         victims._setup(
             exposed.by_node, exposed.gpus, exposed.node_gpus, exposed.totals, now, gang_wait
         )

@@ -29,6 +29,8 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Protocol
 
+from mypy_extensions import mypyc_attr
+
 from scheduler_core.kept import Kept
 from scheduler_core.ledger import UsageLedger
 from scheduler_core.model import (
@@ -92,8 +94,12 @@ def _in_hierarchy(tree: TeamTree) -> frozenset[str]:
     )
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Scheduler:
-    """Pending requests and running allocations of one cluster."""
+    """Pending requests and running allocations of one cluster.
+
+    Open to subclasses in the compiled build (scheduler_core/native.py), as a test
+    scripts its `step` and `cycle`."""
 
     def __init__(
         self,

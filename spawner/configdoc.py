@@ -26,6 +26,7 @@ from typing import Any
 from traitlets import HasTraits, TraitType
 from traitlets.traitlets import DefaultHandler
 
+from scheduler_core import native
 from scheduler_core import settings as settings_module
 from scheduler_core.settings import (
     BOUNDS,
@@ -178,8 +179,9 @@ def _class_section(label: str, cls: type[HasTraits], about: str) -> Iterator[str
 
 
 def field_docs() -> dict[str, str]:
-    """The docstring under each field of `Settings`, from the module's source."""
-    tree = ast.parse(inspect.getsource(settings_module))
+    """The docstring under each field of `Settings`, from the module's source (read from
+    its file: a compiled build has no source to inspect)."""
+    tree = ast.parse(native.source_of(settings_module.__name__).read_text())
     docs: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == "Settings":
