@@ -367,6 +367,11 @@ class CycleIndex:
     """The allocations whose protected window (or grace) ended at or before ``at``."""
     reach: Mapping[str, int]
     """Per node, free whole GPUs plus the GPUs the exposed sessions there hold."""
+    by_pool: Mapping[str, tuple[Allocation, ...]]
+    """Per pool, the view's ``allocations`` there, in the view's order."""
+    sliceable: tuple[Allocation, ...]
+    """The view's funded allocations that can be resumed (only they may be day-sliced,
+    `DayUsage.slices_over`), in the view's order."""
     queues: Mapping[str, Mapping[str, tuple[Queued, ...]]] | None = None
     """Per pool and team, the view's ``pending`` in queue order (`queue_key`);
     None: the policy sorts ``pending`` itself."""
@@ -459,6 +464,34 @@ class KnownFailures:
 # -- the scheduler's part --------------------------------------------------------
 
 
+class _Grouped:
+    """Allocations per group (a pool), each group in the order they were added; `frozen`
+    hands out tuples, made again only for the groups that changed since."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, dict[str, Allocation]] = {}
+        self._dirty: set[str] = set()
+        self._frozen: Mapping[str, tuple[Allocation, ...]] = MappingProxyType({})
+
+    def add(self, group: str, allocation: Allocation) -> None:
+        self._groups.setdefault(group, {})[allocation.id] = allocation
+        self._dirty.add(group)
+
+    def remove(self, group: str, allocation: Allocation) -> None:
+        found = self._groups.get(group)
+        if found is not None and found.pop(allocation.id, None) is not None:
+            self._dirty.add(group)
+
+    def frozen(self) -> Mapping[str, tuple[Allocation, ...]]:
+        if self._dirty:
+            groups = dict(self._frozen)
+            for group in self._dirty:
+                groups[group] = tuple(self._groups.get(group, {}).values())
+            self._dirty.clear()
+            self._frozen = MappingProxyType(groups)
+        return self._frozen
+
+
 class Kept:
     """The scheduler's working data between cycles, brought up to date event by event.
 
@@ -491,8 +524,16 @@ class Kept:
         self._protected: dict[str, dict[str, Allocation]] = {}
         """Per pool, funded sessions whose protected window ends after ``_indexed_at``,
         in start order."""
+        self._booked = _Grouped()
+        """Per pool, every booked session, in booking order (the running dict's)."""
+        self._sliceable = _Grouped()
+        """The booked funded sessions that can be resumed, in booking order (one group)."""
+        self._protected_view: dict[str, tuple[Allocation, ...]] = {}
+        self._protected_dirty: set[str] = set()
+        self._searches_view: Mapping[SearchKey, int] = MappingProxyType({})
         self._whole = WholeIndex(self.free)
         self._reach = {name: self._whole.count(name) for name in self.free}
+        self._reach_view = dict(self._reach)
         self._reach_dirty: set[str] = set()
         self._exposed = ExposedIndex()
         """Sessions whose protected window (or grace) ended at or before ``_indexed_at``."""
@@ -538,9 +579,12 @@ class Kept:
 
     def book(self, allocation: Allocation) -> None:
         """``allocation`` runs: its slices are taken, its funded rate counted."""
+        self._booked.add(allocation.pool, allocation)
         if allocation.funded:
             key = (allocation.team, allocation.pool)
             self.funded_rates[key] = self.funded_rates.get(key, 0.0) + allocation.charge_rate
+            if allocation.request.resumable:
+                self._sliceable.add("", allocation)
         for grant in allocation.grants:
             free = self.free[grant.node].copy()
             free.take(grant)
@@ -553,6 +597,7 @@ class Kept:
         else:
             if allocation.protected_until > self._indexed_at and allocation.funded:
                 self._protected.setdefault(allocation.pool, {})[allocation.id] = allocation
+                self._protected_dirty.add(allocation.pool)
             # Nothing is a victim in the instant it started (`Victims.permits`): a session
             # with no protection is exposed, and its nodes logged as grown, only once
             # the clock has moved past its start, so searches that failed without it
@@ -563,7 +608,10 @@ class Kept:
 
     def release(self, allocation: Allocation) -> None:
         """``allocation`` runs no more: its slices are free again."""
-        self._protected.get(allocation.pool, {}).pop(allocation.id, None)
+        self._booked.remove(allocation.pool, allocation)
+        self._sliceable.remove("", allocation)
+        if self._protected.get(allocation.pool, {}).pop(allocation.id, None) is not None:
+            self._protected_dirty.add(allocation.pool)
         self._exposed.remove(allocation)
         self._growth.extend(allocation.node_names)
         for grant in allocation.grants:
@@ -597,7 +645,9 @@ class Kept:
 
     def searches_failed(self, searches: Mapping[SearchKey, int]) -> None:
         """Record a cycle's failed victim searches; forget what no cycle can use any more."""
-        self._searches.update(searches)
+        if searches:
+            self._searches.update(searches)
+            self._searches_view = MappingProxyType(dict(self._searches))
         if len(self._growth) > 4 * self.GROWTH_KEPT:
             drop = len(self._growth) - self.GROWTH_KEPT
             del self._growth[:drop]
@@ -606,6 +656,7 @@ class Kept:
             # Failures recorded before the log entries a cycle looks at are no use.
             oldest = self._growth_start + len(self._growth) - self.GROWTH_KEPT
             self._searches = {k: at for k, at in self._searches.items() if at >= oldest}
+            self._searches_view = MappingProxyType(dict(self._searches))
 
     # -- what a cycle reads ----------------------------------------------------------
 
@@ -637,25 +688,38 @@ class Kept:
         while unexposed and unexposed[0][0] <= now:
             _, _, allocation = heapq.heappop(unexposed)
             if running.get(allocation.id) is allocation:
-                self._protected.get(allocation.pool, {}).pop(allocation.id, None)
+                if self._protected.get(allocation.pool, {}).pop(allocation.id, None) is not None:
+                    self._protected_dirty.add(allocation.pool)
                 self._exposed.add(allocation)
                 self._reach_dirty.update(allocation.node_names)
                 self._growth.extend(allocation.node_names)
         self._indexed_at = now
-        for name in self._reach_dirty:
-            self._reach[name] = self._whole.count(name) + self._exposed.held(name)
-        self._reach_dirty.clear()
+        # What a cycle gets is replaced, never changed, when it changes: the views handed
+        # to earlier cycles stay as they were, and an unchanged one costs nothing.
+        if self._reach_dirty:
+            for name in self._reach_dirty:
+                self._reach[name] = self._whole.count(name) + self._exposed.held(name)
+            self._reach_dirty.clear()
+            self._reach_view = dict(self._reach)
+        if self._protected_dirty:
+            protected = dict(self._protected_view)
+            for pool in self._protected_dirty:
+                protected[pool] = tuple(self._protected.get(pool, {}).values())
+            self._protected_dirty.clear()
+            self._protected_view = protected
         return CycleIndex(
             at=now,
             layout=self._layout,
             whole=self._whole.frozen(),
-            protected={pool: tuple(kept.values()) for pool, kept in self._protected.items()},
+            protected=self._protected_view,
             exposed=self._exposed.frozen(),
-            reach=dict(self._reach),
+            reach=self._reach_view,
             growth=tuple(self._growth[-self.GROWTH_KEPT :]),
             growth_start=self._growth_start + max(0, len(self._growth) - self.GROWTH_KEPT),
             growth_end=self._growth_start + len(self._growth),
-            searches=MappingProxyType(dict(self._searches)),
+            searches=self._searches_view,
+            by_pool=self._booked.frozen(),
+            sliceable=self._sliceable.frozen().get("", ()),
             queues=self._queue_all() if scope is None else self._queue_subset(scope),
         )
 

@@ -158,6 +158,8 @@ class WindowUsage(Mapping[tuple[str, str], float]):
         self._end = end
         self._known: dict[tuple[str, str], float] = {}
         self._since: dict[tuple[tuple[str, str], float], float] = {}
+        self._figures: dict[tuple[str, float | None], tuple[dict[str, float], dict[str, float]]]
+        self._figures = {}
         self.revision = revision
         """The ledger's revision when this was made."""
 
@@ -218,6 +220,35 @@ class WindowUsage(Mapping[tuple[str, str], float]):
             if curve is None:
                 return 0.0
             found = self._since[slot] = curve.at(self._end) - curve.at(start)
+        return found
+
+    def pool_figures(
+        self, pool: str, teams: Iterable[str], day_start: float | None
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Each team's window figure in the pool (`of_pool`) and, with ``day_start``, its
+        figure since then (`since`; else empty), in one pass over the curves. Kept per
+        pool and day start, and handed out as is: copy before changing them. A cycle
+        ranks every pool's teams by these, and the cycles at one time share them."""
+        slot = (pool, day_start)
+        found = self._figures.get(slot)
+        if found is not None:
+            return found
+        window: dict[str, float] = {}
+        day: dict[str, float] = {}
+        curves = self._curves
+        start, end = self._start, self._end
+        for team in teams:
+            curve = curves.get((team, pool))
+            if curve is None:
+                window[team] = 0.0
+                if day_start is not None:
+                    day[team] = 0.0
+                continue
+            at_end = curve.at(end)
+            window[team] = at_end - curve.at(start)
+            if day_start is not None:
+                day[team] = at_end - curve.at(day_start)
+        found = self._figures[slot] = (window, day)
         return found
 
     def since_of_pool(self, pool: str, teams: Iterable[str], start: float) -> dict[str, float]:

@@ -120,22 +120,25 @@ class PoolRanking:
         self.charges = 0
         """How many times `charge` was called (keys change only then)."""
         usage = view.usage
-        if isinstance(usage, WindowUsage):
-            own_units = usage.of_pool(pool, tree.teams)
-        else:
-            own_units = {name: usage.get((name, pool), 0.0) for name in tree.teams}
         self._weight = 0.0
         """Weight of the last day in `key` (0 where the usage has no curves to ask)."""
         self._day_part = 1.0
         """The last day's span over the window's: its part of every budget."""
         day: dict[str, float] = {}
-        weight = view.settings.day_rank_weight
-        if weight > 0.0 and isinstance(usage, WindowUsage) and view.window > 0.0:
-            start = max(usage.start, now - DAY)
-            if now > start:
-                self._weight = weight
-                self._day_part = (now - start) / view.window
-                day = {name: usage.since((name, pool), start) for name in tree.teams}
+        if isinstance(usage, WindowUsage):
+            day_start: float | None = None
+            weight = view.settings.day_rank_weight
+            if weight > 0.0 and view.window > 0.0:
+                start = max(usage.start, now - DAY)
+                if now > start:
+                    self._weight = weight
+                    self._day_part = (now - start) / view.window
+                    day_start = start
+            window_units, day_units = usage.pool_figures(pool, tree.teams, day_start)
+            own_units = dict(window_units)
+            day = dict(day_units)
+        else:
+            own_units = {name: usage.get((name, pool), 0.0) for name in tree.teams}
         if protected is None:
             protected = [a for a in view.allocations if a.funded and a.pool == pool]
         for allocation in protected:

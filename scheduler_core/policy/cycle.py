@@ -10,7 +10,7 @@ them; nothing here outlives the cycle, and the view is never changed.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 from scheduler_core.capacity import Capacity
@@ -145,10 +145,13 @@ class Cycle:
         """Per node, when its last protected window ends (`holds.clears`)."""
         self._by_pool: dict[str, list[Allocation]] | None = None
 
-    def pool_allocations(self, pool: str) -> list[Allocation]:
-        """The view's allocations in the pool, in the view's order. Grouped once per
-        cycle, on first use: the rules that read every session of a pool (S1's teams
-        over their share, S6's blockers) then read only that pool's."""
+    def pool_allocations(self, pool: str) -> Sequence[Allocation]:
+        """The view's allocations in the pool, in the view's order: the index's, or
+        grouped once per cycle, on first use. The rules that read every session of a
+        pool (S1's teams over their share, S6's blockers) then read only that pool's."""
+        index = self.index
+        if index is not None:
+            return index.by_pool.get(pool, ())
         groups = self._by_pool
         if groups is None:
             groups = self._by_pool = {}
@@ -264,14 +267,7 @@ class Cycle:
 
     def verdicts(self) -> Verdicts:
         """Every entry's verdict, in ``order``, each built on first read."""
-        admitted: dict[str, Admission] = {}
-
-        def build(position: int) -> Verdict:
-            if not admitted and self.admissions:
-                admitted.update((a.request.id, a) for a in self.admissions)
-            return self.verdict(position, admitted)
-
-        return Verdicts(self.order, build)
+        return Verdicts(self.order, _Builder(self))
 
     def decisions(self) -> Decisions:
         """Decisions: preemptions and admissions in the order they must be carried out,
@@ -290,3 +286,21 @@ class Cycle:
             searches=MappingProxyType(self.known_failures.found),
             verdicts=self.verdicts(),
         )
+
+
+class _Builder:
+    """Builds the verdict at a position of a cycle's order (`Cycle.verdicts`). An object,
+    not a closure: a compiled closure refers to itself, so each cycle's state would
+    wait for the garbage collector instead of going when the decisions go."""
+
+    __slots__ = ("admitted", "cycle")
+
+    def __init__(self, cycle: Cycle) -> None:
+        self.cycle = cycle
+        self.admitted: dict[str, Admission] = {}
+
+    def __call__(self, position: int) -> Verdict:
+        cycle, admitted = self.cycle, self.admitted
+        if not admitted and cycle.admissions:
+            admitted.update((a.request.id, a) for a in cycle.admissions)
+        return cycle.verdict(position, admitted)

@@ -4,11 +4,12 @@ day is spent while others wait (the evidence is in docs/policy.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from scheduler_core.kept import Queued
 from scheduler_core.ledger import WindowUsage
+from scheduler_core.model import Allocation
 from scheduler_core.rules import oversize_above
 from scheduler_core.settings import Settings
 from scheduler_core.view import ClusterView, Preemption
@@ -83,6 +84,9 @@ class DayUsage:
             return []  # without a guaranteed share there are no day slices to stop
         now = self.now
         index = view.index
+        sessions: Sequence[Allocation] = view.allocations
+        if index is not None and index.at == now:
+            sessions = index.sliceable  # the funded ones that resume, in the same order
         if index is not None and index.at == now and index.queues is not None:
             # The kept queues are the pending requests (`heads.queue_heads`), per pool.
             waiting = {pool for pool, teams in index.queues.items() if any(teams.values())}
@@ -93,8 +97,8 @@ class DayUsage:
         found: list[Preemption] = []
         # (team, pool) → (share rate, the rate above which a job is oversize).
         limits: dict[tuple[str, str], tuple[float, float]] = {}
-        for allocation in view.allocations:
-            # The cheap tests first: this runs over every session in every cycle.
+        for allocation in sessions:
+            # The cheap tests first: this runs over every such session in every cycle.
             if not allocation.funded or allocation.protected_until > now:
                 continue
             request = allocation.request
