@@ -22,14 +22,29 @@ cycle: what is kept between cycles is in kept.py.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from types import MappingProxyType
+from typing import TypeVar
 
 from scheduler_core.kept import Layout, WholeBuckets
 from scheduler_core.model import MILLI, Allocation, Health, Node, NodeGrant, Request, Slice
 from scheduler_core.nodefree import NodeFree, Tightness
 from scheduler_core.settings import PlacementStrategy
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
 _EPS = 1e-9
 _READY = Health.READY
+
+
+def copied(mapping: Mapping[_K, _V]) -> dict[_K, _V]:
+    """A dict copy of ``mapping``: a read-only proxy's dict is copied whole, where
+    ``dict(proxy)`` would go key by key (a cycle copies every node's entry)."""
+    if isinstance(mapping, dict):
+        return mapping.copy()
+    if isinstance(mapping, MappingProxyType):
+        return mapping.copy()
+    return dict(mapping)
 
 
 def labels_match(wanted: Mapping[str, str], have: Mapping[str, str]) -> bool:
@@ -88,7 +103,7 @@ class Capacity:
             for allocation in allocations:
                 self.take(allocation.grants)
         else:
-            self.free = dict(base)
+            self.free = copied(base)
         self._whole = whole if base is not None else None
         self.reserved: dict[str, str] = {}
         """Node name → the request id it is held for."""

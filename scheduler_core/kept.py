@@ -531,6 +531,8 @@ class Kept:
         self._protected_view: dict[str, tuple[Allocation, ...]] = {}
         self._protected_dirty: set[str] = set()
         self._searches_view: Mapping[SearchKey, int] = MappingProxyType({})
+        self._free_view: Mapping[str, NodeFree] | None = None
+        self._rates_view: Mapping[tuple[str, str], float] | None = None
         self._whole = WholeIndex(self.free)
         self._reach = {name: self._whole.count(name) for name in self.free}
         self._reach_view = dict(self._reach)
@@ -580,7 +582,9 @@ class Kept:
     def book(self, allocation: Allocation) -> None:
         """``allocation`` runs: its slices are taken, its funded rate counted."""
         self._booked.add(allocation.pool, allocation)
+        self._free_view = None
         if allocation.funded:
+            self._rates_view = None
             key = (allocation.team, allocation.pool)
             self.funded_rates[key] = self.funded_rates.get(key, 0.0) + allocation.charge_rate
             if allocation.request.resumable:
@@ -610,6 +614,9 @@ class Kept:
         """``allocation`` runs no more: its slices are free again."""
         self._booked.remove(allocation.pool, allocation)
         self._sliceable.remove("", allocation)
+        self._free_view = None
+        if allocation.funded:
+            self._rates_view = None
         if self._protected.get(allocation.pool, {}).pop(allocation.id, None) is not None:
             self._protected_dirty.add(allocation.pool)
         self._exposed.remove(allocation)
@@ -633,6 +640,7 @@ class Kept:
         free = self.free[node.name].copy()
         free.node = node
         self.free[node.name] = free
+        self._free_view = None
         self._growth.append(node.name)
 
     def holds_ended(
@@ -659,6 +667,20 @@ class Kept:
             self._searches_view = MappingProxyType(dict(self._searches))
 
     # -- what a cycle reads ----------------------------------------------------------
+
+    def free_view(self) -> Mapping[str, NodeFree]:
+        """A read-only copy of ``free`` as it is now, made again only after a change."""
+        found = self._free_view
+        if found is None:
+            found = self._free_view = MappingProxyType(self.free.copy())
+        return found
+
+    def rates_view(self) -> Mapping[tuple[str, str], float]:
+        """A read-only copy of ``funded_rates`` as they are now (see `free_view`)."""
+        found = self._rates_view
+        if found is None:
+            found = self._rates_view = MappingProxyType(self.funded_rates.copy())
+        return found
 
     def usage(self, ledger: UsageLedger, start: float, now: float) -> WindowUsage:
         """The ledger's usage from ``start`` to ``now``, read again only if it can differ."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection
 
-from scheduler_core.capacity import Capacity
+from scheduler_core.capacity import Capacity, copied
 from scheduler_core.model import Health, Node
 from scheduler_core.settings import Settings
 from scheduler_core.verdict import (
@@ -138,7 +138,7 @@ def funded_rates(
             if allocation.funded and allocation.id not in stopped:
                 rates[(allocation.team, allocation.pool)] += allocation.charge_rate
         return rates
-    rates.update(view.funded_rates)
+    rates.update(copied(view.funded_rates))
     if stopped:  # rare: only health preemptions
         for allocation in view.allocations:
             if allocation.funded and allocation.id in stopped:

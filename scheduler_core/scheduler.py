@@ -31,6 +31,7 @@ from typing import Protocol
 
 from mypy_extensions import mypyc_attr
 
+from scheduler_core.capacity import copied
 from scheduler_core.kept import Kept
 from scheduler_core.ledger import UsageLedger
 from scheduler_core.model import (
@@ -398,11 +399,11 @@ class Scheduler:
             window=self.settings.lookback,
             capacity=self._capacity,
             reservations=self.reservations,
-            free=MappingProxyType(dict(kept.free)),
+            free=kept.free_view(),
             queued=queued,
             index=index,
-            funded_rates=MappingProxyType(dict(kept.funded_rates)),
-            stops=MappingProxyType(dict(self.stops)),
+            funded_rates=kept.rates_view(),
+            stops=MappingProxyType(self.stops.copy()),
             idle=tuple((self.running[r], since) for r, since in self.idle.items()),
         )
 
@@ -465,14 +466,15 @@ class Scheduler:
             if allocation.funded:
                 self.ledger.start_charging(request.team, request.pool, now, allocation.charge_rate)
             self.actuator.launch(allocation)
-        self._funded.update(decisions.funded)
+        self._funded.update(copied(decisions.funded))
         for admission in decisions.admissions:
             self._funded.pop(admission.request.id, None)
-        if dict(decisions.reservations) != dict(self.reservations):
+        reservations = copied(decisions.reservations)
+        if reservations != copied(self.reservations):
             self._changed = True
             self._kept.holds_ended(self.reservations, decisions.reservations)
         self._kept.searches_failed(decisions.searches)
-        self.reservations = MappingProxyType(dict(decisions.reservations))
+        self.reservations = MappingProxyType(reservations)
 
     def _book(self, allocation: Allocation) -> None:
         self._kept.book(allocation)
