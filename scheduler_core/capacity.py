@@ -97,6 +97,9 @@ class Capacity:
         self._buckets: dict[str, list[dict[str, None]]] = {}
         """Per pool, node names by free whole GPUs; built on first use."""
         self._bucket_of: dict[str, int] = {}
+        """Node name → its bucket, where changed this cycle or built here; else in
+        ``_base_counts``, the kept index's counts of its pool."""
+        self._base_counts: dict[str, Mapping[str, int]] = {}
         if base is None:
             self.free: dict[str, NodeFree] = {n.name: NodeFree(n) for n in nodes}
             self._owned.update(self.free)
@@ -125,7 +128,7 @@ class Capacity:
                 if not any(free[name].node.pool == pool for name in self.touched):
                     # Nothing in the pool changed yet: the kept index is this one.
                     buckets = self._buckets[pool] = [dict.fromkeys(b) for b in whole.names[pool]]
-                    self._bucket_of.update(whole.counts[pool])
+                    self._base_counts[pool] = whole.counts[pool]  # read, never changed
                     return buckets
             free = self.free
             size = max(len(free[n].node.gpus) for n in members) + 1
@@ -149,6 +152,10 @@ class Capacity:
         if buckets is None:
             return
         old = self._bucket_of.get(name)
+        if old is None:
+            base = self._base_counts.get(node_free.node.pool)
+            if base is not None:
+                old = base.get(name)
         new = len(node_free.whole)
         if old == new:
             return

@@ -23,6 +23,31 @@ class _Curve:
     times: list[float] = field(default_factory=list)
     cumulative: list[float] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
+    hints: list[int] = field(default_factory=lambda: [0, 0])
+    """Where `at_hinted` last found each of its two moving starts (a window's, a day's)."""
+
+    def at_hinted(self, when: float, which: int) -> float:
+        """`at`, for a time that moves forward from call to call (the start of a window
+        that slides with the clock): found from where the last call with ``which`` found
+        its time, a step or two on, rather than by a binary search of the whole curve.
+        The same segment is found either way, so the same figure."""
+        times = self.times
+        last = len(times) - 1
+        hint = self.hints[which]
+        if hint <= last and times[hint] <= when:
+            steps = 0
+            while hint < last and times[hint + 1] <= when:
+                hint += 1
+                steps += 1
+                if steps > 8:
+                    hint = bisect_right(times, when, hint) - 1
+                    break
+        else:
+            hint = bisect_right(times, when) - 1
+            if hint < 0:
+                return 0.0
+        self.hints[which] = hint
+        return self.cumulative[hint] + self.rates[hint] * (when - times[hint])
 
     def at(self, when: float) -> float:
         times = self.times
@@ -245,9 +270,9 @@ class WindowUsage(Mapping[tuple[str, str], float]):
                     day[team] = 0.0
                 continue
             at_end = curve.at(end)
-            window[team] = at_end - curve.at(start)
+            window[team] = at_end - curve.at_hinted(start, 0)
             if day_start is not None:
-                day[team] = at_end - curve.at(day_start)
+                day[team] = at_end - curve.at_hinted(day_start, 1)
         found = self._figures[slot] = (window, day)
         return found
 

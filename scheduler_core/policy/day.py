@@ -12,6 +12,7 @@ from scheduler_core.ledger import WindowUsage
 from scheduler_core.model import Allocation
 from scheduler_core.rules import oversize_above
 from scheduler_core.settings import Settings
+from scheduler_core.teams import TeamTree
 from scheduler_core.view import ClusterView, Preemption
 
 if TYPE_CHECKING:
@@ -95,8 +96,7 @@ class DayUsage:
         tree = view.teams
         settings = view.settings
         found: list[Preemption] = []
-        # (team, pool) → (share rate, the rate above which a job is oversize).
-        limits: dict[tuple[str, str], tuple[float, float]] = {}
+        limits = _limits(view)
         for allocation in sessions:
             # The cheap tests first: this runs over every such session in every cycle.
             if not allocation.funded or allocation.protected_until > now:
@@ -110,11 +110,16 @@ class DayUsage:
                 or request.id in stopped
             ):
                 continue
-            slot = (request.team, pool)
-            limit = limits.get(slot)
+            pool_limits = limits.get(pool)
+            if pool_limits is None:
+                pool_limits = limits[pool] = {}
+            limit = pool_limits.get(request.team)
             if limit is None:
                 share_rate = tree.own_share(request.team, pool) * view.capacity.get(pool, 0)
-                limit = limits[slot] = (share_rate, oversize_above(share_rate, settings))
+                limit = pool_limits[request.team] = (
+                    share_rate,
+                    oversize_above(share_rate, settings),
+                )
             share_rate, above = limit
             if allocation.charge_rate <= above:
                 continue
@@ -126,6 +131,25 @@ class DayUsage:
             ):
                 found.append(Preemption(allocation.id, "time-slice"))
         return found
+
+
+Limits = dict[str, dict[str, tuple[float, float]]]
+"""Per pool and team: its share rate, and the rate above which its job is oversize."""
+
+_LIMITS: list[tuple[TeamTree, Settings, dict[str, float], Limits]] = []
+"""The last tree, settings and capacity seen, with their `Limits` as far as worked out: a
+memo of what they imply (all three are the same from cycle to cycle), not state."""
+
+
+def _limits(view: ClusterView) -> Limits:
+    """The `Limits` of the view's team tree, settings and capacity, filled in as asked."""
+    if _LIMITS:
+        tree, settings, capacity, found = _LIMITS[0]
+        if tree is view.teams and settings is view.settings and capacity == view.capacity:
+            return found
+    found = {}
+    _LIMITS[:] = [(view.teams, view.settings, dict(view.capacity), found)]
+    return found
 
 
 def lent(
