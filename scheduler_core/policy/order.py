@@ -89,15 +89,17 @@ def judge_all(
     now = cycle.now
     starving_after = cycle.settings.starvation_bound
     slicing_after = cycle.settings.own_slice_after
-    order_append, note, funded = cycle.order.append, cycle.notes.append, cycle.funded
+    # Plain method calls, not bound-method locals: compiled (native.py), these are direct.
+    order, notes, funded = cycle.order, cycle.notes, cycle.funded
     top = heap[0] if heap else None
-    first = top[:2] if top is not None else None  # the heap's head is fixed for the turn
+    # The heap's head is fixed for the turn: (later, key) of the team that sorts next.
+    first_later, first_key = (top[0], top[1]) if top is not None else (True, ())
     while True:
         entry = queue[at]
         at += 1
         request = entry.request
         request_id = request.id
-        order_append(request_id)
+        order.append(request_id)
         charged = False
         if held and request_id in held:
             result, _, charged = judge(cycle, state, turn, entry, team_queues)
@@ -115,13 +117,17 @@ def judge_all(
             else:
                 result = found
                 funded[request_id] = found[0]
-        note((entry, result))
+        notes.append((entry, result))
         # The team keeps its turn while its next entry still sorts first.
         if at >= end:
             return at
         following = queue[at]
         next_later = not following.debug
-        if not charged and (first is None or (next_later, current) < first):
+        if not charged and (
+            top is None
+            or next_later < first_later
+            or (next_later == first_later and current < first_key)
+        ):
             continue
         pushed = (next_later, current, following.request.submit, team)
         if charged or (top is not None and not pushed < top):

@@ -115,13 +115,13 @@ def over_share(cycle: Cycle, state: Pass) -> frozenset[str]:
     (worked out once per pool pass, on first use: only debug entries ask)."""
     found = cycle.over.get(state.name)
     if found is None:
-        held: defaultdict[str, float] = defaultdict(float)
+        held: dict[str, float] = {}
         stopped = cycle.stopped
         name = state.name
         for allocation in cycle.pool_allocations(name):
             request = allocation.request  # its fields, not the properties: every session
             if request.id not in stopped:
-                held[request.team] += allocation.charge_rate
+                held[request.team] = held.get(request.team, 0.0) + allocation.charge_rate
         window = cycle.view.window
         found = frozenset(
             t
