@@ -30,6 +30,9 @@ from scheduler_core.model import MILLI, Allocation, Health, Node, NodeGrant, Req
 from scheduler_core.nodefree import NodeFree, Tightness
 from scheduler_core.settings import PlacementStrategy
 
+Bucket = dict[str, None] | tuple[str, ...]
+"""Node names with one count of free whole GPUs, in order."""
+
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
@@ -94,8 +97,9 @@ class Capacity:
         """Nodes where something may have been given back, in order (room can only
         have grown there)."""
         self._owned: set[str] = set()
-        self._buckets: dict[str, list[dict[str, None]]] = {}
-        """Per pool, node names by free whole GPUs; built on first use."""
+        self._buckets: dict[str, list[Bucket]] = {}
+        """Per pool, node names by free whole GPUs (a tuple until changed: `_bucket`);
+        built on first use."""
         self._bucket_of: dict[str, int] = {}
         """Node name → its bucket, where changed this cycle or built here; else in
         ``_base_counts``, the kept index's counts of its pool."""
@@ -115,7 +119,7 @@ class Capacity:
         self._by_pool = layout.by_pool
         self._mig_by_pool = layout.mig_by_pool
 
-    def _pool_buckets(self, pool: str) -> list[dict[str, None]] | None:
+    def _pool_buckets(self, pool: str) -> list[Bucket] | None:
         """The pool's nodes by free whole GPUs, built on first use in the cycle."""
         buckets = self._buckets.get(pool)
         if buckets is None:
@@ -127,18 +131,29 @@ class Capacity:
                 free = self.free
                 if not any(free[name].node.pool == pool for name in self.touched):
                     # Nothing in the pool changed yet: the kept index is this one.
-                    buckets = self._buckets[pool] = [dict.fromkeys(b) for b in whole.names[pool]]
+                    # Each bucket stays the kept index's tuple until this cycle changes it.
+                    buckets = self._buckets[pool] = list(whole.names[pool])
                     self._base_counts[pool] = whole.counts[pool]  # read, never changed
                     return buckets
             free = self.free
             size = max(len(free[n].node.gpus) for n in members) + 1
-            buckets = self._buckets[pool] = [{} for _ in range(size)]
+            built: list[dict[str, None]] = [{} for _ in range(size)]
             bucket_of = self._bucket_of
             for name in members:
                 count = len(free[name].whole)
-                buckets[count][name] = None
+                built[count][name] = None
                 bucket_of[name] = count
+            buckets = self._buckets[pool] = list(built)
         return buckets
+
+    @staticmethod
+    def _bucket(buckets: list[Bucket], count: int) -> dict[str, None]:
+        """The bucket of ``count`` free whole GPUs, as a dict this cycle may change."""
+        bucket = buckets[count]
+        if isinstance(bucket, dict):
+            return bucket
+        found = buckets[count] = dict.fromkeys(bucket)
+        return found
 
     def _own(self, name: str) -> NodeFree:
         if name not in self._owned:
@@ -160,8 +175,8 @@ class Capacity:
         if old == new:
             return
         if old is not None:
-            del buckets[old][name]
-        buckets[new][name] = None
+            del self._bucket(buckets, old)[name]
+        self._bucket(buckets, new)[name] = None
         self._bucket_of[name] = new
 
     def free_whole_total(self, pool: str) -> int:
@@ -375,7 +390,7 @@ class Capacity:
             node_free.memory_gib += request.memory_gib
             buckets = self._buckets.get(node_free.node.pool)
             if taken and buckets is not None:
-                bucket = buckets[len(node_free.whole)]
+                bucket = self._bucket(buckets, len(node_free.whole))
                 del bucket[name]
                 bucket[name] = None
 

@@ -27,7 +27,7 @@ import itertools
 import math
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar
 
@@ -351,41 +351,82 @@ class ExposedSessions:
 # -- the frozen view and the failed searches -----------------------------------
 
 
-@dataclass(frozen=True)
 class CycleIndex:
-    """What the scheduler keeps up to date between cycles, valid for a decision at ``at``."""
+    """What the scheduler keeps up to date between cycles, valid for a decision at ``at``.
 
-    at: float
-    layout: Layout
-    """The nodes of every pool (those of the view)."""
-    whole: WholeBuckets
-    """Nodes by free whole GPUs, as in the view's ``free``."""
-    protected: Mapping[str, tuple[Allocation, ...]]
-    """Per pool, the funded allocations whose protected window ends after ``at``,
-    in the order of the view's ``allocations``."""
-    exposed: ExposedSessions
-    """The allocations whose protected window (or grace) ended at or before ``at``."""
-    reach: Mapping[str, int]
-    """Per node, free whole GPUs plus the GPUs the exposed sessions there hold."""
-    by_pool: Mapping[str, tuple[Allocation, ...]]
-    """Per pool, the view's ``allocations`` there, in the view's order."""
-    sliceable: tuple[Allocation, ...]
-    """The view's funded allocations that can be resumed (only they may be day-sliced,
-    `DayUsage.slices_over`), in the view's order."""
-    queues: Mapping[str, Mapping[str, tuple[Queued, ...]]] | None = None
-    """Per pool and team, the view's ``pending`` in queue order (`queue_key`);
-    None: the policy sorts ``pending`` itself."""
-    growth: Sequence[str] = ()
-    """Nodes where room, eligibility or preemptible sessions may have grown, in the
-    order it happened (the latest part of the scheduler's growth log)."""
-    growth_start: int = 0
-    """The log position of ``growth[0]``."""
-    growth_end: int = 0
-    """The log position at ``at``: entries from here on came later."""
-    searches: Mapping[SearchKey, int] = field(default_factory=lambda: MappingProxyType({}))
-    """Victim searches known to have failed: (shape number, permitted teams) → the log
-    position at which fewer nodes than the request needs could take it. Entries past
-    ``growth_end`` are ignored."""
+    Read-only by contract, as the view that carries it: its containers are replaced by
+    the scheduler, never changed. A plain class, not a frozen dataclass: one is made
+    per cycle, and a frozen dataclass's generated ``__init__`` runs interpreted."""
+
+    __slots__ = (
+        "at",
+        "layout",
+        "whole",
+        "protected",
+        "exposed",
+        "reach",
+        "by_pool",
+        "sliceable",
+        "queues",
+        "growth",
+        "growth_start",
+        "growth_end",
+        "searches",
+    )
+
+    def __init__(
+        self,
+        *,
+        at: float,
+        layout: Layout,
+        whole: WholeBuckets,
+        protected: Mapping[str, tuple[Allocation, ...]],
+        exposed: ExposedSessions,
+        reach: Mapping[str, int],
+        by_pool: Mapping[str, tuple[Allocation, ...]],
+        sliceable: tuple[Allocation, ...],
+        queues: Mapping[str, Mapping[str, tuple[Queued, ...]]] | None = None,
+        growth: Sequence[str] = (),
+        growth_start: int = 0,
+        growth_end: int = 0,
+        searches: Mapping[SearchKey, int] | None = None,
+    ) -> None:
+        self.at = at
+        self.layout = layout
+        """The nodes of every pool (those of the view)."""
+        self.whole = whole
+        """Nodes by free whole GPUs, as in the view's ``free``."""
+        self.protected = protected
+        """Per pool, the funded allocations whose protected window ends after ``at``,
+        in the order of the view's ``allocations``."""
+        self.exposed = exposed
+        """The allocations whose protected window (or grace) ended at or before ``at``."""
+        self.reach = reach
+        """Per node, free whole GPUs plus the GPUs the exposed sessions there hold."""
+        self.by_pool = by_pool
+        """Per pool, the view's ``allocations`` there, in the view's order."""
+        self.sliceable = sliceable
+        """The view's funded allocations that can be resumed (only they may be
+        day-sliced, `DayUsage.slices_over`), in the view's order."""
+        self.queues = queues
+        """Per pool and team, the view's ``pending`` in queue order (`queue_key`);
+        None: the policy sorts ``pending`` itself."""
+        self.growth = growth
+        """Nodes where room, eligibility or preemptible sessions may have grown, in the
+        order it happened (the latest part of the scheduler's growth log)."""
+        self.growth_start = growth_start
+        """The log position of ``growth[0]``."""
+        self.growth_end = growth_end
+        """The log position at ``at``: entries from here on came later."""
+        self.searches: Mapping[SearchKey, int] = (
+            searches if searches is not None else MappingProxyType({})
+        )
+        """Victim searches known to have failed: (shape number, permitted teams) → the
+        log position at which fewer nodes than the request needs could take it. Entries
+        past ``growth_end`` are ignored."""
+
+    def __repr__(self) -> str:
+        return f"CycleIndex(at={self.at!r})"
 
 
 class KnownFailures:

@@ -87,6 +87,21 @@ class NodeFree:
             return None
         return tuple(Slice(g.uuid, SliceKind.WHOLE) for g in self.whole[: request.gpus])
 
+    def fits(self, request: Request) -> bool:
+        """Does the request fit here now: `slices_for` is not None, without making the
+        slices (the victim search asks this of every trial it makes)."""
+        if request.cpus > self.cpus + _EPS or request.memory_gib > self.memory_gib + _EPS:
+            return False
+        if request.mig is not None:
+            return bool(self.mig.get(request.mig))
+        if request.gpu_milli:
+            need = request.gpu_milli
+            for used in self.shared.values():
+                if used + need <= MILLI:
+                    return True
+            return bool(self.whole)
+        return request.gpus <= len(self.whole)
+
     def tightness(self, request: Request) -> Tightness | None:
         """How tightly the request fits here now (smaller is tighter), or None if it does not.
 

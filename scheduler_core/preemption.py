@@ -125,14 +125,14 @@ def _node_target(
         for grant in victim.grants:
             if grant.node == name:
                 trial.give(grant)
-        if trial.slices_for(request) is not None:
+        if trial.fits(request):
             break
     else:
         return None
     # Drop any victim that turned out not to be needed, latest-added first.
     for victim in reversed(chosen[:-1]):
         rest = [v for v in chosen if v is not victim]
-        if _freed(node_free, rest).slices_for(request) is not None:
+        if _freed(node_free, rest).fits(request):
             chosen = rest
     slices = _freed(node_free, chosen).slices_for(request)
     assert slices is not None
@@ -475,7 +475,7 @@ def offers(
     if request.nodes > 1 and node_free.tightness(request) is not None:
         return True
     candidates = [a for a in victims.on(node_free.node.name) if _permits(victims, a, allowed, lane)]
-    return bool(candidates) and _freed(node_free, candidates).slices_for(request) is not None
+    return bool(candidates) and _freed(node_free, candidates).fits(request)
 
 
 def find_targets(
