@@ -367,6 +367,7 @@ class CycleIndex:
         "reach",
         "by_pool",
         "sliceable",
+        "waiting",
         "queues",
         "growth",
         "growth_start",
@@ -385,6 +386,7 @@ class CycleIndex:
         reach: Mapping[str, int],
         by_pool: Mapping[str, tuple[Allocation, ...]],
         sliceable: tuple[Allocation, ...],
+        waiting: frozenset[str] | None = None,
         queues: Mapping[str, Mapping[str, tuple[Queued, ...]]] | None = None,
         growth: Sequence[str] = (),
         growth_start: int = 0,
@@ -408,6 +410,9 @@ class CycleIndex:
         self.sliceable = sliceable
         """The view's funded allocations that can be resumed (only they may be
         day-sliced, `DayUsage.slices_over`), in the view's order."""
+        self.waiting = waiting
+        """Every waiting request's id, if given (the view's ``queued``, or its
+        ``pending`` ids where that is None)."""
         self.queues = queues
         """Per pool and team, the view's ``pending`` in queue order (`queue_key`);
         None: the policy sorts ``pending`` itself."""
@@ -561,6 +566,8 @@ class Kept:
         self._queue_view: dict[str, dict[str, tuple[Queued, ...]]] = {}
         self._queue_dirty: set[tuple[str, str]] = set()
         self._queued: dict[str, tuple[QueueKey, Queued]] = {}
+        self._waiting: frozenset[str] | None = None
+        """The ids of ``_queued``, made again only after the queue changed."""
         """Request id → its sort key and entry in ``_queues``."""
         self._protected: dict[str, dict[str, Allocation]] = {}
         """Per pool, funded sessions whose protected window ends after ``_indexed_at``,
@@ -603,6 +610,7 @@ class Kept:
         keys.insert(at, key)
         entries.insert(at, entry)
         self._queued[request.id] = (key, entry)
+        self._waiting = None
         self._queue_dirty.add(slot)
 
     def dequeue(self, request: Request) -> None:
@@ -614,6 +622,7 @@ class Kept:
         del keys[at]
         del entries[at]
         del self._queued[request.id]
+        self._waiting = None
         if not keys:
             del self._queues[slot]
         self._queue_dirty.add(slot)
@@ -709,6 +718,13 @@ class Kept:
 
     # -- what a cycle reads ----------------------------------------------------------
 
+    def waiting(self) -> frozenset[str]:
+        """The ids of every waiting request, as they are now."""
+        found = self._waiting
+        if found is None:
+            found = self._waiting = frozenset(self._queued)
+        return found
+
     def free_view(self) -> Mapping[str, NodeFree]:
         """A read-only copy of ``free`` as it is now, made again only after a change."""
         found = self._free_view
@@ -783,6 +799,7 @@ class Kept:
             searches=self._searches_view,
             by_pool=self._booked.frozen(),
             sliceable=self._sliceable.frozen().get("", ()),
+            waiting=self.waiting(),
             queues=self._queue_all() if scope is None else self._queue_subset(scope),
         )
 

@@ -62,11 +62,19 @@ def health_preemptions(view: ClusterView, now: float) -> list[Preemption]:
     return found
 
 
-def kept_reservations(view: ClusterView, capacity: Capacity) -> None:
-    """Carry last cycle's holds over while their request waits and their nodes are ready."""
+def kept_reservations(
+    view: ClusterView, capacity: Capacity, waiting: Collection[str] | None = None
+) -> None:
+    """Carry last cycle's holds over while their request waits and their nodes are ready.
+    ``waiting``, if given, holds every waiting request's id (the scheduler keeps them)."""
     if not view.reservations:
         return
-    pending = view.queued if view.queued is not None else {r.id for r in view.pending}
+    if view.queued is not None:
+        pending: Collection[str] = view.queued
+    elif waiting is not None:
+        pending = waiting
+    else:
+        pending = {r.id for r in view.pending}
     for request_id, nodes in view.reservations.items():
         if request_id not in pending:
             continue

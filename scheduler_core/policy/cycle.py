@@ -112,7 +112,7 @@ class Cycle:
         self.rates = funded_rates(view, self.stopped)
         self.funded_victims: set[str] = set()
         self._victims: Victims | None = None
-        kept_reservations(view, capacity)
+        kept_reservations(view, capacity, index.waiting if index is not None else None)
         self.known_failures = KnownFailures(index, capacity.free, capacity.grown)
         for held_nodes in view.reservations.values():
             self.known_failures.grown.extend(n for n in held_nodes if n not in capacity.reserved)
@@ -138,7 +138,7 @@ class Cycle:
         makings)."""
         self.over: dict[str, frozenset[str]] = {}
         """Per pool, the teams over their share now (`victims.over_share`)."""
-        self.blockers: dict[str, defaultdict[str, list[str]]] | None = None
+        self.blockers: dict[str, dict[str, list[str]]] | None = None
         """Per pool and team, its funded sessions that keep it from slicing itself
         (`victims.own_swappable`), found on first use."""
         self.node_clears: dict[str, float] | None = None

@@ -7,8 +7,6 @@ and what the cycle does with the answer."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from scheduler_core.kept import Queued, SearchKey
 from scheduler_core.model import Allocation, NodeGrant
 from scheduler_core.policy.cycle import Cycle, Pass
@@ -99,13 +97,17 @@ def own_swappable(cycle: Cycle, team: str, pool: str) -> bool:
     if found is None:
         # Once per cycle and pool: sessions only leave the set (stopped), never join it.
         now = cycle.now
-        found = blockers[pool] = defaultdict(list)
+        found = blockers[pool] = {}
         for allocation in cycle.pool_allocations(pool):
             if allocation.funded and (
                 allocation.protected_until > now or not allocation.request.resumable
             ):
                 request = allocation.request
-                found[request.team].append(request.id)
+                ids = found.get(request.team)
+                if ids is None:
+                    found[request.team] = [request.id]
+                else:
+                    ids.append(request.id)
     stopped = cycle.stopped
     return all(i in stopped for i in found.get(team, ()))
 
