@@ -76,8 +76,8 @@ def test_every_module_that_declares_figures_can_collect_them() -> None:
 def test_the_bars_the_readme_states_are_there() -> None:
     declared = bars.load()
     expected = {
-        "cycle.steady_median_ms": ("max", 10.0, None, None),
-        "month.simulated_s": ("max", 30.0, 10.0, None),
+        "cycle.steady_median_ms": ("max", 2.0, 1.0, None),
+        "month.simulated_s": ("max", 8.0, 3.0, None),
         "month.worst_team_daily": ("min", 0.90, None, None),
         "compare.wall_s": ("max", 300.0, None, None),
         "family.debug_p90_s": ("max", 300.0, None, None),
@@ -260,15 +260,15 @@ def test_python_m_bench_exits_by_the_worst_verdict(
 ) -> None:
     runner = importlib.import_module("bench.__main__")
     figures = {
-        "cycle.steady_median_ms": 4.2,
-        "cycle.steady_p95_ms": 4.6,
-        "cycle.cold_start_median_ms": 418.3,
+        "cycle.steady_median_ms": 1.2,
+        "cycle.steady_p95_ms": 1.3,
+        "cycle.cold_start_median_ms": 147.7,
     }
     monkeypatch.setattr(runner, "collector", lambda name: lambda argv: dict(figures))
     assert runner.main(["--only", "cycle"]) == 0
     out = capsys.readouterr().out
     assert "cycle.steady_median_ms" in out and "month." not in out
-    figures["cycle.steady_median_ms"] = 12.0
+    figures["cycle.steady_median_ms"] = 2.5
     assert runner.main(["--only", "cycle"]) == 1
     assert "OUTSIDE its bar: cycle.steady_median_ms" in capsys.readouterr().out
     del figures["cycle.cold_start_median_ms"]
