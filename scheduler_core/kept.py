@@ -9,7 +9,7 @@ costs what changed rather than what is running. All of that data lives here:
   protected and the exposed ones (`ExposedIndex`), nodes by free whole GPUs
   (`WholeIndex`), a log of the nodes where room grew, the victim searches that
   failed, and the last usage window read from the ledger;
-- `CycleIndex`, the frozen copy of it handed to one cycle in the view
+- `CycleIndex`, the read-only copy of it handed to one cycle in the view
   (`Layout`, `WholeBuckets` and `ExposedSessions` are its parts);
 - `KnownFailures`, through which a cycle reads the failed searches and the log;
 - the shape table: equal request shapes get one number across cycles.
@@ -543,7 +543,7 @@ class Kept:
 
     Only the scheduler changes it, through these methods, as requests are
     queued and sessions are booked and released; `index` hands a cycle the
-    frozen `CycleIndex` of it. ``free`` and ``funded_rates`` are for reading.
+    read-only `CycleIndex` of it. ``free`` and ``funded_rates`` are for reading.
     """
 
     GROWTH_KEPT: ClassVar[int] = KnownFailures.REACH

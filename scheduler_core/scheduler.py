@@ -12,7 +12,7 @@ otherwise rebuild from every running session: the queue sorted per pool and
 team, the funded sessions still protected, the exposed ones, nodes by free
 whole GPUs, and a log of the nodes where room grew, against which victim
 searches that failed are re-checked. That data is a `Kept` (kept.py), handed
-to each cycle as a frozen `CycleIndex`. ``pending`` and ``running`` are for
+to each cycle as a read-only `CycleIndex`. ``pending`` and ``running`` are for
 reading: change them only through the methods, or that data goes stale.
 
 After a step, `settle` runs the follow-up cycles a cycle that freed room calls
