@@ -566,9 +566,9 @@ class Kept:
         self._queue_view: dict[str, dict[str, tuple[Queued, ...]]] = {}
         self._queue_dirty: set[tuple[str, str]] = set()
         self._queued: dict[str, tuple[QueueKey, Queued]] = {}
+        """Request id → its sort key and entry in ``_queues``."""
         self._waiting: frozenset[str] | None = None
         """The ids of ``_queued``, made again only after the queue changed."""
-        """Request id → its sort key and entry in ``_queues``."""
         self._protected: dict[str, dict[str, Allocation]] = {}
         """Per pool, funded sessions whose protected window ends after ``_indexed_at``,
         in start order."""
