@@ -24,7 +24,8 @@ class _Curve:
     cumulative: list[float] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
     hints: list[int] = field(default_factory=lambda: [0, 0])
-    """Where `at_hinted` last found each of its two moving starts (a window's, a day's)."""
+    """Where `at_hinted` last found each of its two moving starts: a window's (0) and a
+    day's (1, which `WindowUsage.since` uses)."""
 
     def at_hinted(self, when: float, which: int) -> float:
         """`at`, for a time that moves forward from call to call (the start of a window
@@ -244,7 +245,8 @@ class WindowUsage(Mapping[tuple[str, str], float]):
             curve = self._curves.get(key)
             if curve is None:
                 return 0.0
-            found = self._since[slot] = curve.at(self._end) - curve.at(start)
+            # The start asked for is nearly always the last day's, as the ranking's.
+            found = self._since[slot] = curve.at(self._end) - curve.at_hinted(start, 1)
         return found
 
     def pool_figures(
