@@ -564,6 +564,8 @@ class Kept:
         self._queues: dict[tuple[str, str], tuple[list[QueueKey], list[Queued]]] = {}
         """(pool, team) → sort keys and entries of its waiting requests, in queue order."""
         self._queue_view: dict[str, dict[str, tuple[Queued, ...]]] = {}
+        self._queue_frozen: Mapping[str, Mapping[str, tuple[Queued, ...]]] | None = None
+        """The last read-only copy `_queue_all` handed out, good while nothing is dirty."""
         self._queue_dirty: set[tuple[str, str]] = set()
         self._queued: dict[str, tuple[QueueKey, Queued]] = {}
         """Request id → its sort key and entry in ``_queues``."""
@@ -804,6 +806,9 @@ class Kept:
         )
 
     def _queue_all(self) -> Mapping[str, Mapping[str, tuple[Queued, ...]]]:
+        frozen = self._queue_frozen
+        if frozen is not None and not self._queue_dirty:
+            return frozen
         view = self._queue_view
         for pool, team in self._queue_dirty:
             entries = self._queues.get((pool, team))
@@ -817,7 +822,9 @@ class Kept:
             else:
                 view.pop(pool, None)
         self._queue_dirty.clear()
-        return MappingProxyType({pool: MappingProxyType(teams) for pool, teams in view.items()})
+        frozen = MappingProxyType({pool: MappingProxyType(teams) for pool, teams in view.items()})
+        self._queue_frozen = frozen
+        return frozen
 
     def _queue_subset(
         self, requests: Iterable[Request]

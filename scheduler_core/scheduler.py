@@ -129,6 +129,7 @@ class Scheduler:
         self._node_tuple = tuple(self.nodes.values())
         self._kept = Kept(settings, self.pools, self.nodes.values())
         """The data kept between cycles for them (kept.py)."""
+        self._allocations: tuple[Allocation, ...] | None = None
         self._changed = True
         """Something freed room or changed nodes or holds: the whole queue must be looked at."""
         self._fresh: set[str] = set()
@@ -392,7 +393,7 @@ class Scheduler:
             settings=self.settings,
             pools=self.pools,
             nodes=self._node_tuple,
-            allocations=tuple(self.running.values()),
+            allocations=self._running_tuple(),
             pending=pending,
             teams=self.teams,
             usage=usage,
@@ -406,6 +407,14 @@ class Scheduler:
             stops=MappingProxyType(self.stops.copy()),
             idle=tuple((self.running[r], since) for r, since in self.idle.items()),
         )
+
+    def _running_tuple(self) -> tuple[Allocation, ...]:
+        """``running``'s allocations in order, made again only after one was booked or
+        released (every change to ``running`` goes through `_book` or `_release`)."""
+        found = self._allocations
+        if found is None:
+            found = self._allocations = tuple(self.running.values())
+        return found
 
     def cycle(self, scope: Iterable[str] | None = None) -> Decisions:
         """Decide and carry out one scheduling cycle (over ``scope`` only, if given)."""
@@ -477,9 +486,11 @@ class Scheduler:
         self.reservations = MappingProxyType(reservations)
 
     def _book(self, allocation: Allocation) -> None:
+        self._allocations = None
         self._kept.book(allocation)
 
     def _release(self, allocation: Allocation) -> None:
+        self._allocations = None
         self._changed = True
         self.idle.pop(allocation.id, None)
         self._kept.release(allocation)
