@@ -12,6 +12,9 @@ placements, the ledger's window, failure records.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 from unittest import mock
@@ -20,6 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import scheduler_core
+from harness import REPO
 from harness.builders import (
     debug_request,
     gpu_request,
@@ -28,6 +33,7 @@ from harness.builders import (
     only_placeable,
     records_of,
 )
+from scheduler_core import native
 from scheduler_core import scheduler as scheduler_module
 from scheduler_core.capacity import Capacity
 from scheduler_core.kept import KnownFailures, shape_of
@@ -174,6 +180,18 @@ def _decided_alike(scenario: Scenario, other: Callable[[ClusterView, float], Dec
     assert checked or not scenario.requests
 
 
+SOURCE = scheduler_core.BUILD.startswith("source")
+"""Does the policy run from its source here? Compiled (scheduler_core/native.py), its
+methods call each other natively, so a patched method is never called."""
+
+patches_the_policy = pytest.mark.skipif(
+    not SOURCE,
+    reason="patches the policy's methods: run from source by "
+    "test_the_patched_properties_hold_from_source",
+)
+
+
+@patches_the_policy
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(busy_scenarios())
 def test_remembered_searches_decide_as_searching_again_does(scenario: Scenario) -> None:
@@ -194,12 +212,32 @@ def _searching_again(view: ClusterView, now: float) -> Decisions:
         return decide(view, now)
 
 
+@patches_the_policy
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(busy_scenarios())
 def test_shape_records_decide_as_searching_again_does(scenario: Scenario) -> None:
     """A shape that found no room or no victims in a pass is not tried again in it
     (`Failures`): the same decisions as trying every entry."""
     _decided_alike(scenario, _searching_again)
+
+
+@pytest.mark.skipif(SOURCE, reason="from source already: the patched tests ran here")
+def test_the_patched_properties_hold_from_source() -> None:
+    """With the compiled core, the two property tests that patch the policy's methods
+    run in a pytest of their own with the core from source (where the patches take)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env[native.PURE_ENV] = "1"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider", __file__]
+        + ["-k", "remembered_searches_decide or shape_records_decide"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "2 passed" in done.stdout, done.stdout[-1000:]
 
 
 def test_a_hold_that_ends_gives_its_node_to_shapes_that_failed_before() -> None:
