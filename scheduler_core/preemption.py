@@ -495,6 +495,34 @@ def find_targets(
     return search_targets(request, capacity, victims, allowed, now)[0]
 
 
+def _roomy_nodes(
+    request: Request, capacity: Capacity, victims: Victims, allowed: frozenset[str]
+) -> list[NodeFree] | None:
+    """For a whole-GPU request: the nodes where its GPUs could be freed, at most by the
+    permitted victims' bounds; None if too few nodes (or GPUs in the pool) could be."""
+    gpus = request.gpus
+    need = gpus * request.nodes
+    if capacity.free_whole_total(request.pool) + victims.gpu_bound(request.pool, allowed) < need:
+        return None
+    nodes: list[NodeFree] = []
+    bounds = victims.bounds(allowed)
+    for nf in victims.roomy(capacity, request.pool, gpus):
+        short = gpus - len(nf.whole)
+        if short > 0:
+            # Permitted victims hold at least the unallocated GPUs.
+            name = nf.node.name
+            if victims.node_totals(name)[1] < short:
+                freeable = bounds.get(name)
+                if freeable is None:
+                    freeable = victims.node_gpu_bound(name, allowed)
+                if freeable < short:
+                    continue
+        nodes.append(nf)
+    if len(nodes) < request.nodes:
+        return None
+    return nodes
+
+
 def search_targets(
     request: Request,
     capacity: Capacity,
@@ -509,29 +537,10 @@ def search_targets(
     upper bounds: they count every session ``allowed`` permits)."""
     whole = request.mig is None and not request.gpu_milli and request.gpus > 0
     if whole:
-        gpus = request.gpus
-        need = gpus * request.nodes
-        if (
-            capacity.free_whole_total(request.pool) + victims.gpu_bound(request.pool, allowed)
-            < need
-        ):
+        roomy = _roomy_nodes(request, capacity, victims, allowed)
+        if roomy is None:
             return None, True
-        nodes: list[NodeFree] = []
-        bounds = victims.bounds(allowed)
-        for nf in victims.roomy(capacity, request.pool, gpus):
-            short = gpus - len(nf.whole)
-            if short > 0:
-                # Permitted victims hold at least the unallocated GPUs.
-                name = nf.node.name
-                if victims.node_totals(name)[1] < short:
-                    freeable = bounds.get(name)
-                    if freeable is None:
-                        freeable = victims.node_gpu_bound(name, allowed)
-                    if freeable < short:
-                        continue
-            nodes.append(nf)
-        if len(nodes) < request.nodes:
-            return None, True
+        nodes = roomy
     else:
         nodes = capacity.pool_nodes(request.pool)
     options: list[Target] = []
