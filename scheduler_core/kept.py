@@ -74,20 +74,32 @@ def shape_of(request: Request) -> Shape:
     )
 
 
-_SHAPE_IDS: dict[Shape, int] = {}
+class _Numbers:
+    """Equal keys get one number, so records kept per key are lookups of a small int.
+    The table is cleared when it grows large; numbers are never given out twice, so a
+    cleared key only gets a new one (which costs lookups, never a wrong answer)."""
+
+    def __init__(self) -> None:
+        self._table: dict[object, int] = {}
+        self._next = itertools.count()
+
+    def of(self, key: object) -> int:
+        found = self._table.get(key)
+        if found is None:
+            if len(self._table) >= 100_000:
+                self._table.clear()
+            found = self._table[key] = next(self._next)
+        return found
+
+
+_SHAPE_NUMBERS = _Numbers()
 """Equal shapes get one number, so per-cycle records of failed shapes are dict lookups."""
-_NEXT_SHAPE_ID = itertools.count()
 
 
 def shape_id(shape: Shape) -> int:
     """A number for the shape. Equal numbers mean equal shapes; equal shapes get equal
     numbers unless the table was cleared in between (which only costs lookups)."""
-    found = _SHAPE_IDS.get(shape)
-    if found is None:
-        if len(_SHAPE_IDS) >= 100_000:
-            _SHAPE_IDS.clear()  # numbers are never given out twice
-        found = _SHAPE_IDS[shape] = next(_NEXT_SHAPE_ID)
-    return found
+    return _SHAPE_NUMBERS.of(shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,18 +134,12 @@ class Queued:
         return cls(request, shape, number, min_runtime, rate, units, debug, found)
 
 
-_KINDS: dict[tuple[object, ...], int] = {}
-_NEXT_KIND = itertools.count()
+_KIND_NUMBERS = _Numbers()
 
 
 def kind_of(figures: tuple[object, ...]) -> int:
     """A number for a request's figures (`Queued.kind`), given out as `shape_id` does."""
-    found = _KINDS.get(figures)
-    if found is None:
-        if len(_KINDS) >= 100_000:
-            _KINDS.clear()  # numbers are never given out twice
-        found = _KINDS[figures] = next(_NEXT_KIND)
-    return found
+    return _KIND_NUMBERS.of(figures)
 
 
 QueueKey = tuple[bool, int, float, str]
