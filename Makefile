@@ -54,7 +54,8 @@ $(STAMP): pyproject.toml images/session/pyproject.toml
 
 # The policy, the scheduler and the simulator compiled with mypyc, beside their source
 # (scripts/compile_core.py). Without a C compiler the build fails and they run from
-# source: the same decisions, two to three times slower, so `make` goes on.
+# source: the same decisions, more slowly (a month about 2.5 times as long), so `make`
+# goes on.
 native: $(NATIVE_STAMP)
 $(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES) scripts/compile_core.py
 	@$(BIN)/python scripts/compile_core.py || echo "make: the scheduler core runs from source"
