@@ -53,9 +53,10 @@ $(STAMP): pyproject.toml images/session/pyproject.toml
 	@touch $(STAMP)
 
 # The policy, the scheduler and the simulator compiled with mypyc, beside their source
-# (scripts/compile_core.py). Without a C compiler the build fails and they run from
-# source: the same decisions, more slowly (a month about 2.5 times as long), so `make`
-# goes on.
+# (scripts/compile_core.py). Without a C compiler the build fails and `make` goes on.
+# From source the core makes the same decisions, more slowly: a steady cycle takes about
+# 1.8 times as long and a simulated month about 2.5 times
+# (docs/benchmarks/cycle.md, "Compiled against source").
 native: $(NATIVE_STAMP)
 $(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES) scripts/compile_core.py
 	@$(BIN)/python scripts/compile_core.py || echo "make: the scheduler core runs from source"

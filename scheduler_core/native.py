@@ -3,10 +3,11 @@ keeps a stale build from running.
 
 The policy and the simulator are compiled with mypyc (as black and mypy ship
 themselves): the same typed source, built into C extensions beside the ``.py`` files,
-which Python then imports first. A cycle and a simulated month run about twice as fast
-(docs/benchmarks/cycle.md, month.md) and decide exactly as the source does
+which Python then imports first. They decide exactly as the source does
 (`python -m bench.identical`). Pure Python stays a full fallback: without a build,
-or with ``BUDGETHUB_PURE_PYTHON=1``, the same code runs from source.
+or with ``BUDGETHUB_PURE_PYTHON=1``, the same code runs from source and makes the same
+decisions, more slowly: a steady cycle takes about 1.8 times as long and a simulated
+month about 2.5 times (docs/benchmarks/cycle.md, "Compiled against source").
 
 Why a guard: an extension built from older source would shadow an edited ``.py``. The
 build (scripts/compile_core.py) writes `MANIFEST`, the hash of every compiled module's
