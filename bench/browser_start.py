@@ -40,7 +40,7 @@ from typing import Any
 from harness.browser import CHROMIUM, FLAGS, MAIN_AREA_READY, async_log_in
 from harness.hub import Hub, remove_containers, start_hub
 from harness.nodes import local_gpu_node
-from spawner.spawner import DEFAULT_PROFILES
+from spawner.hub.spawner import DEFAULT_PROFILES
 
 FIGURES = ("browser_start.alone_s", "browser_start.together_s")
 """The figures ``collect`` returns (bench/bars.toml)."""

@@ -32,8 +32,8 @@ from tornado.netutil import bind_sockets
 
 from scheduler_core import model
 from scheduler_core.store import Store
-from spawner.service import app as service_app
-from spawner.storeview import StoreModel, build_state
+from spawner.readmodel.service import app as service_app
+from spawner.readmodel.storeview import StoreModel, build_state
 
 DAY = 86400.0
 GPU = model.Pool("gpu", model.PoolKind.GPU)

@@ -23,7 +23,7 @@ from typing import Any
 import requests
 
 from scheduler_core.store import Store
-from spawner.nodes import docker_client
+from spawner.runtime.dockernodes import docker_client
 
 VENV_BIN = Path(sys.executable).parent
 ADMIN_TOKEN = secrets.token_hex(16)

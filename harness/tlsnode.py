@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from harness import REPO
-from spawner.nodes import docker_client
+from spawner.runtime.dockernodes import docker_client
 
 ENGINE = REPO / "scripts" / "engine"
 RUN_DIR = Path("/var/run/budgethub")

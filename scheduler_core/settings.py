@@ -2,7 +2,7 @@
 
 The rules they tune are those of the scheduling contract in docs/architecture.md
 (cited by rule ID); docs/configuration.md lists them, generated from this class by
-spawner/configdoc.py. `jupyterhub_config.py` and a scenario's ``policy`` object
+spawner/hub/configdoc.py. `jupyterhub_config.py` and a scenario's ``policy`` object
 override them field by field. Durations are seconds.
 """
 

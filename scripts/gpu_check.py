@@ -4,7 +4,7 @@
     python3 scripts/gpu_check.py [--gib 4] [--keep DIR]
 
 1. The inventory through pynvml, exactly as a ``gpus: "nvml"`` node reads it
-   (spawner/inventory.py's nvml_gpus: UUIDs, MIG mode and MIG instances).
+   (spawner/runtime/inventory.py's nvml_gpus: UUIDs, MIG mode and MIG instances).
 2. A kernel namespace holding a CUDA tensor of ``--gib`` GiB (plus a small model
    state dict and a numpy array) is checkpointed with the images' extension
    (budgethub_session.checkpoint loaded into an IPython shell, one cell, the

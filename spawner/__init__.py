@@ -1,5 +1,5 @@
 """budgethub's JupyterHub side: BudgetSpawner, its embedded scheduler and node backends."""
 
-from spawner.spawner import BudgetSpawner
+from spawner.hub.spawner import BudgetSpawner
 
 __all__ = ["BudgetSpawner"]

@@ -9,9 +9,9 @@ tokens out of the Hub's and the proxy's logs, makes the Hub's state files
 readable by their owner only, and lifts JupyterHub's limit on pending spawns
 (a session waiting in the queue is a pending spawn).
 
-The Hub's own pages get budgethub's template overrides (``spawner/templates/``,
+The Hub's own pages get budgethub's template overrides (``spawner/hub/templates/``,
 first in ``template_paths``; each extends the stock template it replaces) and the
-``budgethub`` template variable (``spawner/pages.py``). A refused spawn (the form or
+``budgethub`` template variable (``spawner/hub/pages.py``). A refused spawn (the form or
 the REST API) is logged as one WARNING line, its message cut short, instead of the
 Hub's ERROR (and, for the form, its traceback): it is the user's input, answered with a
 message naming the field, not a fault of the Hub.
@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import secrets
 import shutil
 import sys
@@ -31,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from spawner import chp
+from spawner.logfilters import redact_log_handlers
 
 SERVICE = "budgethub"
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "hub" / "templates"
 SCOPES = ["servers", "read:users", "read:groups"]
 
 UMASK = 0o077
@@ -45,77 +45,6 @@ REFUSAL_FILTER = "budgethub_refusals"
 log = logging.getLogger(__name__)
 _STARTING: set[asyncio.Task[None]] = set()
 """The start-up task, held (the event loop keeps only weak references to tasks)."""
-
-
-LOGGED_CHARS = 200
-"""The most of a refusal's message that its log line repeats."""
-
-_NOT_STARTING = re.compile(
-    r"Not starting (?P<whose>.*)'s server (?P<server>.*?): (?P<status>4\d\d) "
-    r"\w+\(reason=(?P<reason>[^)]*)\): (?P<message>.*)\Z",
-    re.DOTALL,
-)
-"""JupyterHub's own line for a spawn whose ``start()`` raised a SpawnException (or a
-subclass, such as the spawner's ``Refusal``) with a 4xx (``user.py``: ``Not starting
-{user}'s server {name}: {exception}``)."""
-
-
-def _cut(text: str, limit: int = LOGGED_CHARS) -> str:
-    """One line of at most about ``limit`` characters, saying how long the text was."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
-
-
-class QuietRefusalFilter(logging.Filter):
-    """A handler filter: a refused spawn (the user's input, answered with a 4xx naming the
-    field) becomes one WARNING line with the refusal's message cut short; any other
-    error is left as it is. Two records are refusals:
-
-    * the Hub's ``Failed to spawn single-user server with form`` with a 4xx HTTPError
-      and its traceback (a refused form);
-    * the Hub's ``Not starting ann's server : 400 SpawnException(reason=form): …`` at
-      ERROR (a refused REST spawn, and the admin page's "Start Server").
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR and not record.exc_info:
-            return self._not_starting(record)
-        if not record.exc_info or not str(record.msg).startswith("Failed to spawn"):
-            return True
-        error = record.exc_info[1]
-        status = getattr(error, "status_code", 500)
-        if not isinstance(status, int) or not 400 <= status < 500:
-            return True
-        message = getattr(error, "jupyterhub_message", None) or getattr(error, "log_message", "")
-        record.msg, record.args = "Spawn form refused (%s): %s", (status, _cut(str(message)))
-        record.levelno, record.levelname = logging.WARNING, "WARNING"
-        record.exc_info, record.exc_text = None, None
-        return True
-
-    @staticmethod
-    def _not_starting(record: logging.LogRecord) -> bool:
-        text = str(record.msg)
-        if not text.startswith("Not starting "):
-            return True
-        if record.args:
-            try:
-                text = record.getMessage()
-            except (TypeError, ValueError):
-                return True
-        found = _NOT_STARTING.match(text)
-        if found is None:
-            return True
-        whose, server = found["whose"], found["server"]
-        record.msg = "Spawn refused (%s, %s) for %s's server %r: %s"
-        record.args = (
-            int(found["status"]),
-            found["reason"],
-            _cut(whose, 60),
-            _cut(server, 60),
-            _cut(found["message"]),
-        )
-        record.levelno, record.levelname = logging.WARNING, "WARNING"
-        return True
 
 
 class ProxyNotInstalled(RuntimeError):
@@ -155,10 +84,10 @@ def configure_hub(c: Any, token: str | None = None) -> None:
     if "concurrent_spawn_limit" not in c.JupyterHub:
         c.JupyterHub.concurrent_spawn_limit = 0
     if "proxy_class" not in c.JupyterHub:  # skips removing routes a queued spawn never had
-        c.JupyterHub.proxy_class = "spawner.hubproxy.BudgetProxy"
+        c.JupyterHub.proxy_class = "spawner.hub.hubproxy.BudgetProxy"
     paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
     c.JupyterHub.template_paths = [str(TEMPLATES), *(p for p in paths if p != str(TEMPLATES))]
-    from spawner.pages import page_vars
+    from spawner.hub.pages import page_vars
 
     template_vars = dict(c.JupyterHub.template_vars) if "template_vars" in c.JupyterHub else {}
     template_vars.setdefault("budgethub", page_vars)
@@ -175,12 +104,16 @@ def configure_hub(c: Any, token: str | None = None) -> None:
     roles.append({"name": "budgethub-scheduler", "scopes": SCOPES, "services": [SERVICE]})
     c.JupyterHub.load_roles = roles
     c.BudgetScheduler.hub_api_token = token
-    from spawner import mysessions, queuecontrol, snapshotapi  # snapshots, My sessions, queue
+    from spawner.hub import (
+        mysessions,
+        queuecontrol,
+        snapshotapi,  # snapshots, My sessions, queue
+    )
 
     ours = [*snapshotapi.HANDLERS, *mysessions.HANDLERS, *queuecontrol.HANDLERS]
     handlers = list(c.JupyterHub.extra_handlers) if "extra_handlers" in c.JupyterHub else []
     c.JupyterHub.extra_handlers = [*handlers, *(h for h in ours if h not in handlers)]
-    from spawner.service.wiring import configure_budget_service
+    from spawner.hub.servicewiring import configure_budget_service
 
     configure_budget_service(c)  # the budget service: pages, API, /metrics, admin
     try:
@@ -194,7 +127,7 @@ async def _start_with_hub() -> None:
     """Once the Hub is up, start the scheduler and queue again the spawns it had."""
     from jupyterhub.app import JupyterHub
 
-    from spawner.embedded import BudgetScheduler
+    from spawner.hub.embedded import BudgetScheduler
 
     for _ in range(3000):  # the Hub starts within minutes or not at all
         await asyncio.sleep(0.1)
@@ -225,7 +158,7 @@ def _with_redaction(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config)
     filters = dict(config.get("filters", {}))
     filters[REDACT_FILTER] = {"()": "spawner.chp.RedactFilter"}
-    filters[REFUSAL_FILTER] = {"()": "spawner.hubconfig.QuietRefusalFilter"}
+    filters[REFUSAL_FILTER] = {"()": "spawner.logfilters.QuietRefusalFilter"}
     config["filters"] = filters
     handlers = {name: dict(h) for name, h in config.get("handlers", {}).items()}
     handlers.setdefault("console", {})
@@ -237,16 +170,6 @@ def _with_redaction(config: dict[str, Any]) -> dict[str, Any]:
         handler["filters"] = names
     config["handlers"] = handlers
     return config
-
-
-def redact_log_handlers(loggers: Iterable[logging.Logger]) -> None:
-    """Put the redaction filter on every handler of ``loggers`` that lacks it."""
-    for logger in loggers:
-        for handler in logger.handlers:
-            if not any(isinstance(f, QuietRefusalFilter) for f in handler.filters):
-                handler.addFilter(QuietRefusalFilter())
-            if not any(isinstance(f, chp.RedactFilter) for f in handler.filters):
-                handler.addFilter(chp.RedactFilter())
 
 
 def sqlite_files(url: str) -> list[Path]:

@@ -28,11 +28,10 @@ from scheduler_core.settings import (
     settings_from_mapping,
 )
 from scheduler_core.teams import share_fault
-from spawner.containers import DEFAULT_HUB
-from spawner.inventory import InventoryError, nvml_gpus
-from spawner.nodes import EngineConfig, NodeBackend
-from spawner.runtime import Runtime
-from spawner.slurm import (
+from spawner.runtime.dockernodes import EngineConfig, NodeBackend
+from spawner.runtime.interface import Runtime
+from spawner.runtime.inventory import InventoryError, nvml_gpus
+from spawner.runtime.slurm import (
     SlurmConfigError,
     SlurmError,
     SlurmRuntime,
@@ -40,6 +39,7 @@ from spawner.slurm import (
     parse_partitions,
     read_cluster,
 )
+from spawner.runtime.spec import DEFAULT_HUB
 
 ENGINE_KEYS = frozenset({"engine", "tls", "address", "network", "storage"})
 """Keys of ``c.BudgetScheduler.nodes`` that only the Hub knows: how to reach each engine."""

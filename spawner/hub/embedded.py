@@ -31,7 +31,12 @@ from scheduler_core.settings import Settings
 from scheduler_core.store import RequestState, SnapshotRecord, Store
 from scheduler_core.store.admin import AdminStore, SchedulerStatus
 from spawner import admin
-from spawner.actuator import (
+from spawner.hub.config import SchedulerConfig
+from spawner.hub.notify import StartHookConfig, call_hook
+from spawner.hub.recovery import recover
+from spawner.hubapi import HubClient, split_request_id
+from spawner.readmodel.status import QueueStatus, QueueView
+from spawner.runtime.actuator import (
     Agent,
     LaunchFailed,
     RunningSession,
@@ -41,12 +46,7 @@ from spawner.actuator import (
     Timeouts,
     snapshot_sentence,
 )
-from spawner.config import SchedulerConfig
-from spawner.hubapi import HubClient, split_request_id
-from spawner.notify import StartHookConfig, call_hook
-from spawner.readmodel import QueueStatus, QueueView
-from spawner.recovery import recover
-from spawner.snapshots import KEY_PATTERN, Layout
+from spawner.runtime.snapshots import KEY_PATTERN, Layout
 
 ADMIN_CHECK = 0.5
 """Seconds between looks for admin changes (one small query) before a cycle."""

@@ -26,7 +26,7 @@ from tornado import web
 
 from scheduler_core.model import Allocation, Request
 from spawner.hubapi import split_request_id
-from spawner.readmodel import amount
+from spawner.readmodel.status import amount
 
 STATES = ("running", "starting", "queued", "snapshot")
 """A row's state: a server that answers, one granted and starting, one waiting in the
@@ -100,7 +100,7 @@ def _running_row(scheduler: Any, allocation: Allocation, server: str, ready: boo
 
 
 def _queued_row(scheduler: Any, request_id: str, request: Request, now: float) -> SessionRow:
-    from spawner.spawner import estimate_words
+    from spawner.hub.spawner import estimate_words
 
     _user, server = split_request_id(request_id)
     row = SessionRow(
@@ -164,7 +164,7 @@ def notices_of(scheduler: Any, user: str) -> list[tuple[str, str]]:
 
 
 def _scheduler() -> Any:
-    from spawner.embedded import BudgetScheduler
+    from spawner.hub.embedded import BudgetScheduler
 
     if not BudgetScheduler.initialized():
         return None

@@ -1,4 +1,4 @@
-"""What budgethub's overrides of the Hub's own templates show (``spawner/templates/``).
+"""What budgethub's overrides of the Hub's own templates show (``spawner/hub/templates/``).
 
 ``configure_hub`` puts ``page_vars`` into ``c.JupyterHub.template_vars`` as
 ``budgethub``: the Hub calls it with the logged-in user for every page it renders,
@@ -87,8 +87,8 @@ def page_vars(user: Any) -> PageVars | None:
         return None
     from jupyterhub.app import JupyterHub
 
-    from spawner.embedded import BudgetScheduler
-    from spawner.spawner import estimate_words
+    from spawner.hub.embedded import BudgetScheduler
+    from spawner.hub.spawner import estimate_words
 
     if not BudgetScheduler.initialized():
         return None

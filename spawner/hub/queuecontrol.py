@@ -149,7 +149,7 @@ class QueueAPIHandler(APIHandler):  # type: ignore[misc]
     async def post(self, action: str) -> None:
         actor = self._actor()
         body = self._body()
-        from spawner.embedded import BudgetScheduler
+        from spawner.hub.embedded import BudgetScheduler
 
         scheduler = BudgetScheduler.instance()
         if not scheduler.started:

@@ -20,11 +20,11 @@ from typing import Any
 from scheduler_core.model import Health, Team
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.store import RequestState, Store
-from spawner.actuator import SessionActuator
-from spawner.containers import LABEL_PREFIX
 from spawner.hubapi import split_request_id
-from spawner.nodes import Answer
-from spawner.readmodel import notices_from
+from spawner.readmodel.status import notices_from
+from spawner.runtime.actuator import SessionActuator
+from spawner.runtime.dockernodes import Answer
+from spawner.runtime.spec import LABEL_PREFIX
 
 
 @dataclass

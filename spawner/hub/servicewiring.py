@@ -1,6 +1,6 @@
 """Declare the ``budget`` service in a JupyterHub configuration (called by ``configure_hub``).
 
-The Hub starts it (``python -m spawner.service``), lists it in its Services menu and
+The Hub starts it (``python -m spawner.readmodel.service``), lists it in its Services menu and
 routes ``/services/budget/`` to it. Its scopes are custom scopes
 (``c.JupyterHub.custom_scopes``): every user gets ``custom:budget:read`` through the
 ``user`` role; members of the ``budget-admins`` group get ``custom:budget:admin``
@@ -40,7 +40,7 @@ def store_url(_spawner: Any = None) -> str:
     """The scheduler's store as the Hub's configuration names it (called at service start)."""
     from jupyterhub.app import JupyterHub
 
-    from spawner.embedded import BudgetScheduler
+    from spawner.hub.embedded import BudgetScheduler
 
     # The Hub's one scheduler (c.BudgetScheduler configures that class, not its bases).
     return str(BudgetScheduler.instance(config=JupyterHub.instance().config).store_url)
@@ -53,7 +53,7 @@ def configure_budget_service(c: Any) -> None:
             {
                 "name": NAME,
                 "url": f"http://127.0.0.1:{_free_port()}",
-                "command": [sys.executable, "-m", "spawner.service"],
+                "command": [sys.executable, "-m", "spawner.readmodel.service"],
                 "environment": {"BUDGETHUB_STORE_URL": store_url},
                 "oauth_client_allowed_scopes": [READ, ADMIN],
                 "oauth_no_confirm": True,

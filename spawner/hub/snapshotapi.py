@@ -36,7 +36,7 @@ def summary(record: SnapshotRecord) -> dict[str, Any]:
 
 class SnapshotsAPIHandler(APIHandler):  # type: ignore[misc]
     def _scheduler(self) -> Any:
-        from spawner.embedded import BudgetScheduler
+        from spawner.hub.embedded import BudgetScheduler
 
         scheduler = BudgetScheduler.instance()
         if not scheduler.started:

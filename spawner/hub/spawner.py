@@ -28,9 +28,7 @@ from traitlets import Integer, List, default
 from scheduler_core.model import Allocation, Request
 from scheduler_core.store import RequestState
 from scheduler_core.verdict import message
-from spawner.actuator import Agent
-from spawner.containers import DEFAULT_PIDS_LIMIT, SessionIdentity
-from spawner.embedded import BudgetScheduler, LaunchFailed, QueueStatus, SessionLaunch, Waiter
+from spawner.hub.embedded import BudgetScheduler, LaunchFailed, QueueStatus, SessionLaunch, Waiter
 from spawner.profiles import (
     FORM_FIELDS,
     SNAPSHOT_FIELDS,
@@ -46,7 +44,9 @@ from spawner.profiles import (
     resolve,
     snapshot_choice,
 )
-from spawner.readmodel import Outlook
+from spawner.readmodel.status import Outlook
+from spawner.runtime.actuator import Agent
+from spawner.runtime.spec import DEFAULT_PIDS_LIMIT, SessionIdentity
 
 
 class Refusal(SpawnException):  # type: ignore[misc]
@@ -54,7 +54,7 @@ class Refusal(SpawnException):  # type: ignore[misc]
 
     Tornado logs an ``HTTPError``'s ``get_message()`` as a WARNING of its own; the Hub
     already logs a refused spawn ("Not starting …'s server", made one WARNING line by
-    ``hubconfig.QuietRefusalFilter``), so here it is empty and the refusal is logged
+    ``logfilters.QuietRefusalFilter``), so here it is empty and the refusal is logged
     once. The user still gets the message (the Hub's pages and API read ``message``
     and ``jupyterhub_message``)."""
 
@@ -460,7 +460,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         """A 400 for the user's options, which are forgotten (see ``_forget_refused``).
 
         The Hub logs it (its "Not starting …'s server" or "Failed to spawn … with form"
-        line, which ``hubconfig.QuietRefusalFilter`` makes one WARNING); here only at
+        line, which ``logfilters.QuietRefusalFilter`` makes one WARNING); here only at
         debug level."""
         self.log.debug("%s: refused: %s", self._prefix, message)
         self._forget_refused()

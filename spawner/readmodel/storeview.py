@@ -54,7 +54,7 @@ from scheduler_core.store.models import (
 from scheduler_core.store.records import WAITING_STATES
 from scheduler_core.view import Decisions
 from spawner import admin
-from spawner.readmodel import (
+from spawner.readmodel.status import (
     QueueStatus,
     QueueView,
     TeamStatus,
@@ -702,7 +702,7 @@ def why_waiting(
 ) -> str:
     """Why a request waits, in a few words (the reasons Kueue's visibility API names),
     each "category: what it waits for"; the funded and unallocated cases in the words of
-    the Hub's admin queue (`spawner.pages`)."""
+    the Hub's admin queue (`spawner.hub.pages`)."""
     ready = [n for n in nodes if n.health is Health.READY]
     if not ready:
         states = sorted({n.health.value for n in nodes}) or ["none configured"]

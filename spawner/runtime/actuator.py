@@ -34,9 +34,11 @@ from typing import Any
 from scheduler_core.model import Allocation, Health, Node
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.store import Store
-from spawner.booking import Booking
 from spawner.hubapi import HubClient
-from spawner.lifecycle import (
+from spawner.runtime.booking import Booking
+from spawner.runtime.dockernodes import EngineConfig, NodeBackend
+from spawner.runtime.interface import Runtime
+from spawner.runtime.lifecycle import (
     AGENT_HEADER,
     Activity,
     Agent,
@@ -47,17 +49,15 @@ from spawner.lifecycle import (
     SessionLaunch,
     Timeouts,
 )
-from spawner.nodes import EngineConfig, NodeBackend
-from spawner.nodewatch import NodeWatch, describe_exit
-from spawner.runtime import Runtime
-from spawner.snaprecord import (  # noqa: F401  (_kernel_entries: its unit tests import it here)
+from spawner.runtime.nodewatch import NodeWatch, describe_exit
+from spawner.runtime.snaprecord import (  # noqa: F401  (_kernel_entries: its unit tests import it here)
     SnapshotPolicy,
     SnapshotRecording,
     _kernel_entries,
     snapshot_sentence,
 )
-from spawner.snapshots import Layout
-from spawner.takedown import Takedown, Teardown
+from spawner.runtime.snapshots import Layout
+from spawner.runtime.takedown import Takedown, Teardown
 
 __all__ = [
     "AGENT_HEADER",

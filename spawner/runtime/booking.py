@@ -2,7 +2,7 @@
 
 The core calls `launch` inside a cycle (the core's Actuator protocol): the admission's
 slices are booked in the store once the containers of the victims on its nodes are gone
-(`spawner.takedown`), then the grant is handed on. `release` and `requeue` free them.
+(`spawner.runtime.takedown`), then the grant is handed on. `release` and `requeue` free them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from scheduler_core.model import Allocation
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.store import RequestState, SliceConflict, Store, StoreError
-from spawner.takedown import Teardown
+from spawner.runtime.takedown import Teardown
 
 
 class Booking:

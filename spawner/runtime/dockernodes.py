@@ -24,10 +24,10 @@ import docker
 from docker.errors import APIError, DockerException, NotFound
 from docker.tls import TLSConfig
 
-from spawner.containers import LABEL_PREFIX, ContainerSpec
-from spawner.runtime import Answer, ContainerState, OwnedElsewhere
+from spawner.runtime.interface import Answer, ContainerState, OwnedElsewhere
+from spawner.runtime.spec import LABEL_PREFIX, ContainerSpec
 
-# Answer, ContainerState and OwnedElsewhere are every runtime's (spawner.runtime); they
+# Answer, ContainerState and OwnedElsewhere are every runtime's (spawner.runtime.interface); they
 # stay importable from here.
 __all__ = [
     "Answer",
@@ -70,7 +70,7 @@ class EngineConfig:
 
 
 class NodeBackend:
-    """One node's Docker engine: a `spawner.runtime.Runtime`."""
+    """One node's Docker engine: a `spawner.runtime.interface.Runtime`."""
 
     def __init__(
         self, config: EngineConfig, timeout: float = 30.0, ping_timeout: float = 5.0

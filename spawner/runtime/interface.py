@@ -1,7 +1,7 @@
 """The session lifecycle interface that a runtime implements, one object per node.
 
 Per node, because each node has a manager of its own that answers, fails and drains
-on its own (Docker's engine is one: `spawner.nodes.NodeBackend`); the steps mirror
+on its own (Docker's engine is one: `spawner.runtime.dockernodes.NodeBackend`); the steps mirror
 DockerSpawner's overridable ones and kubespawner's split: create = build the spec
 (`SessionActuator.create_container`), start = `launch`, poll = `state`, stop/remove =
 `remove`.
@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from spawner.containers import ContainerSpec
+from spawner.runtime.spec import ContainerSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ class OwnedElsewhere(RuntimeError):
 
 
 class NodeConfig(Protocol):
-    """What the actuator reads of a node's configuration (`spawner.nodes.EngineConfig`
+    """What the actuator reads of a node's configuration (`spawner.runtime.dockernodes.EngineConfig`
     is one)."""
 
     @property

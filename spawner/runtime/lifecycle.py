@@ -21,9 +21,8 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from scheduler_core.model import Allocation
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.store import Store
-from spawner.containers import ContainerSpec, SessionIdentity, build_container
-from spawner.runtime import ContainerState, NodeConfig, OwnedElsewhere, Runtime
-from spawner.snapshots import (
+from spawner.runtime.interface import ContainerState, NodeConfig, OwnedElsewhere, Runtime
+from spawner.runtime.snapshots import (
     HOME_TARGET,
     Layout,
     SnapshotError,
@@ -31,9 +30,10 @@ from spawner.snapshots import (
     restored_dir_in_home,
     state_dir_in_home,
 )
+from spawner.runtime.spec import ContainerSpec, SessionIdentity, build_container
 
 if TYPE_CHECKING:
-    from spawner.takedown import Teardown
+    from spawner.runtime.takedown import Teardown
 
 AGENT_HEADER = "X-Budgethub-Agent"
 

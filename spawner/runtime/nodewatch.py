@@ -16,10 +16,10 @@ from tornado.httpclient import HTTPClientError
 from scheduler_core.model import Health
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.store import RequestState, Store
-from spawner.containers import LABEL_PREFIX
 from spawner.hubapi import HubClient, split_request_id
-from spawner.lifecycle import Timeouts
-from spawner.runtime import Answer, ContainerState, Runtime
+from spawner.runtime.interface import Answer, ContainerState, Runtime
+from spawner.runtime.lifecycle import Timeouts
+from spawner.runtime.spec import LABEL_PREFIX
 
 
 def describe_exit(state: ContainerState | None) -> str:

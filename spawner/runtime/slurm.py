@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from scheduler_core.model import Gpu, Node, PoolKind
-from spawner.containers import LABEL_PREFIX, SESSION_USER, ContainerSpec
-from spawner.nodes import EngineConfig
-from spawner.runtime import Answer, ContainerState
+from spawner.runtime.dockernodes import EngineConfig
+from spawner.runtime.interface import Answer, ContainerState
+from spawner.runtime.spec import LABEL_PREFIX, SESSION_USER, ContainerSpec
 
 ACTIVE = frozenset(
     {

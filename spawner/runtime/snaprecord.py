@@ -17,9 +17,9 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from scheduler_core.model import Allocation
 from scheduler_core.store import Store
-from spawner.lifecycle import AGENT_HEADER, Agent, Timeouts
-from spawner.runtime import Runtime
-from spawner.snapshots import (
+from spawner.runtime.interface import Runtime
+from spawner.runtime.lifecycle import AGENT_HEADER, Agent, Timeouts
+from spawner.runtime.snapshots import (
     HOME_TARGET,
     Layout,
     SnapshotError,

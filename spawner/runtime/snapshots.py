@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spawner.containers import safe_name
+from spawner.runtime.spec import safe_name
 
 SESSION_UID = 1000
 SESSION_GID = 100

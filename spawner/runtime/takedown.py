@@ -3,7 +3,7 @@
 `preempt` decides and tells (the core calls it inside a cycle); `_take_down` runs in the
 background: a checkpoint through the session's agent, its container removed, its slices
 freed (`Teardown.freed`: the preemptor's booking waits for it), its kernel state recorded
-as a snapshot (`spawner.snaprecord`), its server stopped through the Hub.
+as a snapshot (`spawner.runtime.snaprecord`), its server stopped through the Hub.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from tornado.httpclient import HTTPClientError
 
 from scheduler_core.model import Allocation
 from scheduler_core.store import RequestState, Store, StoreError
-from spawner.containers import LABEL_PREFIX
 from spawner.hubapi import HubClient, split_request_id
-from spawner.lifecycle import Activity, Agent, Timeouts
-from spawner.runtime import Runtime
-from spawner.snaprecord import SnapshotPolicy
-from spawner.snapshots import Layout
+from spawner.runtime.interface import Runtime
+from spawner.runtime.lifecycle import Activity, Agent, Timeouts
+from spawner.runtime.snaprecord import SnapshotPolicy
+from spawner.runtime.snapshots import Layout
+from spawner.runtime.spec import LABEL_PREFIX
 
 
 @dataclass

@@ -21,7 +21,7 @@ from harness.browser import open_hub, shot
 from harness.hub import Hub
 from harness.kernels import Kernel, Server
 from harness.nodes import local_gpu_node
-from spawner.snaprecord import snapshot_sentence
+from spawner.runtime.snaprecord import snapshot_sentence
 
 TYPED = "typed_but_never_saved = 'kept'"
 NOTEBOOK = {

@@ -28,10 +28,10 @@ from tornado.netutil import bind_sockets
 from scheduler_core import model
 from scheduler_core.store import Store
 from scheduler_core.store.records import RequestState
-from spawner import storeview
 from spawner.profiles import human_duration
-from spawner.service import app as service_app
-from spawner.storeview import StoreModel
+from spawner.readmodel import storeview
+from spawner.readmodel.service import app as service_app
+from spawner.readmodel.storeview import StoreModel
 
 GPU = model.Pool("gpu", model.PoolKind.GPU)
 CPU = model.Pool("cpu", model.PoolKind.CPU)

@@ -18,7 +18,7 @@ from slurm_fixtures import (
 
 from harness import REPO
 from harness.hub import wait_for
-from spawner.config import ConfigError, SchedulerConfig
+from spawner.hub.config import ConfigError, SchedulerConfig
 
 
 def test_a_killed_slurmd_takes_its_node_down_frees_its_slices_and_tells_the_user(slurm_hub, slurm):

@@ -13,8 +13,9 @@ from scheduler_core.model import Team
 from scheduler_core.settings import BOUNDS, Settings
 from scheduler_core.teams import SHARE_MIN
 from spawner import admin
-from spawner.config import ConfigError
-from spawner.embedded import BudgetScheduler
+from spawner.hub.config import ConfigError
+from spawner.hub.embedded import BudgetScheduler
+from spawner.hub.spawner import DEFAULT_PROFILES
 from spawner.profiles import (
     FormError,
     capped,
@@ -24,9 +25,8 @@ from spawner.profiles import (
     render_form,
     resolve,
 )
-from spawner.readmodel import amount, number, percent, plural
-from spawner.service import app, charts
-from spawner.spawner import DEFAULT_PROFILES
+from spawner.readmodel.service import app, charts
+from spawner.readmodel.status import amount, number, percent, plural
 
 POOLS = builders.pools()
 TEAMS = [Team("nlp", {"gpu": 0.5, "cpu": 0.5}), Team("vision", {"gpu": 0.3, "cpu": 0.5})]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from spawner.service import charts
+from spawner.readmodel.service import charts
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -20,10 +20,10 @@ from harness import builders
 from scheduler_core import model
 from scheduler_core.store import Store
 from scheduler_core.store.admin import AdminStore, SchedulerStatus
-from spawner.readmodel import QueueView
-from spawner.service import openapi, views
-from spawner.service.metrics import registry
-from spawner.storeview import DAY, StoreModel, build_state, preemption_reason
+from spawner.readmodel.service import openapi, views
+from spawner.readmodel.service.metrics import registry
+from spawner.readmodel.status import QueueView
+from spawner.readmodel.storeview import DAY, StoreModel, build_state, preemption_reason
 
 NOW = time.time()  # QueueView asks the wall clock, as live
 

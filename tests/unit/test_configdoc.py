@@ -1,4 +1,4 @@
-"""docs/configuration.md is generated from the traits (spawner/configdoc.py): it must be
+"""docs/configuration.md is generated from the traits (spawner/hub/configdoc.py): it must be
 what the generator prints now, and name every configurable trait and policy setting."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from scheduler_core.settings import Settings
-from spawner import configdoc
-from spawner.embedded import BudgetScheduler
+from spawner.hub import configdoc
+from spawner.hub.embedded import BudgetScheduler
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -28,7 +28,7 @@ def test_check_exits_1_on_a_stale_page(tmp_path: Path, capsys: pytest.CaptureFix
     stale = tmp_path / "configuration.md"
     stale.write_text("old\n", encoding="utf-8")
     assert configdoc.main(["--check", str(stale)]) == 1
-    assert "spawner.configdoc > docs/configuration.md" in capsys.readouterr().err
+    assert "spawner.hub.configdoc > docs/configuration.md" in capsys.readouterr().err
     stale.write_text(configdoc.render(), encoding="utf-8")
     assert configdoc.main(["--check", str(stale)]) == 0
 

@@ -1,12 +1,12 @@
 """How the Hub words a forecast: the verdict's own reason, "starts now", and what an
-estimate rests on (spawner.spawner's queue message and form lines)."""
+estimate rests on (spawner.hub.spawner's queue message and form lines)."""
 
 from __future__ import annotations
 
 import time
 
-from spawner.readmodel import Outlook, QueueStatus, TeamStatus, unallocated_why
-from spawner.spawner import BudgetSpawner, estimate_words, outlook_words
+from spawner.hub.spawner import BudgetSpawner, estimate_words, outlook_words
+from spawner.readmodel.status import Outlook, QueueStatus, TeamStatus, unallocated_why
 
 TEAM = TeamStatus("vision", "gpu", "GPU", 1.0, 0.0, 1.2, 1.5, 0.02, 7.0)
 

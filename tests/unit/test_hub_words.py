@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from scheduler_core.model import Request
-from spawner.mysessions import holds
-from spawner.notify import FIELDS, call_hook, hook_url, template_fault
+from spawner.hub.mysessions import holds
+from spawner.hub.notify import FIELDS, call_hook, hook_url, template_fault
 from spawner.profiles import human_duration
 from spawner.profiles import rounded_duration as _waited
-from spawner.service import app
+from spawner.readmodel.service import app
 
 log = logging.getLogger("test")
 
@@ -103,7 +103,7 @@ def test_a_priority_an_admin_set_is_kept_in_the_store_the_hub_recovers_from() ->
 def test_the_services_queue_page_sends_an_admin_to_the_hubs_queue_control(admin: bool) -> None:
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-    from spawner.service.views import Viewer
+    from spawner.readmodel.service.views import Viewer
 
     env = Environment(
         loader=FileSystemLoader(str(app.TEMPLATES)), autoescape=select_autoescape(["html"])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from traitlets.config import Application, Config
 
-from spawner import chp, hubconfig
+from spawner import chp, hubconfig, logfilters
 
 LAUNCHER = [sys.executable, "-I", str(Path(chp.__file__).resolve())]
 
@@ -222,11 +222,11 @@ def test_a_refused_spawn_form_is_one_warning_line_and_other_errors_stay() -> Non
     refusal = SpawnException("Cannot start: gpus: no.", reason="form", status_code=400)
     refusal.jupyterhub_message = "Cannot start: gpus: no."
     quiet = record(refusal)
-    assert hubconfig.QuietRefusalFilter().filter(quiet)
+    assert logfilters.QuietRefusalFilter().filter(quiet)
     assert quiet.levelno == logging.WARNING and quiet.exc_info is None
     assert quiet.getMessage() == "Spawn form refused (400): Cannot start: gpus: no."
     broken = record(RuntimeError("engine down"))
-    assert hubconfig.QuietRefusalFilter().filter(broken)
+    assert logfilters.QuietRefusalFilter().filter(broken)
     assert broken.levelno == logging.ERROR and broken.exc_info is not None
 
 
@@ -239,6 +239,6 @@ def test_configure_hub_adds_the_templates_vars_and_proxy_class(
     assert c.JupyterHub.template_paths == [str(hubconfig.TEMPLATES), "/srv/mine"]
     assert (hubconfig.TEMPLATES / "home.html").is_file()
     assert callable(c.JupyterHub.template_vars["budgethub"])
-    assert c.JupyterHub.proxy_class == "spawner.hubproxy.BudgetProxy"
+    assert c.JupyterHub.proxy_class == "spawner.hub.hubproxy.BudgetProxy"
     handlers = c.JupyterHub.logging_config["handlers"]
     assert hubconfig.REFUSAL_FILTER in handlers["console"]["filters"]

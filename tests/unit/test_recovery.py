@@ -1,4 +1,4 @@
-"""Restart recovery of the queue (`spawner.recovery.recover`) over a real store: a debug
+"""Restart recovery of the queue (`spawner.hub.recovery.recover`) over a real store: a debug
 session that was stopped before it ran its course keeps its count of stops across a
 Hub restart, so its next start is protected as long as it would have been without
 the restart (the policy's doubling, tests/unit/test_fast_lane.py).
@@ -18,9 +18,9 @@ from scheduler_core.model import Allocation
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.simulator import VirtualClock
 from scheduler_core.store import RequestState
-from spawner.actuator import SessionActuator, Timeouts
+from spawner.hub.recovery import recover
 from spawner.hubapi import HubClient
-from spawner.recovery import recover
+from spawner.runtime.actuator import SessionActuator, Timeouts
 
 NOW = 100 * HOUR
 

@@ -41,7 +41,7 @@ def test_the_service_stops_when_its_hub_is_killed(store_file_url: str) -> None:
     )
     # A stand-in for the Hub: a parent that starts the service and is then killed.
     hub = subprocess.Popen(
-        ["bash", "-c", f"{sys.executable} -m spawner.service & echo $!; wait"],
+        ["bash", "-c", f"{sys.executable} -m spawner.readmodel.service & echo $!; wait"],
         env=env,
         stdout=subprocess.PIPE,
         text=True,

@@ -1,5 +1,5 @@
 """budgethub_session.grant: what a session was granted, read from the environment the
-spawner gives it (spawner/containers.py), for the JupyterLab launcher card and page."""
+spawner gives it (spawner/runtime/spec.py), for the JupyterLab launcher card and page."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from budgethub_session.grant import NAME, grant_from, render, server_proxy_servers
 
 from scheduler_core.model import NodeGrant, Slice, SliceKind
-from spawner.containers import SessionIdentity, build_container
+from spawner.runtime.spec import SessionIdentity, build_container
 
 IDENTITY = SessionIdentity("ann", "", "ann//abcd", "nlp", "debug", "hub-a")
 

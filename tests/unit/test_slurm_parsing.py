@@ -8,10 +8,9 @@ import json
 import pytest
 
 from scheduler_core.model import NodeGrant, Slice, SliceKind
-from spawner.containers import SessionIdentity, build_container
-from spawner.nodes import EngineConfig
-from spawner.runtime import Answer
-from spawner.slurm import (
+from spawner.runtime.dockernodes import EngineConfig
+from spawner.runtime.interface import Answer
+from spawner.runtime.slurm import (
     GresEntry,
     SlurmConfigError,
     SlurmGpu,
@@ -24,6 +23,7 @@ from spawner.slurm import (
     parse_partitions,
     parse_record,
 )
+from spawner.runtime.spec import SessionIdentity, build_container
 
 
 def test_a_record_keeps_values_with_spaces():

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from spawner.actuator import _kernel_entries, snapshot_sentence
 from spawner.profiles import FormError, snapshot_choice
-from spawner.snapshots import (
+from spawner.runtime.actuator import _kernel_entries, snapshot_sentence
+from spawner.runtime.snapshots import (
     Layout,
     SnapshotError,
     capture,
@@ -169,7 +169,7 @@ def test_the_restore_notice_lies_beside_the_kernel_state_and_is_the_users(
 ) -> None:
     """What a restoring session's JupyterLab says came back (issue 42): written into the
     snapshot's kernels/ (mounted at $BUDGETHUB_RESTORE_DIR), even with no kernel state."""
-    from spawner.snapshots import RESTORE_NOTICE, write_restore_notice
+    from spawner.runtime.snapshots import RESTORE_NOTICE, write_restore_notice
 
     home = layout(tmp_path).home("ann")
     assert home is not None

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from scheduler_core.settings import Settings
+from spawner.hub.spawner import DEFAULT_PROFILES
 from spawner.profiles import FORM_FIELDS, FormError, parse_profiles, resolve, snapshot_choice
-from spawner.spawner import DEFAULT_PROFILES
 
 PROFILES = parse_profiles(DEFAULT_PROFILES, Settings(), ["gpu", "cpu"])
 TEAMS = ["nlp"]
@@ -124,7 +124,7 @@ def _hub_record(message: str, level: int = logging.ERROR) -> logging.LogRecord:
 def test_the_hubs_not_starting_line_for_a_refusal_is_one_short_warning() -> None:
     """JupyterHub logs a SpawnException from ``start()`` at ERROR with its whole message
     (``user.py``); a 4xx is the user's input: one WARNING, the message cut short."""
-    from spawner.hubconfig import QuietRefusalFilter
+    from spawner.logfilters import QuietRefusalFilter
 
     message = "Cannot start: profile: unknown profile '" + "x" * 5000 + "' (offered: debug)."
     for cls in ("SpawnException", "Refusal"):  # the Hub's class, and the spawner's

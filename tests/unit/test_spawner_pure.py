@@ -12,17 +12,17 @@ import pytest
 from harness import builders
 from scheduler_core.model import MILLI, NodeGrant, RequestClass, Slice, SliceKind
 from scheduler_core.settings import Settings
-from spawner.config import ConfigError, parse_nodes
-from spawner.containers import (
+from spawner.hub.config import ConfigError, parse_nodes
+from spawner.hub.spawner import DEFAULT_PROFILES
+from spawner.profiles import FormError, parse_profiles, render_form, resolve
+from spawner.runtime.inventory import nvml_gpus, virtual_gpus
+from spawner.runtime.spec import (
     DEFAULT_PIDS_LIMIT,
     SessionIdentity,
     build_container,
     container_name,
     workspace_volume,
 )
-from spawner.inventory import nvml_gpus, virtual_gpus
-from spawner.profiles import FormError, parse_profiles, render_form, resolve
-from spawner.spawner import DEFAULT_PROFILES
 
 SETTINGS = Settings()
 PROFILES = parse_profiles(DEFAULT_PROFILES, SETTINGS, ["gpu", "cpu"])
@@ -302,7 +302,7 @@ def test_nodes_config_virtual_gpus_and_errors_name_the_key():
 
 def test_every_core_setting_is_a_trait_of_the_embedded_scheduler():
     from scheduler_core.settings import SETTING_NAMES
-    from spawner.embedded import BudgetScheduler
+    from spawner.hub.embedded import BudgetScheduler
 
     baseline_only = {n for n in SETTING_NAMES if n.startswith(("fairshare_", "legacy_"))}
     scheduler = BudgetScheduler(guaranteed_share=0.5, funded_burst=0.0, lookback=86400.0)
@@ -321,8 +321,8 @@ def test_every_core_setting_is_a_trait_of_the_embedded_scheduler():
 
 
 def test_queue_message_says_why_a_request_would_run_unallocated():
-    from spawner.embedded import QueueStatus
-    from spawner.spawner import BudgetSpawner
+    from spawner.hub.embedded import QueueStatus
+    from spawner.hub.spawner import BudgetSpawner
 
     common = dict(position=2, waiting=3, team_position=1, team_waiting=1, estimated_start=None)
     funded = QueueStatus(funded=True, protected_s=3600, **common)
@@ -358,7 +358,7 @@ def test_queue_message_says_why_a_request_would_run_unallocated():
 
 def test_stop_notices_are_rebuilt_from_the_event_log():
     from scheduler_core.store import EventRecord
-    from spawner.readmodel import notices_from
+    from spawner.readmodel.status import notices_from
 
     def event(i: int, kind: str, **payload: object) -> EventRecord:
         return EventRecord(id=i, time=float(i), kind=kind, payload=payload)
@@ -378,8 +378,8 @@ def test_stop_notices_are_rebuilt_from_the_event_log():
 
 
 def test_queue_message_says_positions_can_move_and_why_one_moved_back():
-    from spawner.embedded import QueueStatus
-    from spawner.spawner import BudgetSpawner
+    from spawner.hub.embedded import QueueStatus
+    from spawner.hub.spawner import BudgetSpawner
 
     funded = dict(funded=True, protected_s=900, estimated_start=None)
     alone = QueueStatus(position=1, waiting=2, team_position=1, team_waiting=2, **funded)

@@ -8,7 +8,7 @@ A prebuilt labextension (a status-bar item) would need a Node toolchain in the i
 build for one line of text; this needs one pip package and no build step.
 
 Everything comes from the environment the spawner gave the container
-(``spawner/containers.py``): ``BUDGETHUB_GPU_SLICES`` (each slice's kind, weight and
+(``spawner/runtime/spec.py``): ``BUDGETHUB_GPU_SLICES`` (each slice's kind, weight and
 whether it is virtual), ``BUDGETHUB_TEAM``, ``BUDGETHUB_FUNDED``,
 ``BUDGETHUB_PROTECTED_UNTIL``, ``BUDGETHUB_NODE`` and ``BUDGETHUB_PROFILE``.
 ``server_proxy_servers`` is read by ``jupyter_server_config.py`` (installed by the

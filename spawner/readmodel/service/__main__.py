@@ -1,4 +1,4 @@
-"""``python -m spawner.service``: the budget service as the Hub starts it.
+"""``python -m spawner.readmodel.service``: the budget service as the Hub starts it.
 
 Reads JupyterHub's service environment (``JUPYTERHUB_SERVICE_URL``,
 ``JUPYTERHUB_SERVICE_PREFIX``, ``JUPYTERHUB_API_URL``, ``JUPYTERHUB_API_TOKEN``) and
@@ -22,9 +22,9 @@ from urllib.parse import urlparse
 from tornado.httpserver import HTTPServer
 
 from scheduler_core.store import Store
-from spawner.hubconfig import redact_log_handlers
-from spawner.service.app import make_app
-from spawner.storeview import StoreModel
+from spawner.logfilters import redact_log_handlers
+from spawner.readmodel.service.app import make_app
+from spawner.readmodel.storeview import StoreModel
 
 
 class QuietPageViews(logging.Filter):

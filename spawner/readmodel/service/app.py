@@ -27,11 +27,11 @@ from tornado.web import Application, HTTPError, RedirectHandler, RequestHandler
 
 from spawner import admin as checks
 from spawner.profiles import rounded_duration
-from spawner.readmodel import amount, number, percent, plural
-from spawner.service import charts, openapi, views
-from spawner.service.metrics import registry
-from spawner.service.views import Viewer
-from spawner.storeview import State, StoreModel
+from spawner.readmodel.service import charts, openapi, views
+from spawner.readmodel.service.metrics import registry
+from spawner.readmodel.service.views import Viewer
+from spawner.readmodel.status import amount, number, percent, plural
+from spawner.readmodel.storeview import State, StoreModel
 
 log = logging.getLogger("budgethub.service")
 TEMPLATES = Path(__file__).parent / "templates"

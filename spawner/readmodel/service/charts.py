@@ -15,7 +15,7 @@ from html import escape
 
 from markupsafe import Markup
 
-from spawner.readmodel import amount, number, percent
+from spawner.readmodel.status import amount, number, percent
 
 PRIMARY = "var(--bs-primary, #0d6efd)"
 WARN = "var(--bs-warning, #ffc107)"

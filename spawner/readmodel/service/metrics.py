@@ -20,7 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from spawner.storeview import StoreModel
+from spawner.readmodel.storeview import StoreModel
 
 WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0)
 """Admission wait buckets (seconds), Kueue's range from seconds to hours."""

@@ -16,7 +16,7 @@ from typing import Any
 from scheduler_core.model import Allocation, PoolKind
 from spawner.admin import LIMITS, team_specs
 from spawner.hubapi import split_request_id
-from spawner.storeview import DAY, State, TeamPool, Waiting, slices_text
+from spawner.readmodel.storeview import DAY, State, TeamPool, Waiting, slices_text
 
 READ = "custom:budget:read"
 ADMIN = "custom:budget:admin"
