@@ -2,7 +2,7 @@
 
 ``start()`` checks the user's options against the profiles, submits a request
 to the embedded scheduler, streams the queue position through ``progress()``
-while it waits, then starts the container on the granted node with exactly
+while it waits, then starts the session on the granted node with exactly
 the granted GPUs and returns only once the server answers (the Hub's own
 readiness polling then succeeds at once). The spawner owns the queue wait:
 ``start_timeout`` is derived from ``max_queue_wait``, so JupyterHub never
@@ -157,7 +157,8 @@ def outlook_words(outlook: Outlook) -> str:
 
 
 class BudgetSpawner(Spawner):  # type: ignore[misc]
-    """Sessions in Docker containers on the nodes the budget scheduler chooses."""
+    """Sessions on the nodes the budget scheduler chooses, in whichever runtime runs them
+    (Docker containers on the nodes' engines, or Slurm jobs)."""
 
     profile_list = List(
         DEFAULT_PROFILES,
@@ -204,8 +205,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
 
     @property
     def launched(self) -> bool:
-        """Did this start reach a container (and so perhaps the proxy's routes)?"""
-        return bool(self.container_id)
+        """Did this start reach the runtime (and so perhaps the proxy's routes)?"""
+        return bool(self.runtime_id)
 
     @property
     def budget_phase(self) -> str:
@@ -217,7 +218,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         super().__init__(**kwargs)
         self.request_id: str | None = None
         self.node: str | None = None
-        self.container_id: str | None = None
+        self.runtime_id: str | None = None
+        """The runtime's id for the session: a Docker container id, a Slurm job id."""
         self.last_options: dict[str, Any] = {}
         self._waiter: Waiter | None = None
         self._failure = ""
@@ -394,8 +396,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             state["request_id"] = self.request_id
         if self.node:
             state["node"] = self.node
-        if self.container_id:
-            state["container_id"] = self.container_id
+        if self.runtime_id:
+            state["runtime_id"] = self.runtime_id
         if self.port:
             state["port"] = self.port
         if self.last_options:
@@ -408,7 +410,9 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         super().load_state(state)
         self.request_id = state.get("request_id")
         self.node = state.get("node")
-        self.container_id = state.get("container_id")
+        # A Hub that ran an earlier version stored it as "container_id"; get_state
+        # writes "runtime_id" from then on.
+        self.runtime_id = state.get("runtime_id") or state.get("container_id")
         self.port = int(state.get("port", 0))
         self.last_options = dict(state.get("last_options", {}))
         if self.port and self.request_id:
@@ -422,7 +426,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
 
         A request still queued leaves the queue, and the spawn form says so."""
         super().clear_state()
-        if self.request_id and not self.container_id:
+        if self.request_id and not self.runtime_id:
             scheduler = self.scheduler
             if scheduler.started:
                 self._note_left_queue()
@@ -430,7 +434,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
                 self.log.info("%s: %s left the queue", self._prefix, self.request_id)
         self.request_id = None
         self.node = None
-        self.container_id = None
+        self.runtime_id = None
         self.port = 0
         self.agent = None
 
@@ -579,8 +583,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
                     scheduler.finish(request_id, state=RequestState.CANCELLED, reason=str(failure))
                     tries = f" (attempt {attempt} of {scheduler.launch_attempts})"
                     raise SpawnException(
-                        f"Your session was granted but its container did not start{tries}: "
-                        f"{failure}",
+                        f"Your session was granted but it did not start{tries}: {failure}",
                         reason="launch",
                         status_code=500,
                     ) from None
@@ -645,7 +648,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             restore=self._restore_key(),
         )
         session = await scheduler.start_session(allocation, ask)
-        self.container_id = session.container_id
+        self.runtime_id = session.container_id
         self.port = session.port
         self.ip = session.address
         self.agent = scheduler.agents.get(request_id)
@@ -771,7 +774,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
                         "estimated_start": status.estimated_start,
                     }
             elif self._phase == "launching":
-                message = f"Granted on node {self.node}; starting the container"
+                message = f"Granted on node {self.node}; starting the session"
                 event = {"progress": 60, "message": message}
             else:
                 message = "Submitting to the budget scheduler"
@@ -792,24 +795,24 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
     # -- poll and stop -------------------------------------------------------------
 
     async def poll(self) -> int | None:
-        """None while the container runs (or cannot be asked: an unreachable node, a
+        """None while the session runs (or cannot be asked: an unreachable node, a
         scheduler in safe mode); its exit status once it ended, its slices then freed.
 
-        The Hub calls ``stop()`` only for servers that poll as running, so a container
+        The Hub calls ``stop()`` only for servers that poll as running, so a session
         that ended by itself is released here (and, sooner, by the engine's events)."""
         scheduler = self.scheduler
         await scheduler.ensure_started(self.hub.api_url)
-        if not self.container_id or not self.node:
+        if not self.runtime_id or not self.node:
             return 0
-        return await scheduler.poll_session(self.request_id or "", self.node, self.container_id)
+        return await scheduler.poll_session(self.request_id or "", self.node, self.runtime_id)
 
     async def stop(self, now: bool = False) -> None:
         scheduler = self.scheduler
         await scheduler.ensure_started(self.hub.api_url)
         request_id = self.request_id or ""
         if self.node:
-            await scheduler.stop_session(request_id, self.node, self.container_id or "")
-        self.container_id = None
+            await scheduler.stop_session(request_id, self.node, self.runtime_id or "")
+        self.runtime_id = None
         if request_id:
             self.log.info("%s: stopped %s", self._prefix, request_id)
         # The request is done with (or, preempted and resumable, waits again for a new

@@ -45,7 +45,7 @@ def test_a_container_that_does_not_start_waits_again_then_the_spawn_says_why(mak
     else:
         message = response.json()["message"]
     assert response.status_code in (202, 500)
-    assert "container did not start (attempt 2 of 2): on node gpu-1:" in message
+    assert "it did not start (attempt 2 of 2): on node gpu-1:" in message
     assert "no-such-image" in message
     hub.wait_ready("bo")  # the GPU went back, twice, and then to bo
     log = hub.log_tail(2000)

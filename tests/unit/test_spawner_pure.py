@@ -423,3 +423,22 @@ def test_the_hub_and_a_scenario_parse_nodes_alike():
         with pytest.raises(ConfigError) as from_hub:
             parse_nodes([bad], pools)
         assert str(from_hub.value) == f"c.BudgetScheduler.{from_scenario.value}"
+
+
+def test_state_from_an_earlier_hub_loads_and_is_saved_under_the_new_key():
+    """JupyterHub keeps get_state() in its database: a Hub that ran the version before
+    the rename stored the runtime's id as "container_id"."""
+    from spawner.hub.spawner import BudgetSpawner
+
+    spawner = BudgetSpawner()
+    spawner.load_state({"request_id": "r-1", "node": "gpu-1", "container_id": "c0ffee"})
+    assert spawner.runtime_id == "c0ffee" and spawner.launched
+    state = spawner.get_state()
+    assert state["runtime_id"] == "c0ffee" and "container_id" not in state
+    assert state["request_id"] == "r-1" and state["node"] == "gpu-1"
+
+    again = BudgetSpawner()
+    again.load_state(state)
+    assert again.runtime_id == "c0ffee" and again.get_state() == state
+    again.load_state({"runtime_id": "4242", "container_id": "stale"})
+    assert again.runtime_id == "4242"
