@@ -57,8 +57,11 @@ def engine() -> Iterator[docker.DockerClient]:
 
 
 @pytest.fixture(scope="session")
-def second_engine() -> str:
-    """A second dockerd (own socket, data-root, exec-root, no bridge) holding the images."""
+def second_engine() -> Iterator[str]:
+    """A second dockerd (own socket, data-root, exec-root, no bridge) holding the images;
+    stopped when the worker that runs its tests ends (tests/conftest.py sends every test
+    of this engine to one worker). Its data root stays, so the next run's copy of the
+    image has its layers already."""
     started = subprocess.run(
         [str(REPO / "scripts" / "engine"), "node", NODE],
         capture_output=True,
@@ -74,7 +77,16 @@ def second_engine() -> str:
         timeout=900,
     )
     assert copied.returncode == 0, copied.stdout[-2000:] + copied.stderr[-2000:]
-    return url
+    try:
+        yield url
+    finally:
+        stopped = subprocess.run(
+            [str(REPO / "scripts" / "engine"), "stop-node", NODE],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert stopped.returncode == 0, stopped.stderr
 
 
 TLS_NODE = "bhtls"
