@@ -8,6 +8,7 @@ function ``(view, now) -> Decisions``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 from scheduler_core.view import ClusterView, Decisions
 
@@ -19,10 +20,14 @@ POLICIES: dict[str, Policy] = {}
 """Policy name → decide function."""
 
 
-def register(name: str) -> Callable[[Policy], Policy]:
-    """Decorator: make the function the policy called ``name``."""
+_P = TypeVar("_P", bound=Policy)
 
-    def add(policy: Policy) -> Policy:
+
+def register(name: str) -> Callable[[_P], _P]:
+    """Decorator: make the function the policy called ``name`` (its own signature kept,
+    so a policy may take more, optional, arguments)."""
+
+    def add(policy: _P) -> _P:
         POLICIES[name] = policy
         return policy
 

@@ -20,11 +20,15 @@ sessions and victims come from it, and victim searches that failed in earlier
 cycles are only re-checked on the nodes that grew since (`KnownFailures`). Within a
 pass, shapes that found no room are remembered (`failures.Failures`), and an entry
 like one already judged in its team's turn, with nothing changed since, gets the
-same answer (`order.judge_all`). Each is exact, not a heuristic.
+same answer (`order.judge_all`). Each is exact, not a heuristic; the last holds only
+while every rule reads no more of an entry than its kind (docs/policy.md, "Adding a
+rule"), so it can be turned off: ``memo=False``, or ``BUDGETHUB_NO_MEMO=1`` for a
+whole process.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 
 from scheduler_core.model import Pool, Request, RequestClass
@@ -40,6 +44,8 @@ from scheduler_core.teams import TeamTree
 from scheduler_core.view import ClusterView, Decisions
 
 __all__ = [
+    "MEMO",
+    "NO_MEMO_ENV",
     "Failures",
     "budget_policy",
     "choose_reservation",
@@ -49,11 +55,21 @@ __all__ = [
 ]
 
 
+NO_MEMO_ENV = "BUDGETHUB_NO_MEMO"
+
+MEMO = os.environ.get(NO_MEMO_ENV, "") in ("", "0")
+"""Whether a cycle reuses an answer for an entry of the same kind (`order.judge_all`),
+unless told otherwise. Read once, at import: ``BUDGETHUB_NO_MEMO=1`` judges every
+entry afresh in every cycle of the process (a simulation, a benchmark, the Hub), with
+the same decisions and more time; tests pass ``memo=False`` instead."""
+
+
 @register("budget")
-def budget_policy(view: ClusterView, now: float) -> Decisions:
+def budget_policy(view: ClusterView, now: float, memo: bool = MEMO) -> Decisions:
     """The scheduling contract of docs/architecture.md: start the cycle, take the heads
-    of the queue, then each pool in name order, and return what was decided."""
-    cycle = Cycle(view, now)
+    of the queue, then each pool in name order, and return what was decided.
+    ``memo=False``: every entry is judged afresh (`order.judge_all`)."""
+    cycle = Cycle(view, now, memo)
     queues = queue_heads(view, cycle.index)
     for pool_name in sorted(queues):
         team_queues = queues[pool_name]

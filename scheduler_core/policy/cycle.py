@@ -80,13 +80,17 @@ class Cycle:
     """One cycle of the budget policy: its what-if capacity, its charge rates, and what
     it has decided so far."""
 
-    def __init__(self, view: ClusterView, now: float) -> None:
+    def __init__(self, view: ClusterView, now: float, memo: bool = True) -> None:
         """Start: sessions on unhealthy nodes are stopped and their slices free (R6);
         oversize jobs whose day is spent are time-sliced (S5); last cycle's holds
         stay while their requests wait and their nodes are ready (R7); charge rates
-        are those of the funded sessions left running."""
+        are those of the funded sessions left running. ``memo``: whether an entry may
+        take the answer of an earlier one of its kind (`order.judge_all`)."""
         self.view = view
         self.now = now
+        self.memo = memo
+        """Off (``budget_policy(..., memo=False)`` or ``BUDGETHUB_NO_MEMO=1``): every
+        entry is judged afresh."""
         self.settings = view.settings
         index = view.index
         if index is not None and index.at != now:

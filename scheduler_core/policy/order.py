@@ -14,6 +14,12 @@ hold, preemption or new S6 state), an entry of the same kind (`Queued.kind`: sha
 protection, rate, class, resumability) and age class in the same team's turn gets
 exactly the same answer, so it is taken from `Turn.known` (and every such entry
 still gets its own verdict).
+
+That memo is exact only while every rule reads no more of an entry than its kind
+and age class: a rule that reads another field of the request must add it to the
+kind (docs/policy.md, "Adding a rule"). With the memo off (`Cycle.memo`: the
+``memo`` argument of `budget_policy`, or ``BUDGETHUB_NO_MEMO=1``) every entry is
+judged afresh; tests/unit/test_memo.py decides random cycles both ways.
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ def judge_all(
     end = len(queue)
     turn = Turn(cycle, state, team)
     known = turn.known
+    memo = cycle.memo
     held = state.held
     now = cycle.now
     starving_after = cycle.settings.starvation_bound
@@ -104,6 +111,8 @@ def judge_all(
         if held and request_id in held:
             result, _, charged = judge(cycle, state, turn, entry, team_queues)
             known.clear()
+        elif not memo:
+            result, _, charged = judge(cycle, state, turn, entry, team_queues)
         else:
             age = now - request.submit
             kind = (entry.kind << 2) | ((age >= starving_after) << 1) | (age >= slicing_after)
