@@ -67,6 +67,20 @@ def could_hold(node: Node, request: Request) -> bool:
     return len(node.whole_gpus) >= request.gpus
 
 
+def open_to(node: Node, request: Request, reserved: Mapping[str, str]) -> bool:
+    """May new work for ``request`` land on the node at all: ready, not held for another
+    request (``reserved``: node name → the request id holding it), with the labels
+    asked for? The one node-eligibility test of every search here."""
+    if node.health is not _READY:
+        return False
+    if reserved:
+        holder = reserved.get(node.name)
+        if holder is not None and holder != request.id:
+            return False
+    labels = request.labels
+    return not labels or labels_match(labels, node.labels)
+
+
 class Capacity:
     """Free capacity of every node, indexed for placement, for one cycle.
 
@@ -202,14 +216,7 @@ class Capacity:
 
     def eligible(self, node_free: NodeFree, request: Request) -> bool:
         """May new work for ``request`` land on this node at all (health, labels, holds)?"""
-        node = node_free.node
-        if node.health is not _READY:
-            return False
-        if self.reserved:
-            holder = self.reserved.get(node.name)
-            if holder is not None and holder != request.id:
-                return False
-        return not request.labels or labels_match(request.labels, node.labels)
+        return open_to(node_free.node, request, self.reserved)
 
     def best(
         self,
@@ -226,22 +233,12 @@ class Capacity:
         """
         first_fit = strategy is PlacementStrategy.FIRST_FIT
         worst = strategy is PlacementStrategy.WORST_FIT
-        reserved = {} if backfill else self.reserved
-        labels = request.labels
-        request_id = request.id
+        reserved: Mapping[str, str] = {} if backfill else self.reserved
         pick: NodeFree | None = None
         pick_key: Tightness = ()
         for group in self._groups(request, strategy):
             for node_free in group:
-                node = node_free.node
-                name = node.name
-                if node.health is not _READY or name in exclude:
-                    continue
-                if reserved:
-                    holder = reserved.get(name)
-                    if holder is not None and holder != request_id:
-                        continue
-                if labels and not labels_match(labels, node.labels):
+                if node_free.node.name in exclude or not open_to(node_free.node, request, reserved):
                     continue
                 key = node_free.tightness(request)
                 if key is None:
@@ -325,22 +322,14 @@ class Capacity:
         """The nodes `best` would pick in turn for a multi-node request (at most ``nodes``)."""
         first_fit = strategy is PlacementStrategy.FIRST_FIT
         worst = strategy is PlacementStrategy.WORST_FIT
-        reserved = {} if backfill else self.reserved
-        labels = request.labels
+        reserved: Mapping[str, str] = {} if backfill else self.reserved
         need = request.nodes
         picks: dict[str, None] = {}
         for group in self._groups(request, strategy):
             fitting: list[tuple[Tightness, str]] = []
             for node_free in group:
-                node = node_free.node
-                name = node.name
-                if node.health is not _READY or name in picks:
-                    continue
-                if reserved:
-                    holder = reserved.get(name)
-                    if holder is not None and holder != request.id:
-                        continue
-                if labels and not labels_match(labels, node.labels):
+                name = node_free.node.name
+                if name in picks or not open_to(node_free.node, request, reserved):
                     continue
                 key = node_free.tightness(request)
                 if key is None:
