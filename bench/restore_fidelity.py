@@ -33,13 +33,15 @@ EXAMPLES = 40
 
 def run(examples: int) -> dict[str, Any]:
     from budgethub_session.fidelity import Outcome, Program, check, programs
-    from budgethub_session.harness import Server
+    from budgethub_session.localserver import LocalServer
     from hypothesis import HealthCheck, Phase, given, settings
 
     outcomes: list[tuple[Program, Outcome]] = []
     base = Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
-    with Server(base / "root", home=base / "home-a") as first:
-        with Server(base / "root", home=base / "home-b", restore_dir=first.state_dir) as second:
+    with LocalServer(base / "root", home=base / "home-a") as first:
+        with LocalServer(
+            base / "root", home=base / "home-b", restore_dir=first.state_dir
+        ) as second:
 
             @settings(
                 max_examples=examples,

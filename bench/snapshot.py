@@ -42,7 +42,7 @@ from typing import Any
 import docker
 import requests
 import websocket
-from budgethub_session.harness import execute_request
+from budgethub_session.localserver import execute_request
 
 from bench.snapshot_cells import IMAGES, extension_present, session_image
 from harness.hub import ADMIN_TOKEN, Hub, containers, start_hub

@@ -29,7 +29,7 @@ from typing import Any
 IMAGES = ("budgethub/gpu:latest", "budgethub/dataprep:latest")
 """The session images tried in turn: the first with numpy and the extension is used."""
 SESSION_PACKAGE = Path(__file__).resolve().parents[1] / "images" / "session"
-EXTENSION = "budgethub_session.checkpoint"
+EXTENSION = "budgethub_session.snapshot"
 CELLS = 50
 FIGURES = ("snapshot_cells.added_pct",)
 """The figures ``collect`` returns (bench/bars.toml); none where no image or venv has

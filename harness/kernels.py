@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import websocket
-from budgethub_session.harness import execute_request
+from budgethub_session.localserver import execute_request
 
 from harness.hub import ADMIN_TOKEN, Hub
 

@@ -7,7 +7,7 @@
    (spawner/runtime/inventory.py's nvml_gpus: UUIDs, MIG mode and MIG instances).
 2. A kernel namespace holding a CUDA tensor of ``--gib`` GiB (plus a small model
    state dict and a numpy array) is checkpointed with the images' extension
-   (budgethub_session.checkpoint loaded into an IPython shell, one cell, the
+   (budgethub_session.snapshot loaded into an IPython shell, one cell, the
    background save, then the agent's flush), timed.
 3. It is restored into a fresh Python process twice, with the map_location the
    extension picks on this node (cuda) and with ``cpu``, each timed and checked
@@ -87,11 +87,11 @@ def checkpoint(state: Path, gib: float) -> dict:
     """One notebook kernel's namespace, saved by the extension; what to check on restore."""
     os.environ["BUDGETHUB_STATE_DIR"] = str(state)
     os.environ["JPY_SESSION_NAME"] = "gpu-check.ipynb"
-    from budgethub_session import checkpoint as ext
+    from budgethub_session import snapshot as ext
     from IPython.testing.globalipapp import start_ipython
 
     shell = start_ipython()
-    shell.run_line_magic("load_ext", "budgethub_session.checkpoint")
+    shell.run_line_magic("load_ext", "budgethub_session.snapshot")
     torch = _torch()
     if torch is not None and torch.cuda.is_available():
         n = int(gib * 2**30 // 4)
@@ -149,11 +149,11 @@ RESTORE = """
 import json, sys, time
 sys.path.insert(0, {session!r})
 t0 = time.perf_counter()
-from budgethub_session import snapshot
+from budgethub_session import checkpoint
 if {map!r} != "auto":
-    snapshot.MAP_LOCATION = {map!r}
+    checkpoint.MAP_LOCATION = {map!r}
 ns = {{}}
-result = snapshot.load_namespace(__import__("pathlib").Path({directory!r}), ns)
+result = checkpoint.load_namespace(__import__("pathlib").Path({directory!r}), ns)
 big = ns["big"]
 torch = sys.modules.get("torch")
 if torch is not None and isinstance(big, torch.Tensor):

@@ -138,10 +138,10 @@ def test_pip_installs_land_in_the_home_and_survive_a_new_container(
 CHECKPOINT = """\
 import json, shutil
 from pathlib import Path
-from budgethub_session.harness import Server
+from budgethub_session.localserver import LocalServer
 
 home = Path.home()
-with Server(home, home=home, install_config=False) as s:
+with LocalServer(home, home=home, install_config=False) as s:
     k = s.open_notebook("work/n.ipynb")
     k.ok("import bhwheel_shell\\nv = {'x': [1, 2]}\\ninc = lambda q: q + len(v)\\n"
          "import socket\\nsock = socket.socket()")
@@ -153,10 +153,10 @@ with Server(home, home=home, install_config=False) as s:
 RESTORE = """\
 import json
 from pathlib import Path
-from budgethub_session.harness import Server
+from budgethub_session.localserver import LocalServer
 
 home = Path.home()
-with Server(home, home=home, install_config=False, restore_dir=home / "snap") as s:
+with LocalServer(home, home=home, install_config=False, restore_dir=home / "snap") as s:
     k = s.open_notebook("work/n.ipynb")
     print("NOTE", k.ok("pass").stdout.strip())
     print("VALUES", json.dumps(k.value("[v, inc(1), bhwheel_shell.VALUE, 'sock' in globals()]")))

@@ -18,8 +18,8 @@ import pytest
 
 pytest.importorskip("jupyter_server")
 
-from budgethub_session.harness import Server  # noqa: E402
 from budgethub_session.labnotice import PREEMPTING, restored_notice  # noqa: E402
+from budgethub_session.localserver import LocalServer  # noqa: E402
 
 NOTEBOOK = {
     "cells": [],
@@ -30,12 +30,12 @@ NOTEBOOK = {
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    with Server(tmp_path / "root", home=tmp_path / "home") as s:
+def server(tmp_path: Path) -> Iterator[LocalServer]:
+    with LocalServer(tmp_path / "root", home=tmp_path / "home") as s:
         yield s
 
 
-def poll(server: Server, client: str, after: int = 0, wait: int = 25) -> dict[str, Any]:
+def poll(server: LocalServer, client: str, after: int = 0, wait: int = 25) -> dict[str, Any]:
     query = f"client={client}&after={after}&wait={wait}"
     status, body = server.api("GET", f"/budgethub-agent/lab?{query}")
     assert status == 200, body
@@ -51,7 +51,7 @@ def background(fn: Any, *args: Any) -> dict[str, Any]:
     return out
 
 
-def ran_after_save(server: Server, path: str) -> None:
+def ran_after_save(server: LocalServer, path: str) -> None:
     status, _ = server.api(
         "PUT", f"/api/contents/{path}", {"type": "notebook", "content": NOTEBOOK}
     )
@@ -60,7 +60,7 @@ def ran_after_save(server: Server, path: str) -> None:
     server.open_notebook(path).ok("x = 1")
 
 
-def test_a_lab_saves_its_edits_before_the_checkpoint_reports(server: Server) -> None:
+def test_a_lab_saves_its_edits_before_the_checkpoint_reports(server: LocalServer) -> None:
     ran_after_save(server, "nb1.ipynb")
     first = poll(server, "lab-1", wait=0)  # the lab is open
     assert first["seq"] == 0 and first["notices"] == []
@@ -88,7 +88,7 @@ def test_a_lab_saves_its_edits_before_the_checkpoint_reports(server: Server) -> 
     assert report["elapsed"] < 10  # it did not wait past the lab's answer
 
 
-def test_what_a_lab_could_not_save_is_named_with_its_reason(server: Server) -> None:
+def test_what_a_lab_could_not_save_is_named_with_its_reason(server: LocalServer) -> None:
     ran_after_save(server, "nb2.ipynb")
     poll(server, "lab-2", wait=0)
     waiting = background(poll, server, "lab-2", 0)
@@ -108,7 +108,7 @@ def test_what_a_lab_could_not_save_is_named_with_its_reason(server: Server) -> N
     assert "the file is read-only" in not_flushed["nb2.ipynb"]
 
 
-def test_a_lab_that_does_not_answer_is_waited_for_then_named(server: Server) -> None:
+def test_a_lab_that_does_not_answer_is_waited_for_then_named(server: LocalServer) -> None:
     ran_after_save(server, "nb3.ipynb")
     poll(server, "gone", wait=0)  # polled once, then silent
     t0 = time.monotonic()
@@ -121,7 +121,7 @@ def test_a_lab_that_does_not_answer_is_waited_for_then_named(server: Server) -> 
     assert report["notebooks"]["labs"] == {"asked": 1, "answered": 0}
 
 
-def test_a_labs_polls_are_not_activity(server: Server) -> None:
+def test_a_labs_polls_are_not_activity(server: LocalServer) -> None:
     """The Hub prefers idle sessions as victims: an open lab's polling must not make a
     session look busy."""
     before = server.agent("GET", "status")[1]["last_activity"]
@@ -131,7 +131,7 @@ def test_a_labs_polls_are_not_activity(server: Server) -> None:
     assert server.agent("GET", "status")[1]["last_activity"] == before
 
 
-def test_without_a_lab_the_checkpoint_does_not_wait(server: Server) -> None:
+def test_without_a_lab_the_checkpoint_does_not_wait(server: LocalServer) -> None:
     ran_after_save(server, "nb4.ipynb")
     status, report = server.agent("POST", "checkpoint", {"within": 20})
     assert status == 200 and report["elapsed"] < 5
@@ -139,7 +139,7 @@ def test_without_a_lab_the_checkpoint_does_not_wait(server: Server) -> None:
     assert "no JupyterLab was open" in why
 
 
-def test_bad_input_is_a_400_naming_the_field_and_strangers_are_refused(server: Server) -> None:
+def test_bad_input_is_a_400_naming_the_field_and_strangers_are_refused(server: LocalServer) -> None:
     for query, field in (
         ("client=a%20b&after=0", "client"),
         ("client=ok&after=-1", "after"),
@@ -178,7 +178,7 @@ def test_a_restored_session_tells_its_labs_what_came_back(tmp_path: Path) -> Non
         "files": "kept in its volume on gpu-1",
     }
     (restore / "restore-notice.json").write_text(json.dumps(summary))
-    with Server(tmp_path / "root", home=tmp_path / "home", restore_dir=restore) as s:
+    with LocalServer(tmp_path / "root", home=tmp_path / "home", restore_dir=restore) as s:
         body = poll(s, "lab-r", wait=0)
     (notice,) = body["notices"]
     assert notice == {**restored_notice(summary), "seq": 1}

@@ -21,7 +21,7 @@ pytest.importorskip("ipykernel")
 pytest.importorskip("jupyter_server")
 
 from budgethub_session.fidelity import Program, check, programs  # noqa: E402
-from budgethub_session.harness import Kernel, Server  # noqa: E402
+from budgethub_session.localserver import LocalKernel, LocalServer  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 EXAMPLES = int(os.environ.get("BUDGETHUB_FIDELITY_EXAMPLES", "4"))
@@ -29,11 +29,11 @@ _paths = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalServer, LocalServer]]:
     base = tmp_path_factory.mktemp("fidelity")
     root = base / "root"
-    with Server(root, home=base / "home-a") as first:
-        with Server(root, home=base / "home-b", restore_dir=first.state_dir) as second:
+    with LocalServer(root, home=base / "home-a") as first:
+        with LocalServer(root, home=base / "home-b", restore_dir=first.state_dir) as second:
             yield first, second
 
 
@@ -68,13 +68,15 @@ DEFECT_NAMES = [
 ]  # fmt: skip
 
 
-def test_files_slots_and_views_come_back_as_they_were(servers: tuple[Server, Server]) -> None:
+def test_files_slots_and_views_come_back_as_they_were(
+    servers: tuple[LocalServer, LocalServer],
+) -> None:
     first, second = servers
     program = Program([], DEFECT_NAMES, {"gone"}, header=DEFECTS)
     program.files = {"reader", "binary", "log", "out", "done"}
     seen: dict[str, object] = {}
 
-    def probe(kb: Kernel) -> None:
+    def probe(kb: LocalKernel) -> None:
         # What the restored kernel does with them: reads go on, writes reach the disk.
         seen["got"] = kb.value(
             "[type(reader).__name__, reader.name, reader.mode, reader.readline(),"
@@ -110,7 +112,7 @@ def test_files_slots_and_views_come_back_as_they_were(servers: tuple[Server, Ser
 )
 @given(program=programs())
 def test_restored_namespaces_are_the_namespaces_checkpointed(
-    servers: tuple[Server, Server], program: Program
+    servers: tuple[LocalServer, LocalServer], program: Program
 ) -> None:
     first, second = servers
     outcome = check(first, second, program, f"property/ex{next(_paths)}.ipynb")

@@ -13,18 +13,20 @@ import pytest
 
 pytest.importorskip("jupyter_server")
 
-from budgethub_session.harness import Kernel, Server  # noqa: E402
+from budgethub_session.localserver import LocalKernel, LocalServer  # noqa: E402
 
 SECRET = "s3cret-for-this-session"
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    with Server(tmp_path / "root", home=tmp_path / "home", secret=SECRET) as s:
+def server(tmp_path: Path) -> Iterator[LocalServer]:
+    with LocalServer(tmp_path / "root", home=tmp_path / "home", secret=SECRET) as s:
         yield s
 
 
-def test_refuses_without_the_secret_with_a_wrong_one_and_through_a_proxy(server: Server) -> None:
+def test_refuses_without_the_secret_with_a_wrong_one_and_through_a_proxy(
+    server: LocalServer,
+) -> None:
     for route, method, body in (("status", "GET", None), ("checkpoint", "POST", {"within": 5})):
         assert server.agent(method, route, body, secret=None)[0] == 403
         assert server.agent(method, route, body, secret="wrong")[0] == 403
@@ -47,24 +49,24 @@ def test_refuses_without_the_secret_with_a_wrong_one_and_through_a_proxy(server:
         assert server.agent(method, route, body, secret=SECRET)[0] == 200
 
 
-def test_bad_within_is_a_clear_400(server: Server) -> None:
+def test_bad_within_is_a_clear_400(server: LocalServer) -> None:
     for body, word in (({"within": "soon"}, "within"), ({"within": 0}, "within"), ([1], "body")):
         status, reply = server.agent("POST", "checkpoint", body)
         assert status == 400 and reply["error"].startswith(word), reply
 
 
 def test_without_a_secret_the_agent_answers_503(tmp_path: Path) -> None:
-    with Server(tmp_path / "root", home=tmp_path / "home", secret=None) as s:
+    with LocalServer(tmp_path / "root", home=tmp_path / "home", secret=None) as s:
         status, reply = s.agent("GET", "status", secret="anything")
         assert status == 503 and "BUDGETHUB_AGENT_SECRET" in reply["error"]
 
 
-def test_kernels_do_not_see_the_secret(server: Server) -> None:
+def test_kernels_do_not_see_the_secret(server: LocalServer) -> None:
     k = server.open_notebook("n.ipynb")
     assert k.value("__import__('os').environ.get('BUDGETHUB_AGENT_SECRET')") is None
 
 
-def test_a_kernel_busy_past_the_deadline_is_reported_busy(server: Server) -> None:
+def test_a_kernel_busy_past_the_deadline_is_reported_busy(server: LocalServer) -> None:
     quick = server.open_notebook("quick.ipynb")
     slow = server.open_notebook("slow.ipynb")
     quick.ok("a = 1")
@@ -92,7 +94,7 @@ def test_a_kernel_busy_past_the_deadline_is_reported_busy(server: Server) -> Non
     assert took < 10, took  # liveness: the deadline is kept, not the 12 s cell
     # What the slow kernel had after its last finished cell is on disk already.
     from budgethub_session import notebook_key
-    from budgethub_session.snapshot import load_manifest
+    from budgethub_session.checkpoint import load_manifest
 
     manifest = load_manifest(server.state_dir / notebook_key("slow.ipynb"))
     assert manifest is not None and set(manifest["variables"]) == {"before"}
@@ -100,7 +102,7 @@ def test_a_kernel_busy_past_the_deadline_is_reported_busy(server: Server) -> Non
 
 
 def test_a_kernel_without_the_extension_is_reported_failed(tmp_path: Path) -> None:
-    with Server(tmp_path / "root", home=tmp_path / "home", checkpoint=False) as s:
+    with LocalServer(tmp_path / "root", home=tmp_path / "home", checkpoint=False) as s:
         k = s.open_notebook("off.ipynb")
         k.ok("x = 1")
         status, report = s.agent("POST", "checkpoint", {"within": 10})
@@ -109,7 +111,7 @@ def test_a_kernel_without_the_extension_is_reported_failed(tmp_path: Path) -> No
         assert kernel["state"] == "failed" and "BUDGETHUB_CHECKPOINT=0" in kernel["error"]
 
 
-def test_status_reports_activity(server: Server) -> None:
+def test_status_reports_activity(server: LocalServer) -> None:
     status, first = server.agent("GET", "status")
     k = server.open_notebook("act.ipynb")
     k.ok("x = 1")
@@ -123,7 +125,7 @@ def test_status_reports_activity(server: Server) -> None:
     assert server.agent("GET", "status")[1]["last_activity"] == second["last_activity"]
 
 
-def _open_named(server: Server, path: str, name: str) -> tuple[Kernel, str]:
+def _open_named(server: LocalServer, path: str, name: str) -> tuple[LocalKernel, str]:
     """A session for ``path`` whose client names it ``name``; its kernel and id."""
     status, model = server.api(
         "POST",
@@ -131,7 +133,7 @@ def _open_named(server: Server, path: str, name: str) -> tuple[Kernel, str]:
         {"path": path, "name": name, "type": "notebook", "kernel": {"name": "python3"}},
     )
     assert status == 201, model
-    kernel = Kernel(server, model["kernel"]["id"], path)
+    kernel = LocalKernel(server, model["kernel"]["id"], path)
     server.kernels.append(kernel)
     return kernel, model["id"]
 
@@ -141,11 +143,11 @@ def test_one_key_per_notebook_whatever_name_the_client_sends(tmp_path: Path) -> 
     key its state by ``work/work/nb1.ipynb`` and the agent by ``work/nb1.ipynb``: a
     phantom third notebook in the report, and variables missing when reopened."""
     from budgethub_session import notebook_key
-    from budgethub_session.snapshot import load_manifest
+    from budgethub_session.checkpoint import load_manifest
 
     root, home = tmp_path / "root", tmp_path / "home"
     (root / "work").mkdir(parents=True)
-    with Server(root, home=home, secret=SECRET) as first:
+    with LocalServer(root, home=home, secret=SECRET) as first:
         for name in ("nb1.ipynb", "nb2.ipynb", "nb3.ipynb", "top.ipynb"):
             parent = root / ("" if name == "top.ipynb" else "work")
             (parent / name).write_text(
@@ -182,7 +184,7 @@ def test_one_key_per_notebook_whatever_name_the_client_sends(tmp_path: Path) -> 
         snapshot = tmp_path / "snapshot"
         shutil.copytree(first.state_dir, snapshot)
     # Reopened as JupyterLab names sessions (the file's name): the variables come back.
-    with Server(root, home=home, secret=SECRET, restore_dir=snapshot) as second:
+    with LocalServer(root, home=home, secret=SECRET, restore_dir=snapshot) as second:
         again = second.open_notebook("work/nb1.ipynb")
         assert "budgethub: restored 1 variable (a)" in again.ok("a").stdout
         assert again.value("a") == 1

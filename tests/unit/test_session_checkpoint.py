@@ -1,5 +1,5 @@
 """The session images' kernel checkpoints, for real: a Jupyter Server with the
-budgethub extensions on 127.0.0.1 (budgethub_session.harness), real IPython kernels
+budgethub extensions on 127.0.0.1 (budgethub_session.localserver), real IPython kernels
 driven over the server's websocket, the agent's checkpoint, and a restore into
 fresh kernels of a second server (as a new container would start with the snapshot
 mounted at $BUDGETHUB_RESTORE_DIR)."""
@@ -20,8 +20,8 @@ pytest.importorskip("ipykernel")
 pytest.importorskip("jupyter_server")
 
 from budgethub_session import notebook_key  # noqa: E402
-from budgethub_session.harness import Kernel, Server  # noqa: E402
-from budgethub_session.snapshot import Checkpointer, load_namespace, read_group  # noqa: E402
+from budgethub_session.checkpoint import Checkpointer, load_namespace, read_group  # noqa: E402
+from budgethub_session.localserver import LocalKernel, LocalServer  # noqa: E402
 
 NOTEBOOKS = ("work/a.ipynb", "work/b.ipynb")
 EMPTY_NOTEBOOK = {
@@ -59,7 +59,7 @@ PROBE_A = (
 PROBE_B = "{'n': n, 'who': who, 'items': items}"
 
 
-def put_notebook(server: Server, path: str) -> None:
+def put_notebook(server: LocalServer, path: str) -> None:
     parent = path.rsplit("/", 1)[0]
     server.api("PUT", f"/api/contents/{parent}", {"type": "directory"})
     status, _ = server.api(
@@ -68,12 +68,12 @@ def put_notebook(server: Server, path: str) -> None:
     assert status in (200, 201), status
 
 
-def settle(kernel: Kernel) -> list[str]:
+def settle(kernel: LocalKernel) -> list[str]:
     """Wait for the background save of the last cell; the names it (re)wrote."""
     expr = (
         "(lambda a: (a.worker.wait_idle(60),"
         " sorted(a.worker.last.written) if a.worker.last else [])[1])"
-        "(__import__('budgethub_session.checkpoint', fromlist=['_ACTIVE'])._ACTIVE)"
+        "(__import__('budgethub_session.snapshot', fromlist=['_ACTIVE'])._ACTIVE)"
     )
     msg_id = kernel.send("", silent=True, store_history=False, user_expressions={"w": expr})
     reply = kernel.wait(msg_id, 90)
@@ -90,8 +90,8 @@ def home(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def server(tmp_path: Path, home: Path) -> Iterator[Server]:
-    with Server(tmp_path / "home", home=home) as s:
+def server(tmp_path: Path, home: Path) -> Iterator[LocalServer]:
+    with LocalServer(tmp_path / "home", home=home) as s:
         yield s
 
 
@@ -99,7 +99,7 @@ def test_two_notebooks_checkpoint_and_restore_into_fresh_kernels(
     tmp_path: Path, home: Path
 ) -> None:
     snapshot = tmp_path / "snapshot" / "kernels"
-    with Server(home, home=home) as first:
+    with LocalServer(home, home=home) as first:
         for path in NOTEBOOKS:
             put_notebook(first, path)
         a, b = (first.open_notebook(p) for p in NOTEBOOKS)
@@ -136,7 +136,7 @@ def test_two_notebooks_checkpoint_and_restore_into_fresh_kernels(
 
     # A new container: same home, the snapshot mounted read-only.
     snapshot.chmod(0o500)
-    with Server(home, home=home, restore_dir=snapshot) as second:
+    with LocalServer(home, home=home, restore_dir=snapshot) as second:
         # Opened in the other order: each kernel finds its own notebook's state.
         b2 = second.open_notebook(NOTEBOOKS[1])
         a2 = second.open_notebook(NOTEBOOKS[0])
@@ -160,13 +160,13 @@ def test_two_notebooks_checkpoint_and_restore_into_fresh_kernels(
         status, _ = second.api("POST", f"/api/kernels/{a2.kernel_id}/restart")
         assert status == 200
         a2.close()
-        a3 = Kernel(second, a2.kernel_id, NOTEBOOKS[0])
+        a3 = LocalKernel(second, a2.kernel_id, NOTEBOOKS[0])
         second.kernels.append(a3)
         assert a3.value("'df' in globals()") is False
     snapshot.chmod(0o700)
 
 
-def test_incremental_saves_rewrite_only_what_changed(server: Server) -> None:
+def test_incremental_saves_rewrite_only_what_changed(server: LocalServer) -> None:
     put_notebook(server, "work/inc.ipynb")
     k = server.open_notebook("work/inc.ipynb")
     k.ok("import numpy as np\nbig_a = np.zeros(2_000_000)\nbig_b = np.ones(2_000_000)\nc = 1")
@@ -264,7 +264,7 @@ def test_shared_references_are_one_group(tmp_path: Path) -> None:
 
 def test_torch_tensors_go_through_host_memory(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    from budgethub_session import snapshot
+    from budgethub_session import checkpoint
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ns = {
@@ -273,12 +273,12 @@ def test_torch_tensors_go_through_host_memory(tmp_path: Path) -> None:
         "bf": torch.ones(4, dtype=torch.bfloat16, device=device),
     }
     Checkpointer(tmp_path / "s", "x.ipynb", ns).save(ns)
-    snapshot.MAP_LOCATION = "cpu"
+    checkpoint.MAP_LOCATION = "cpu"
     try:
         fresh: dict[str, object] = {}
         load_namespace(tmp_path / "s", fresh)
     finally:
-        snapshot.MAP_LOCATION = None
+        checkpoint.MAP_LOCATION = None
     assert fresh["t"].device.type == "cpu" and fresh["t"].tolist() == [[0, 1, 2], [3, 4, 5]]
     assert isinstance(fresh["w"], torch.nn.Parameter) and fresh["w"].requires_grad
     assert fresh["bf"].dtype == torch.bfloat16
@@ -374,3 +374,28 @@ def test_variables_holding_one_tuple_are_one_group(tmp_path: Path) -> None:
     load_namespace(tmp_path / "s", fresh)
     assert fresh["a"] is fresh["b"] is fresh["c"][0]
     assert fresh["d"] == pair and fresh["d"] is not fresh["a"]
+
+
+def test_a_checkpoint_written_before_the_module_rename_still_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image of the earlier version had the serializer at budgethub_session.snapshot
+    (now the IPython extension): its group files call the rebuild functions there."""
+    np = pytest.importorskip("numpy")
+    import budgethub_session.checkpoint as checkpoint
+    import budgethub_session.snapshot as extension
+
+    a = np.arange(12.0)
+    ns = {"a": a, "v": a[2:6], "n": 3}
+    with monkeypatch.context() as m:
+        for name, function in checkpoint._REBUILDERS.items():
+            m.setattr(function, "__module__", "budgethub_session.snapshot")
+            m.setattr(extension, name, function, raising=False)
+        Checkpointer(tmp_path / "s", "x.ipynb", ns).save(ns)
+    groups = list((tmp_path / "s").rglob("g-*.pkl"))
+    assert any(b"budgethub_session.snapshot" in g.read_bytes() for g in groups)
+    assert not hasattr(extension, "_rebuild_root")
+    fresh: dict[str, object] = {}
+    loaded = load_namespace(tmp_path / "s", fresh)
+    assert loaded.not_restored == {} and sorted(loaded.restored) == ["a", "n", "v"]
+    assert fresh["v"].base is fresh["a"] and fresh["v"].tolist() == [2.0, 3.0, 4.0, 5.0]

@@ -1,13 +1,13 @@
 """budgethub's in-session half of snapshot/restore (see docs/snapshots.md).
 
-* :mod:`budgethub_session.checkpoint`: an IPython extension loaded for every kernel;
+* :mod:`budgethub_session.snapshot`: an IPython extension loaded for every kernel;
   after each cell it saves, in a background thread, what changed in the user
   namespace, per group of variables that share references, under
   ``$BUDGETHUB_STATE_DIR/notebook_key(notebook)/``; on kernel start with
   ``$BUDGETHUB_RESTORE_DIR`` it loads that notebook's variables back.
 * :mod:`budgethub_session.agent`: a Jupyter Server extension the spawner talks to
   (status, "checkpoint now within N seconds"), guarded by a per-session secret.
-* :mod:`budgethub_session.snapshot`: the serializer and the on-disk layout, with no
+* :mod:`budgethub_session.checkpoint`: the serializer and the on-disk layout, with no
   IPython in it (the GPU check and the tests use it directly).
 
 Installed packages stay in the home directory: ``/opt/venv`` is root-owned and not

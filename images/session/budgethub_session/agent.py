@@ -5,7 +5,7 @@ Routes, relative to the server's base_url:
 * ``GET  budgethub-agent/status``: ``last_activity`` (Jupyter Server's own figure),
   ``busy`` (any kernel executing) and each kernel's notebook, state and activity.
 * ``POST budgethub-agent/checkpoint`` with ``{"within": seconds}``: every kernel
-  saves what changed since its last cell (:func:`budgethub_session.checkpoint.flush_json`
+  saves what changed since its last cell (:func:`budgethub_session.snapshot.flush_json`
   run as a silent execute request with a user expression, so it runs on the
   kernel's own thread between cells and adds no history); a kernel that does not
   answer in time is reported ``busy``, its state as of its last finished cell being
@@ -54,9 +54,7 @@ from budgethub_session.labnotice import (
 __all__ = ["Agent"]
 
 HEADER = "X-Budgethub-Agent"
-FLUSH_EXPRESSION = (
-    "__import__('budgethub_session.checkpoint', fromlist=['flush_json']).flush_json()"
-)
+FLUSH_EXPRESSION = "__import__('budgethub_session.snapshot', fromlist=['flush_json']).flush_json()"
 MAX_WITHIN = 3600.0
 MAX_MESSAGE = 300
 RESTORE_NOTICE = "restore-notice.json"

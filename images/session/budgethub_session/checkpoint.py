@@ -1,7 +1,11 @@
-"""Saving a user namespace per group of variables that share references, and loading it.
+"""A kernel's checkpoint: its user namespace saved per group of variables that share
+references, and loaded back.
 
-No IPython here: :class:`Checkpointer` takes a namespace dict, and the IPython
-extension (:mod:`budgethub_session.checkpoint`) feeds it after every cell.
+In the Hub's words (docs/snapshots.md) a *checkpoint* is what a kernel writes (after
+every cell, and when the agent asks before a preemption); a *snapshot* is the saved
+state the Hub keeps and restores. No IPython here: :class:`Checkpointer` takes a
+namespace dict, and the IPython extension (:mod:`budgethub_session.snapshot`) feeds
+it after every cell.
 
 Serializer: cloudpickle with pickle protocol 5. It pickles lambdas, functions and
 classes defined in cells by value (plain pickle cannot; dill can too, but it is
@@ -485,6 +489,27 @@ def _read_exact(f: io.BufferedReader, size: int) -> bytearray:
     return buf
 
 
+_REBUILDERS: dict[str, Callable[..., Any]] = {
+    f.__name__: f
+    for f in (_user_namespace, _rebuild_tensor, _rebuild_view, _rebuild_root, _reopen_file)
+}
+"""What a group file's pickle calls by name in this module."""
+
+_FORMER_MODULE = "budgethub_session.snapshot"
+"""This module's name before it was renamed (the IPython extension's name now): the
+group files of a checkpoint written then name its rebuild functions there."""
+
+
+class _Unpickler(pickle.Unpickler):
+    """Finds this module's rebuild functions under its former name too, so a snapshot
+    taken by an image of the earlier version still restores."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == _FORMER_MODULE and name in _REBUILDERS:
+            return _REBUILDERS[name]
+        return super().find_class(module, name)
+
+
 def read_group(
     path: Path, namespace: dict[str, Any], failed: list[NotReopened] | None = None
 ) -> dict[str, Any]:
@@ -506,7 +531,7 @@ def read_group(
         _load_ns = namespace
         _reopen_failures.clear()
         try:
-            values = pickle.loads(data, buffers=buffers)
+            values = _Unpickler(io.BytesIO(data), buffers=buffers).load()
         finally:
             _load_ns = None
             if failed is not None:

@@ -1,8 +1,11 @@
-"""A real Jupyter Server with the budgethub extensions, driven over REST and websockets.
+"""A real Jupyter Server with the budgethub extensions, started here on 127.0.0.1
+without a Hub, driven over REST and websockets (:class:`LocalServer`, its
+:class:`LocalKernel`). The kernels of a session behind a Hub's proxy are the test
+harness's (``harness/kernels.py``).
 
-For the tests and the benchmarks (bench/checkpoint.py, bench/snapshot*.py): it
-starts ``python -m jupyter_server`` on 127.0.0.1 with the same two configuration
-files the session image installs (the kernel config loading the checkpoint
+For the tests and the benchmarks (bench/restore_fidelity.py, bench/snapshot*.py):
+it starts ``python -m jupyter_server`` with the same two configuration
+files the session image installs (the kernel config loading the snapshot
 extension, the server config enabling the agent), in private config, data and
 runtime directories, so nothing of the machine's own Jupyter setup leaks in.
 Standard library and websocket-client only (a dependency of jupyter_server).
@@ -29,7 +32,7 @@ import websocket
 
 from budgethub_session.agent import HEADER
 
-__all__ = ["CellResult", "Kernel", "Server"]
+__all__ = ["CellResult", "LocalKernel", "LocalServer"]
 
 ETC = Path(__file__).resolve().parent / "etc"
 
@@ -80,10 +83,10 @@ class CellResult:
     messages: list[dict[str, Any]] = field(default_factory=list)
 
 
-class Kernel:
+class LocalKernel:
     """A notebook's kernel, through the server's websocket (like JupyterLab)."""
 
-    def __init__(self, server: Server, kernel_id: str, path: str) -> None:
+    def __init__(self, server: LocalServer, kernel_id: str, path: str) -> None:
         self.server = server
         self.kernel_id = kernel_id
         self.path = path
@@ -167,7 +170,7 @@ class Kernel:
             pass
 
 
-class Server:
+class LocalServer:
     """``python -m jupyter_server`` in ``root`` with the budgethub extensions."""
 
     def __init__(
@@ -194,7 +197,7 @@ class Server:
         self.token = uuid.uuid4().hex
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.home / "server.log"
-        self.kernels: list[Kernel] = []
+        self.kernels: list[LocalKernel] = []
 
     @property
     def state_dir(self) -> Path:
@@ -233,7 +236,7 @@ class Server:
         env.update(self.extra_env)
         return env
 
-    def start(self, timeout: float = 60) -> Server:
+    def start(self, timeout: float = 60) -> LocalServer:
         self.root.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -314,7 +317,7 @@ class Server:
             h[HEADER] = secret or (self.secret or "")
         return self.request(method, f"/budgethub-agent/{route}", body, h, timeout)
 
-    def open_notebook(self, path: str) -> Kernel:
+    def open_notebook(self, path: str) -> LocalKernel:
         """A session for ``path`` (as JupyterLab makes one) and its kernel's websocket."""
         status, model = self.api(
             "POST",
@@ -328,7 +331,7 @@ class Server:
         )
         if status != 201:
             raise RuntimeError(f"POST /api/sessions {path}: {status} {model}")
-        kernel = Kernel(self, model["kernel"]["id"], path)
+        kernel = LocalKernel(self, model["kernel"]["id"], path)
         self.kernels.append(kernel)
         return kernel
 
@@ -344,7 +347,7 @@ class Server:
         if status not in (200, 201):
             raise RuntimeError(f"PUT /api/contents/{path}: {status} {body}")
 
-    def shutdown(self, kernel: Kernel) -> None:
+    def shutdown(self, kernel: LocalKernel) -> None:
         """Stop a notebook's kernel (and close its websocket)."""
         kernel.close()
         if kernel in self.kernels:
@@ -363,7 +366,7 @@ class Server:
             self.proc.kill()
             self.proc.wait(10)
 
-    def __enter__(self) -> Server:
+    def __enter__(self) -> LocalServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -24,14 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from budgethub_session.harness import Kernel, Server
+from budgethub_session.localserver import LocalKernel, LocalServer
 
 __all__ = ["measure", "notebook_cells"]
 
 STATS = (
     "(lambda a: (a.worker.wait_idle(600), [a.cell_seconds, a.checkpointer.save_seconds,"
     " a.checkpointer.written_bytes, a.checkpointer.saves])[1])"
-    "(__import__('budgethub_session.checkpoint', fromlist=['_ACTIVE'])._ACTIVE)"
+    "(__import__('budgethub_session.snapshot', fromlist=['_ACTIVE'])._ACTIVE)"
 )
 
 
@@ -62,7 +62,7 @@ def notebook_cells(cells: int = 50, state_mb: int = 200) -> list[str]:
 
 
 def _run(root: Path, cells: list[str], on: bool) -> dict[str, Any]:
-    with Server(
+    with LocalServer(
         root / ("on" if on else "off"), home=root / ("home-on" if on else "home-off"), checkpoint=on
     ) as server:
         kernel = server.open_notebook("bench.ipynb")
@@ -77,7 +77,7 @@ def _run(root: Path, cells: list[str], on: bool) -> dict[str, Any]:
         return out
 
 
-def _stats(kernel: Kernel) -> list[float]:
+def _stats(kernel: LocalKernel) -> list[float]:
     msg_id = kernel.send("", silent=True, store_history=False, user_expressions={"s": STATS})
     reply = kernel.wait(msg_id, 600)
     content = next(m for m in reply.messages if m["msg_type"] == "execute_reply")["content"]

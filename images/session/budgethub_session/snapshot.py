@@ -1,4 +1,6 @@
-"""IPython extension: checkpoint the user namespace after every cell; restore it on start.
+"""IPython extension, the kernel's side of a snapshot: it keeps the kernel's checkpoint
+(:mod:`budgethub_session.checkpoint`) current after every cell and on the agent's
+flush, and on start restores the variables of the snapshot the Hub mounted.
 
 Loaded for every kernel of the session images (``/opt/venv/etc/ipython/
 ipython_kernel_config.py``). The notebook comes from ``JPY_SESSION_NAME``; its
@@ -9,7 +11,7 @@ rebound, which the cell's code names, and which globals the cell's functions use
 (a cell that calls ``globals()``/``exec`` or a magic that runs code counts as
 touching everything). That takes microseconds; pickling, hashing and writing the
 groups those names belong to happens in a background thread
-(:class:`budgethub_session.snapshot.Worker`). The agent's flush
+(:class:`budgethub_session.checkpoint.Worker`). The agent's flush
 (:func:`flush_json`, run as a silent execute request between cells) saves every
 variable whose bytes changed, so what was missed by the name analysis (a mutation
 through a module's function) is still caught before a preemption.
@@ -41,7 +43,7 @@ from budgethub_session import (
     restored_dir,
     state_dir,
 )
-from budgethub_session.snapshot import Checkpointer, LoadResult, Worker, load_namespace
+from budgethub_session.checkpoint import Checkpointer, LoadResult, Worker, load_namespace
 
 __all__ = ["flush_json", "load_ipython_extension", "unload_ipython_extension"]
 
