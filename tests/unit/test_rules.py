@@ -9,11 +9,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.builders import DAY, HOUR, WEEK, outcome_of, request, rows_of, scenario, simulation
+from harness.builders import (
+    DAY,
+    HOUR,
+    WEEK,
+    outcome_of,
+    request,
+    rows_of,
+    scenario,
+    scheduler,
+    simulation,
+)
 from scheduler_core.capacity import Capacity
 from scheduler_core.errors import InputError
 from scheduler_core.model import Pool, PoolKind, Request, SliceKind, Team
 from scheduler_core.ranking import PoolRanking
+from scheduler_core.registry import decide
 from scheduler_core.rules import oversize
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.settings import PlacementStrategy, SettingError, Settings, setting_from_text
@@ -77,6 +88,49 @@ def test_priority_then_submit_time_inside_a_team() -> None:
 
 
 # Rule 2: funded while under the allocation, else unallocated.
+
+
+def order_of(data: dict[str, Any]) -> list[str]:
+    """The order a cycle at 10 s looks at the waiting requests in (`Decisions.order`,
+    what queue positions show)."""
+    parsed = parse_scenario(data)
+    core = scheduler(parsed)
+    for seeded in parsed.usage:
+        core.ledger.add(seeded.team, seeded.pool, seeded.at, seeded.units)
+    for waiting in parsed.requests:
+        core.submit(waiting)
+    return list(decide(core.view(10.0), 10.0).order)
+
+
+def test_teams_take_turns_as_each_funded_admission_is_charged() -> None:
+    """Team a submitted first, but once its first request is counted against its share,
+    team b (still at nothing) comes next: a2 is not second, as a plain sort by the
+    teams' ratios now would show."""
+    data = scenario(
+        requests=[
+            request("a1", "a", 0, gpus=2),
+            request("a2", "a", 1, gpus=2),
+            request("a3", "a", 2, gpus=2),
+            request("b1", "b", 3, gpus=2),
+            request("b2", "b", 4, gpus=2),
+        ]
+    )
+    assert order_of(data) == ["a1", "b1", "a2", "b2", "a3"]
+
+
+def test_a_team_over_its_allocation_is_not_charged_and_keeps_its_place_behind() -> None:
+    """b has used twice its budget: none of its requests is funded, so it never
+    overtakes a, whatever a is charged."""
+    data = scenario(
+        usage=[{"team": "b", "pool": "g", "gpu_seconds": 2 * 0.5 * 8 * 7 * 86400, "ago": 3600}],
+        requests=[
+            request("b1", "b", 0),
+            request("a1", "a", 1, gpus=4),
+            request("a2", "a", 2, gpus=4),
+            request("b2", "b", 3),
+        ],
+    )
+    assert order_of(data) == ["a1", "a2", "b1", "b2"]
 
 
 def test_team_over_its_allocation_runs_unallocated() -> None:
