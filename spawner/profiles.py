@@ -174,70 +174,94 @@ def parse_profiles(raw: Sequence[Any], settings: Settings, pools: Iterable[str])
         if slug in seen:
             raise FormError(f"{where}.slug", f"profile {slug!r} is defined twice")
         seen.add(slug)
-        klass_text = item.get("class", "interactive")
-        if klass_text not in {c.value for c in RequestClass}:
-            choices = ", ".join(c.value for c in RequestClass)
-            raise FormError(f"{where}.class", f"must be one of {choices}, not {klass_text!r}")
-        klass = RequestClass(klass_text)
-        pool = _text(item.get("pool"), f"{where}.pool")
-        if pool not in known_pools:
-            raise FormError(f"{where}.pool", f"unknown pool {pool!r}")
-        raw_slices = list(item.get("slices", []))
-        raw_slices += [{"gpus": n} for n in item.get("gpus", [])]
-        slices = tuple(
-            _slice_option(option, f"{where}.slices[{j}]") for j, option in enumerate(raw_slices)
-        ) or (SliceOption("cpu", "no GPU"),)
-        if len({s.slug for s in slices}) != len(slices):
-            raise FormError(f"{where}.slices", "two options share a slug")
-        max_min = _duration(item.get("max_min_runtime", settings.max_min_runtime), where)
-        max_min = min(max_min, settings.max_min_runtime)
-        if klass is RequestClass.DEBUG:
-            max_min = min(max_min, settings.debug_min_runtime)
-            too_big = [s.slug for s in slices if s.gpu_weight > settings.debug_max_gpus]
-            if too_big:
-                raise FormError(
-                    f"{where}.slices",
-                    f"a debug profile offers at most {settings.debug_max_gpus} GPUs "
-                    f"({', '.join(too_big)} is more)",
-                )
-        default_min = _duration(
-            item.get("min_runtime", min(settings.default_min_runtime, max_min)),
-            f"{where}.min_runtime",
-        )
-        if default_min > max_min:
-            raise FormError(
-                f"{where}.min_runtime", f"{default_min:g}s is over the profile's cap {max_min:g}s"
-            )
-        labels = item.get("labels", {})
-        if not isinstance(labels, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
-        ):
-            raise FormError(f"{where}.labels", "must map strings to strings")
-        storage = item.get("storage", [])
-        if isinstance(storage, str):
-            storage = [storage]
-        storage = tuple(_text(s, f"{where}.storage") for s in storage)
-        profiles.append(
-            Profile(
-                slug=slug,
-                display_name=_text(item.get("display_name", slug), f"{where}.display_name"),
-                description=str(item.get("description", "")),
-                klass=klass,
-                pool=pool,
-                image=_text(item.get("image"), f"{where}.image"),
-                cpus=_positive(item.get("cpus", 1), f"{where}.cpus"),
-                memory_gib=_positive(item.get("memory_gib", 4), f"{where}.memory_gib"),
-                slices=slices,
-                min_runtime=default_min,
-                max_min_runtime=max_min,
-                resumable=bool(item.get("resumable", False)),
-                labels=MappingProxyType(dict(labels)),
-                storage=storage,
-            )
-        )
+        profiles.append(_parse_profile(item, slug, where, settings, known_pools))
     if not profiles:
         raise FormError("profile_list", "offers no profile")
     return profiles
+
+
+def _parse_profile(
+    item: Mapping[str, Any], slug: str, where: str, settings: Settings, known_pools: set[str]
+) -> Profile:
+    """One ``profile_list`` entry (its keys known, its slug unique) as a Profile."""
+    klass_text = item.get("class", "interactive")
+    if klass_text not in {c.value for c in RequestClass}:
+        choices = ", ".join(c.value for c in RequestClass)
+        raise FormError(f"{where}.class", f"must be one of {choices}, not {klass_text!r}")
+    klass = RequestClass(klass_text)
+    pool = _text(item.get("pool"), f"{where}.pool")
+    if pool not in known_pools:
+        raise FormError(f"{where}.pool", f"unknown pool {pool!r}")
+    slices = _profile_slices(item, where)
+    max_min, default_min = _profile_runtimes(item, where, settings, klass, slices)
+    labels = item.get("labels", {})
+    if not isinstance(labels, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise FormError(f"{where}.labels", "must map strings to strings")
+    storage = item.get("storage", [])
+    if isinstance(storage, str):
+        storage = [storage]
+    storage = tuple(_text(s, f"{where}.storage") for s in storage)
+    return Profile(
+        slug=slug,
+        display_name=_text(item.get("display_name", slug), f"{where}.display_name"),
+        description=str(item.get("description", "")),
+        klass=klass,
+        pool=pool,
+        image=_text(item.get("image"), f"{where}.image"),
+        cpus=_positive(item.get("cpus", 1), f"{where}.cpus"),
+        memory_gib=_positive(item.get("memory_gib", 4), f"{where}.memory_gib"),
+        slices=slices,
+        min_runtime=default_min,
+        max_min_runtime=max_min,
+        resumable=bool(item.get("resumable", False)),
+        labels=MappingProxyType(dict(labels)),
+        storage=storage,
+    )
+
+
+def _profile_slices(item: Mapping[str, Any], where: str) -> tuple[SliceOption, ...]:
+    """A profile's slice options (``gpus: [n]`` as whole-GPU ones); none: a CPU session."""
+    raw_slices = list(item.get("slices", []))
+    raw_slices += [{"gpus": n} for n in item.get("gpus", [])]
+    slices = tuple(
+        _slice_option(option, f"{where}.slices[{j}]") for j, option in enumerate(raw_slices)
+    ) or (SliceOption("cpu", "no GPU"),)
+    if len({s.slug for s in slices}) != len(slices):
+        raise FormError(f"{where}.slices", "two options share a slug")
+    return slices
+
+
+def _profile_runtimes(
+    item: Mapping[str, Any],
+    where: str,
+    settings: Settings,
+    klass: RequestClass,
+    slices: tuple[SliceOption, ...],
+) -> tuple[float, float]:
+    """(the cap on a minimum runtime, the default minimum runtime) of a profile, under the
+    scheduler's caps; a debug profile is also held to the debug caps."""
+    max_min = _duration(item.get("max_min_runtime", settings.max_min_runtime), where)
+    max_min = min(max_min, settings.max_min_runtime)
+    if klass is RequestClass.DEBUG:
+        max_min = min(max_min, settings.debug_min_runtime)
+        too_big = [s.slug for s in slices if s.gpu_weight > settings.debug_max_gpus]
+        if too_big:
+            raise FormError(
+                f"{where}.slices",
+                f"a debug profile offers at most {settings.debug_max_gpus} GPUs "
+                f"({', '.join(too_big)} is more)",
+            )
+    default_min = _duration(
+        item.get("min_runtime", min(settings.default_min_runtime, max_min)),
+        f"{where}.min_runtime",
+    )
+    if default_min > max_min:
+        raise FormError(
+            f"{where}.min_runtime", f"{default_min:g}s is over the profile's cap {max_min:g}s"
+        )
+    return max_min, default_min
 
 
 def capped(profiles: Iterable[Profile], cap: float) -> list[Profile]:
@@ -364,7 +388,19 @@ def resolve(
     if slug not in by_slug:
         raise FormError("profile", f"unknown profile {shown(slug)} (offered: {', '.join(by_slug)})")
     profile = by_slug[slug]
+    chosen = _chosen_slice(options, profile)
+    team = _paying_team(options, user_teams)
+    raw_priority = _one(options, "priority")
+    priority = 0 if raw_priority in (None, "") else _whole(raw_priority, "priority")
+    if not 0 <= priority <= MAX_PRIORITY:
+        raise FormError("priority", f"must be between 0 and {MAX_PRIORITY}, not {shown(priority)}")
+    min_runtime = _asked_min_runtime(options, profile)
+    storage = _chosen_storage(options, profile)
+    return SessionSpec(profile, chosen, str(team), priority, min_runtime, storage)
 
+
+def _chosen_slice(options: Mapping[str, Any], profile: Profile) -> SliceOption:
+    """The slice option the user chose by ``slices`` or ``gpus``; none: the first."""
     raw_slice = _one(options, "slices")
     if isinstance(raw_slice, int) and not isinstance(raw_slice, bool):
         raw_slice = str(raw_slice)  # the REST API may send a whole-GPU slug as a number
@@ -383,18 +419,20 @@ def resolve(
             raise FormError(
                 "gpus", f"profile {profile.slug!r} does not offer {count} GPUs (offered: {choices})"
             )
-        chosen = match[0]
-    elif slice_slug is not None:
+        return match[0]
+    if slice_slug is not None:
         match = [s for s in profile.slices if s.slug == slice_slug]
         if not match:
             raise FormError(
                 "slices",
                 f"profile {profile.slug!r} does not offer {shown(slice_slug)} (offered: {choices})",
             )
-        chosen = match[0]
-    else:
-        chosen = profile.slices[0]
+        return match[0]
+    return profile.slices[0]
 
+
+def _paying_team(options: Mapping[str, Any], user_teams: Sequence[str]) -> str:
+    """The team the user chose to pay; none: their only team."""
     team = _name(_one(options, "team"), "team")
     if team is None:
         if len(user_teams) != 1:
@@ -411,12 +449,11 @@ def resolve(
         raise FormError(
             "team", f"you are not a member of team {shown(team)} (yours: {', '.join(user_teams)})"
         )
+    return team
 
-    raw_priority = _one(options, "priority")
-    priority = 0 if raw_priority in (None, "") else _whole(raw_priority, "priority")
-    if not 0 <= priority <= MAX_PRIORITY:
-        raise FormError("priority", f"must be between 0 and {MAX_PRIORITY}, not {shown(priority)}")
 
+def _asked_min_runtime(options: Mapping[str, Any], profile: Profile) -> float:
+    """The minimum runtime the user asked for, under the profile's cap; none: its default."""
     raw_min = _one(options, "min_runtime")
     min_runtime = profile.min_runtime
     if raw_min is not None and raw_min != "":
@@ -427,7 +464,11 @@ def resolve(
                 f"{_human(min_runtime)} is over the cap of {_human(profile.max_min_runtime)} "
                 f"for {profile.display_name}",
             )
+    return min_runtime
 
+
+def _chosen_storage(options: Mapping[str, Any], profile: Profile) -> str | None:
+    """The storage to mount: one the profile offers (the first if none is chosen)."""
     storage = _name(_one(options, "storage"), "storage")
     if profile.storage:
         if storage is None:
@@ -439,7 +480,7 @@ def resolve(
             )
     elif storage is not None:
         raise FormError("storage", f"profile {profile.slug!r} mounts no storage")
-    return SessionSpec(profile, chosen, str(team), priority, min_runtime, storage)
+    return storage
 
 
 def _human(seconds: float) -> str:
@@ -506,7 +547,6 @@ def render_form(
     checked (the user's last choice, or what a refused form held). Bootstrap 5 classes,
     as the Hub's own pages use.
     """
-    esc = html.escape
     outlooks = outlooks or {}
     free = free or {}
     defaults = defaults or {}
@@ -514,69 +554,99 @@ def render_form(
     chosen_profile = _chosen(defaults, "profile")
     if chosen_profile not in by_slug:
         chosen_profile = profiles[0].slug
-    chosen_slice = _chosen(defaults, "slices")
-    chosen_gpus = _chosen(defaults, "gpus")
     parts = ['<div class="budgethub-form">', '<fieldset class="mb-3">']
     parts.append('<legend class="fs-5">Profile</legend>')
     for p in profiles:
-        checked = " checked" if p.slug == chosen_profile else ""
-        pid = f"budgethub-profile-{esc(p.slug)}"
-        parts.append(
-            f'<div class="form-check mb-2 budgethub-profile" data-profile="{esc(p.slug)}">'
-        )
-        parts.append(
-            f'<input class="form-check-input" type="radio" name="profile" id="{pid}" '
-            f'value="{esc(p.slug)}"{checked}>'
-            f'<label class="form-check-label" for="{pid}"><strong>{esc(p.display_name)}</strong>'
-            + (f" &mdash; {esc(p.description)}" if p.description else "")
-            + f' <span class="text-body-secondary">({esc(profile_facts(p))})</span></label>'
-        )
-        if len(p.slices) > 1:
-            parts.append(
-                f'<select name="slices" data-profile="{esc(p.slug)}" '
-                f'class="form-select form-select-sm w-auto d-inline-block ms-2" '
-                f'aria-label="GPU slices for {esc(p.display_name)}">'
-            )
-            for s in p.slices:
-                selected = (
-                    " selected"
-                    if p.slug == chosen_profile
-                    and (s.slug == chosen_slice or (chosen_gpus and str(s.gpus) == chosen_gpus))
-                    else ""
-                )
-                parts.append(
-                    f'<option value="{esc(s.slug)}"{selected}>{esc(s.display_name)}'
-                    f"{esc(_free_text(free.get((p.slug, s.slug))))}</option>"
-                )
-            parts.append("</select>")
-        elif (p.slug, p.slices[0].slug) in free:
-            parts.append(
-                f'<span class="small text-body-secondary ms-2">{esc(p.slices[0].display_name)}'
-                f"{esc(_free_text(free[(p.slug, p.slices[0].slug)], p.slices[0].gpu_weight > 0))}"
-                "</span>"
-            )
-        if len(p.storage) > 1:
-            parts.append(
-                f'<select name="storage" data-profile="{esc(p.slug)}" '
-                'class="form-select form-select-sm w-auto d-inline-block ms-2">'
-            )
-            for name in p.storage:
-                selected = " selected" if _chosen(defaults, "storage") == name else ""
-                parts.append(f'<option value="{esc(name)}"{selected}>{esc(name)}</option>')
-            parts.append("</select>")
-        rows = [(t, outlooks[(p.slug, t)]) for t in user_teams if (p.slug, t) in outlooks]
-        if rows:
-            parts.append('<ul class="list-unstyled small mb-0 ms-1 budgethub-outlook">')
-            for team, text in rows:
-                parts.append(
-                    f'<li data-team="{esc(team)}"><span class="badge text-bg-secondary">'
-                    f"{esc(team)}</span> {esc(text)}</li>"
-                )
-            parts.append("</ul>")
-        parts.append("</div>")
+        parts += _profile_choice(p, p.slug == chosen_profile, user_teams, outlooks, free, defaults)
     parts.append("</fieldset>")
-    chosen_team = _chosen(defaults, "team")
-    parts.append('<div class="mb-3">')
+    parts += _team_field(user_teams, team_hints, _chosen(defaults, "team"))
+    parts += _number_fields(defaults)
+    parts.append(_FORM_SCRIPT)
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
+def _profile_choice(
+    p: Profile,
+    checked: bool,
+    user_teams: Sequence[str],
+    outlooks: Mapping[tuple[str, str], str],
+    free: Mapping[tuple[str, str], int],
+    defaults: Mapping[str, Any],
+) -> list[str]:
+    """One profile's radio button, its slice and storage choices and its outlook per team."""
+    esc = html.escape
+    pid = f"budgethub-profile-{esc(p.slug)}"
+    parts = [f'<div class="form-check mb-2 budgethub-profile" data-profile="{esc(p.slug)}">']
+    parts.append(
+        f'<input class="form-check-input" type="radio" name="profile" id="{pid}" '
+        f'value="{esc(p.slug)}"{" checked" if checked else ""}>'
+        f'<label class="form-check-label" for="{pid}"><strong>{esc(p.display_name)}</strong>'
+        + (f" &mdash; {esc(p.description)}" if p.description else "")
+        + f' <span class="text-body-secondary">({esc(profile_facts(p))})</span></label>'
+    )
+    if len(p.slices) > 1:
+        parts += _slice_select(p, checked, free, defaults)
+    elif (p.slug, p.slices[0].slug) in free:
+        parts.append(
+            f'<span class="small text-body-secondary ms-2">{esc(p.slices[0].display_name)}'
+            f"{esc(_free_text(free[(p.slug, p.slices[0].slug)], p.slices[0].gpu_weight > 0))}"
+            "</span>"
+        )
+    if len(p.storage) > 1:
+        parts.append(
+            f'<select name="storage" data-profile="{esc(p.slug)}" '
+            'class="form-select form-select-sm w-auto d-inline-block ms-2">'
+        )
+        for name in p.storage:
+            selected = " selected" if _chosen(defaults, "storage") == name else ""
+            parts.append(f'<option value="{esc(name)}"{selected}>{esc(name)}</option>')
+        parts.append("</select>")
+    rows = [(t, outlooks[(p.slug, t)]) for t in user_teams if (p.slug, t) in outlooks]
+    if rows:
+        parts.append('<ul class="list-unstyled small mb-0 ms-1 budgethub-outlook">')
+        for team, text in rows:
+            parts.append(
+                f'<li data-team="{esc(team)}"><span class="badge text-bg-secondary">'
+                f"{esc(team)}</span> {esc(text)}</li>"
+            )
+        parts.append("</ul>")
+    parts.append("</div>")
+    return parts
+
+
+def _slice_select(
+    p: Profile, checked: bool, free: Mapping[tuple[str, str], int], defaults: Mapping[str, Any]
+) -> list[str]:
+    """A profile's slice options, with how many are free now; the last choice selected."""
+    esc = html.escape
+    chosen_slice = _chosen(defaults, "slices")
+    chosen_gpus = _chosen(defaults, "gpus")
+    parts = [
+        f'<select name="slices" data-profile="{esc(p.slug)}" '
+        f'class="form-select form-select-sm w-auto d-inline-block ms-2" '
+        f'aria-label="GPU slices for {esc(p.display_name)}">'
+    ]
+    for s in p.slices:
+        selected = (
+            " selected"
+            if checked and (s.slug == chosen_slice or (chosen_gpus and str(s.gpus) == chosen_gpus))
+            else ""
+        )
+        parts.append(
+            f'<option value="{esc(s.slug)}"{selected}>{esc(s.display_name)}'
+            f"{esc(_free_text(free.get((p.slug, s.slug))))}</option>"
+        )
+    parts.append("</select>")
+    return parts
+
+
+def _team_field(
+    user_teams: Sequence[str], team_hints: Mapping[str, str], chosen_team: str
+) -> list[str]:
+    """The "Team that pays" choice, with each team's budget line."""
+    esc = html.escape
+    parts = ['<div class="mb-3">']
     parts.append('<label for="budgethub-team" class="form-label">Team that pays</label>')
     parts.append('<select id="budgethub-team" name="team" class="form-select">')
     for team in user_teams:
@@ -591,22 +661,23 @@ def render_form(
                 f"<strong>{esc(team)}</strong> {esc(hint)}</div>"
             )
     parts.append("</div>")
+    return parts
+
+
+def _number_fields(defaults: Mapping[str, Any]) -> list[str]:
+    """The priority and minimum-runtime inputs."""
+    esc = html.escape
     priority = _chosen(defaults, "priority") or "0"
-    parts.append(
+    return [
         '<div class="mb-3"><label for="budgethub-priority" class="form-label">Priority inside '
         f"your team (0&ndash;{MAX_PRIORITY})</label>"
         '<input id="budgethub-priority" name="priority" type="number" min="0" '
-        f'max="{MAX_PRIORITY}" value="{esc(priority)}" class="form-control"></div>'
-    )
-    parts.append(
+        f'max="{MAX_PRIORITY}" value="{esc(priority)}" class="form-control"></div>',
         '<div class="mb-3"><label for="budgethub-min-runtime" class="form-label">Minimum '
         "runtime (protected when funded; e.g. 15m, 2h; empty: the profile default)</label>"
         '<input id="budgethub-min-runtime" name="min_runtime" class="form-control" '
-        f'value="{esc(_chosen(defaults, "min_runtime"))}"></div>'
-    )
-    parts.append(_FORM_SCRIPT)
-    parts.append("</div>")
-    return "\n".join(parts)
+        f'value="{esc(_chosen(defaults, "min_runtime"))}"></div>',
+    ]
 
 
 def _free_text(count: int | None, gpu: bool = True) -> str:
