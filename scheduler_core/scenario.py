@@ -429,7 +429,34 @@ def parse_scenario(data: Any) -> Scenario:
     if "horizon" not in top:
         raise InputError("horizon", "missing: how many seconds the scenario runs")
     horizon = _num(top["horizon"], "horizon", strict=True)
-    policy = _obj(top.get("policy", {}), "policy")
+    settings = _settings(top.get("policy", {}))
+    pools = _pools(top.get("pools"))
+    nodes = [node for node, _raw in parse_node_list(top.get("nodes", []), pools)]
+    teams = _teams(top.get("teams", []), pools)
+    team_map = {t.name: t for t in teams}
+    usage = _usage(top.get("usage", []), pools, team_map)
+    requests, durations, idle_after = _requests(
+        top.get("requests", []), pools, team_map, settings, nodes
+    )
+    events = _events(top.get("events", []), {n.name for n in nodes})
+    return Scenario(
+        name=name,
+        horizon=horizon,
+        settings=settings,
+        pools=tuple(pools.values()),
+        nodes=tuple(nodes),
+        teams=tuple(teams),
+        usage=tuple(sorted(usage, key=lambda u: u.at)),
+        requests=tuple(sorted(requests, key=lambda r: (r.submit, r.id))),
+        durations=durations,
+        events=tuple(sorted(events, key=lambda e: e.at)),
+        idle_after=idle_after,
+    )
+
+
+def _settings(raw: Any) -> Settings:
+    """The ``policy`` object: a registered policy's name and its settings."""
+    policy = _obj(raw, "policy")
     try:
         settings = settings_from_mapping(policy)
     except SettingError as error:
@@ -439,21 +466,20 @@ def parse_scenario(data: Any) -> Scenario:
     if settings.name not in POLICIES:
         known = ", ".join(sorted(POLICIES))
         raise InputError("policy.name", f"unknown policy {settings.name!r} (known: {known})")
+    return settings
 
-    pools = _pools(top.get("pools"))
-    nodes = [node for node, _raw in parse_node_list(top.get("nodes", []), pools)]
-    teams = _teams(top.get("teams", []), pools)
-    team_map = {t.name: t for t in teams}
 
+def _usage(raw: Any, pools: Mapping[str, Pool], teams: Mapping[str, Team]) -> list[SeededUsage]:
+    """The ``usage`` list: seeded history, in GPU- or core-seconds by its pool's kind."""
     usage: list[SeededUsage] = []
-    for i, item in enumerate(_list(top.get("usage", []), "usage")):
+    for i, item in enumerate(_list(raw, "usage")):
         where = f"usage[{i}]"
         data_u = _obj(item, where)
         _known_keys(
             data_u, frozenset({"team", "pool", "gpu_seconds", "core_seconds", "ago"}), where
         )
         team = _str(data_u.get("team"), f"{where}.team")
-        if team not in team_map:
+        if team not in teams:
             raise InputError(f"{where}.team", f"unknown team {team!r}")
         pool = _str(data_u.get("pool"), f"{where}.pool")
         if pool not in pools:
@@ -464,14 +490,25 @@ def parse_scenario(data: Any) -> Scenario:
         units = _num(data_u[field], f"{where}.{field}")
         ago = _num(data_u.get("ago", 0), f"{where}.ago")
         usage.append(SeededUsage(team, pool, units, -ago))
+    return usage
 
+
+def _requests(
+    raw: Any,
+    pools: Mapping[str, Pool],
+    teams: Mapping[str, Team],
+    settings: Settings,
+    nodes: list[Node],
+) -> tuple[list[Request], dict[str, float], dict[str, float]]:
+    """The ``requests`` list, each one some node could ever hold: the requests, and by
+    request id the work each needs and when each goes idle (``idle_after``, if given)."""
     requests: list[Request] = []
     durations: dict[str, float] = {}
     idle_after: dict[str, float] = {}
     placeable: dict[tuple[object, ...], str | None] = {}
-    for i, item in enumerate(_list(top.get("requests", []), "requests")):
+    for i, item in enumerate(_list(raw, "requests")):
         where = f"requests[{i}]"
-        request, duration = _request(_obj(item, where), where, pools, team_map, settings)
+        request, duration = _request(_obj(item, where), where, pools, teams, settings)
         if request.id in durations:
             raise InputError(f"{where}.id", f"request id {request.id!r} is used twice")
         shape = (
@@ -493,10 +530,13 @@ def parse_scenario(data: Any) -> Scenario:
         durations[request.id] = duration
         if "idle_after" in item:
             idle_after[request.id] = _num(item["idle_after"], f"{where}.idle_after")
+    return requests, durations, idle_after
 
-    node_names = {n.name for n in nodes}
+
+def _events(raw: Any, node_names: set[str]) -> list[NodeEvent]:
+    """The ``events`` list: node health changes."""
     events: list[NodeEvent] = []
-    for i, item in enumerate(_list(top.get("events", []), "events")):
+    for i, item in enumerate(_list(raw, "events")):
         where = f"events[{i}]"
         data_e = _obj(item, where)
         _known_keys(data_e, frozenset({"at", "node", "state"}), where)
@@ -507,20 +547,7 @@ def parse_scenario(data: Any) -> Scenario:
         if state not in {h.value for h in Health}:
             raise InputError(f"{where}.state", f"must be one of {_HEALTH_NAMES}, not {state!r}")
         events.append(NodeEvent(_num(data_e.get("at"), f"{where}.at"), node, Health(state)))
-
-    return Scenario(
-        name=name,
-        horizon=horizon,
-        settings=settings,
-        pools=tuple(pools.values()),
-        nodes=tuple(nodes),
-        teams=tuple(teams),
-        usage=tuple(sorted(usage, key=lambda u: u.at)),
-        requests=tuple(sorted(requests, key=lambda r: (r.submit, r.id))),
-        durations=durations,
-        events=tuple(sorted(events, key=lambda e: e.at)),
-        idle_after=idle_after,
-    )
+    return events
 
 
 def load_scenario(path: str) -> Scenario:

@@ -318,56 +318,67 @@ def knob_help(name: str) -> str:
 
 def validate(options: SeedLikeOptions) -> None:
     """Raise InputError naming the flag of the first knob with a bad value."""
+    _validate_cluster(options)
+    _validate_teams(options)
+    _validate_work(options)
 
-    def bad(name: str, reason: str) -> InputError:
-        return InputError(where=knob_flag(name), reason=reason)
 
+def _bad(name: str, reason: str) -> InputError:
+    return InputError(where=knob_flag(name), reason=reason)
+
+
+def _validate_cluster(options: SeedLikeOptions) -> None:
+    """The cluster's knobs: its size, horizon, MIG nodes and CPU pool."""
     if options.gpus <= 0 or options.gpus % GPUS_PER_NODE:
-        raise bad("gpus", f"{options.gpus} is not a positive multiple of {GPUS_PER_NODE}")
+        raise _bad("gpus", f"{options.gpus} is not a positive multiple of {GPUS_PER_NODE}")
     if options.days <= 0:
-        raise bad("days", f"{options.days} is not a positive number of days")
+        raise _bad("days", f"{options.days} is not a positive number of days")
     if not 1 <= options.teams <= MAX_TEAMS:
-        raise bad("teams", f"{options.teams} is not in 1..{MAX_TEAMS}")
+        raise _bad("teams", f"{options.teams} is not in 1..{MAX_TEAMS}")
     if options.users < options.teams:
-        raise bad("users", f"{options.users} users cannot fill {options.teams} teams")
+        raise _bad("users", f"{options.users} users cannot fill {options.teams} teams")
     nodes = options.gpus // GPUS_PER_NODE
     if not 0 <= options.mig_nodes < nodes:
-        raise bad(
+        raise _bad(
             "mig_nodes", f"{options.mig_nodes} is not in 0..{nodes - 1}; batch needs a whole node"
         )
     try:
         slices = round(mig_weight(options.mig_profile) * MIG_SLICES)
     except ValueError as error:
-        raise bad("mig_profile", str(error)) from None
+        raise _bad("mig_profile", str(error)) from None
     if slices > MIG_SLICES:  # pragma: no cover - mig_weight already refuses
-        raise bad("mig_profile", "too many compute slices")
+        raise _bad("mig_profile", "too many compute slices")
     if options.cpu_nodes < 0:
-        raise bad("cpu_nodes", f"{options.cpu_nodes} is negative")
+        raise _bad("cpu_nodes", f"{options.cpu_nodes} is negative")
     if options.cpu_nodes and not options.storages:
-        raise bad("storages", "no storage label for the cpu nodes")
+        raise _bad("storages", "no storage label for the cpu nodes")
     if any(not s for s in options.storages):
-        raise bad("storages", "a storage label is empty")
+        raise _bad("storages", "a storage label is empty")
+
+
+def _validate_teams(options: SeedLikeOptions) -> None:
+    """The teams' knobs: shares, demand, load and the small teams' share."""
     if not options.share_alpha > 0:
-        raise bad("share_alpha", f"{options.share_alpha} is not positive")
+        raise _bad("share_alpha", f"{options.share_alpha} is not positive")
     if not options.demand_min > 0:
-        raise bad("demand_min", f"{options.demand_min} is not positive")
+        raise _bad("demand_min", f"{options.demand_min} is not positive")
     if not options.demand_max >= options.demand_min:
-        raise bad("demand_max", f"{options.demand_max} is below --demand-min")
+        raise _bad("demand_max", f"{options.demand_max} is below --demand-min")
     if options.load is not None and not options.load > 0:
-        raise bad("load", f"{options.load} is not positive")
+        raise _bad("load", f"{options.load} is not positive")
     if not options.offered > 0:
-        raise bad("offered", f"{options.offered} is not positive")
+        raise _bad("offered", f"{options.offered} is not positive")
     if options.idle_share is not None and not 0 <= options.idle_share < 1:
-        raise bad("idle_share", f"{options.idle_share} is not a share in [0, 1)")
+        raise _bad("idle_share", f"{options.idle_share} is not a share in [0, 1)")
     if options.interactive_share is not None and not 0 <= options.interactive_share < 1:
-        raise bad("interactive_share", f"{options.interactive_share} is not a share in [0, 1)")
+        raise _bad("interactive_share", f"{options.interactive_share} is not a share in [0, 1)")
     if options.debug_rate is not None and not options.debug_rate >= 0:
-        raise bad("debug_rate", f"{options.debug_rate} is negative")
+        raise _bad("debug_rate", f"{options.debug_rate} is negative")
     if not options.small_team_gpus > 0:
-        raise bad("small_team_gpus", f"{options.small_team_gpus} is not positive")
+        raise _bad("small_team_gpus", f"{options.small_team_gpus} is not positive")
     plain = options.teams - 2 if options.program and options.teams >= 2 else options.teams
     if not 0 <= options.small_teams < max(1, plain):
-        raise bad(
+        raise _bad(
             "small_teams",
             f"{options.small_teams} is not in 0..{max(0, plain - 1)}"
             " (teams outside the program, one left at a drawn share)",
@@ -378,25 +389,29 @@ def validate(options: SeedLikeOptions) -> None:
         small_units * options.small_teams + MIN_SHARE_UNITS * (top_level - options.small_teams)
         > SHARE_UNITS
     ):
-        raise bad(
+        raise _bad(
             "small_team_gpus",
             f"{options.small_teams} teams of {options.small_team_gpus:g} GPUs leave too little"
             f" of {options.gpus} GPUs for the other teams",
         )
+
+
+def _validate_work(options: SeedLikeOptions) -> None:
+    """The work's knobs: backlog, session rates, hours and the policy's."""
     if not options.backlog >= 0:
-        raise bad("backlog", f"{options.backlog} is negative")
+        raise _bad("backlog", f"{options.backlog} is negative")
     for rate in ("interactive_per_day", "debug_per_day", "dataprep_per_day"):
         value = getattr(options, rate)
         if not value >= 0:
-            raise bad(rate, f"{value} is negative")
+            raise _bad(rate, f"{value} is negative")
     if not 0 <= options.off_hours <= 1:
-        raise bad("off_hours", f"{options.off_hours} is not a share in 0..1")
+        raise _bad("off_hours", f"{options.off_hours} is not a share in 0..1")
     if not -12 <= options.tz_offset <= 14:
-        raise bad("tz_offset", f"{options.tz_offset} is not an offset in -12..14 hours")
+        raise _bad("tz_offset", f"{options.tz_offset} is not an offset in -12..14 hours")
     for policy_knob in ("lookback", "max_min_runtime"):
         value = getattr(options, policy_knob)
         if value is not None and not value >= 0:
-            raise bad(policy_knob, f"{value} is negative")
+            raise _bad(policy_knob, f"{value} is negative")
 
 
 # --- time -------------------------------------------------------------------
@@ -590,141 +605,213 @@ def seed_like(options: SeedLikeOptions) -> dict[str, Any]:
     Raises InputError (``where`` is the knob's flag) when a knob is out of range.
     """
     validate(options)
-    rng = random.Random(options.seed)
-    horizon = options.days * DAY
-    scale = options.gpus / REFERENCE_GPUS
-    capacity = float(options.gpus)
-    whole_nodes = options.gpus // GPUS_PER_NODE - options.mig_nodes
-    has_cpu_pool = options.cpu_nodes > 0
+    return _SeedLike(options).scenario()
 
-    # Nodes.
-    nodes: list[dict[str, Any]] = [
-        {
-            "name": "h100-{i:03d}",
-            "count": whole_nodes,
-            "pool": "h100",
-            "gpus": GPUS_PER_NODE,
-            "gpu_model": "H100",
-            "cpus": GPU_NODE_CPUS,
-            "memory_gib": GPU_NODE_MEMORY_GIB,
+
+class _SeedLike:
+    """One scenario being drawn. The parts are drawn in a fixed order from one
+    ``random.Random(options.seed)`` (`scenario`): any change of that order changes
+    every scenario."""
+
+    def __init__(self, options: SeedLikeOptions) -> None:
+        self.options = options
+        self.rng = random.Random(options.seed)
+        self.horizon = options.days * DAY
+        self.scale = options.gpus / REFERENCE_GPUS
+        self.capacity = float(options.gpus)
+        self.whole_nodes = options.gpus // GPUS_PER_NODE - options.mig_nodes
+        self.has_cpu_pool = options.cpu_nodes > 0
+        self.storages = [
+            options.storages[k % len(options.storages)] for k in range(options.cpu_nodes)
+        ]
+        self.drafts: list[_Draft] = []
+        self.backlog_work = 0.0
+        # Time windows.
+        self.work = working_windows(self.horizon, options.tz_offset)
+        self.in_hours = _Times(self.work)
+        self.off = _complement(self.work, self.horizon)
+        self.off_hours = _Times(self.off) if self.off else self.in_hours
+        self.weekdays = self.in_hours.total / WORKDAY
+        # A batch request spans at most a quarter of the whole nodes: 64-GPU jobs need
+        # 256 GPUs.
+        max_nodes = max(1, self.whole_nodes // BATCH_MAX_NODES_DIVISOR)
+        self.node_table = [(n, w) for n, w in BATCH_NODES if n <= max_nodes]
+        # Drawn in `scenario`:
+        self.teams: list[_Team] = []
+        self.team_weights: list[float] = []
+        self.users: list[tuple[str, str]] = []
+        self.activity: list[float] = []
+        self.cum_activity: list[float] = []
+        self.team_members: dict[str, list[int]] = {}
+
+    def scenario(self) -> dict[str, Any]:
+        options = self.options
+        nodes = self.nodes()
+        teams_json = self.draw_teams()
+        self.draw_users()
+        # Batch: a backlog in the first hour, then arrivals up to the target load.
+        # The backlog is drawn after the sessions (so the default draws come in the
+        # order they always did) unless notebooks fill a share of the arrivals, whose
+        # size needs the backlog's work first.
+        self.team_weights = list(itertools.accumulate(t.h100_share * t.demand for t in self.teams))
+        if options.interactive_share is not None:
+            self.draw_backlog()
+        self.draw_notebooks()
+        self.draw_debug()
+        self.draw_dataprep()
+        if options.interactive_share is None:
+            self.draw_backlog()
+        self.draw_arrivals()
+
+        drafts = self.drafts
+        drafts.sort(key=lambda d: d.submit)  # stable: ties keep the order they were drawn in
+        id_width = max(6, len(str(len(drafts))))
+        requests = [{"id": f"r{k + 1:0{id_width}d}", **d.body} for k, d in enumerate(drafts)]
+
+        policy: dict[str, Any] = {"name": "budget"}
+        if options.lookback is not None:
+            policy["lookback"] = _number(options.lookback)
+        if options.max_min_runtime is not None:
+            policy["max_min_runtime"] = _number(options.max_min_runtime)
+        pools = [{"name": "h100", "kind": "gpu"}]
+        if self.has_cpu_pool:
+            pools.append({"name": "cpu", "kind": "cpu"})
+        return {
+            "name": options.name or f"seed-like-{options.gpus}g-{options.days}d-s{options.seed}",
+            "horizon": self.horizon,
+            "policy": policy,
+            "pools": pools,
+            "nodes": nodes,
+            "teams": teams_json,
+            "usage": [],
+            "requests": requests,
+            "events": [],
         }
-    ]
-    per_gpu = MIG_SLICES // round(mig_weight(options.mig_profile) * MIG_SLICES)
-    for k in range(options.mig_nodes):
-        nodes.append(
+
+    # -- the cluster and its teams (no draws for the nodes) -------------------
+
+    def nodes(self) -> list[dict[str, Any]]:
+        options = self.options
+        nodes: list[dict[str, Any]] = [
             {
-                "name": f"h100-mig-{k:02d}",
+                "name": "h100-{i:03d}",
+                "count": self.whole_nodes,
                 "pool": "h100",
                 "gpus": GPUS_PER_NODE,
                 "gpu_model": "H100",
                 "cpus": GPU_NODE_CPUS,
                 "memory_gib": GPU_NODE_MEMORY_GIB,
-                "mig": {str(g): [options.mig_profile] * per_gpu for g in range(GPUS_PER_NODE)},
             }
+        ]
+        per_gpu = MIG_SLICES // round(mig_weight(options.mig_profile) * MIG_SLICES)
+        for k in range(options.mig_nodes):
+            nodes.append(
+                {
+                    "name": f"h100-mig-{k:02d}",
+                    "pool": "h100",
+                    "gpus": GPUS_PER_NODE,
+                    "gpu_model": "H100",
+                    "cpus": GPU_NODE_CPUS,
+                    "memory_gib": GPU_NODE_MEMORY_GIB,
+                    "mig": {str(g): [options.mig_profile] * per_gpu for g in range(GPUS_PER_NODE)},
+                }
+            )
+        for k, storage in enumerate(self.storages):
+            nodes.append(
+                {
+                    "name": f"prep-{k + 1:02d}",
+                    "pool": "cpu",
+                    "gpus": 0,
+                    "cpus": CPU_NODE_CPUS,
+                    "memory_gib": CPU_NODE_MEMORY_GIB,
+                    "labels": {"storage": storage},
+                }
+            )
+        return nodes
+
+    def draw_teams(self) -> list[dict[str, Any]]:
+        """The teams' JSON; ``self.teams`` are the leaves, the teams users charge to."""
+        options, rng = self.options, self.rng
+        leaf_names = _team_names(options.teams)
+        with_program = options.program and options.teams >= 2
+        top_level = leaf_names[:-2] + [PROGRAM_TEAM] if with_program else list(leaf_names)
+        h100_shares = draw_shares(len(top_level), options.share_alpha, rng)
+        if options.small_teams:
+            plain = [k for k, name in enumerate(top_level) if name != PROGRAM_TEAM]
+            smallest = sorted(plain, key=lambda k: (h100_shares[k], k))[: options.small_teams]
+            h100_shares = shrink_shares(h100_shares, smallest, _small_units(options))
+        cpu_shares = (
+            draw_shares(len(top_level), options.share_alpha, rng) if self.has_cpu_pool else []
         )
-    storages = [options.storages[k % len(options.storages)] for k in range(options.cpu_nodes)]
-    for k, storage in enumerate(storages):
-        nodes.append(
-            {
-                "name": f"prep-{k + 1:02d}",
-                "pool": "cpu",
-                "gpus": 0,
-                "cpus": CPU_NODE_CPUS,
-                "memory_gib": CPU_NODE_MEMORY_GIB,
-                "labels": {"storage": storage},
-            }
-        )
+        teams_json: list[dict[str, Any]] = []
+        effective: dict[str, float] = {}
+        for k, name in enumerate(top_level):
+            share = {"h100": h100_shares[k]}
+            if self.has_cpu_pool:
+                share["cpu"] = cpu_shares[k]
+            teams_json.append({"name": name, "share": share})
+            effective[name] = h100_shares[k]
+        if with_program:
+            first = rng.randint(30, 70)
+            split = _units_to_shares([first * 100, (100 - first) * 100])
+            for name, fraction in zip(leaf_names[-2:], split, strict=True):
+                teams_json.append({"name": name, "parent": PROGRAM_TEAM, "share": fraction})
+                effective[name] = effective[PROGRAM_TEAM] * fraction
+        log_low, log_high = math.log(options.demand_min), math.log(options.demand_max)
+        self.teams = [
+            _Team(name, effective[name], math.exp(rng.uniform(log_low, log_high)))
+            for name in leaf_names
+        ]
+        return teams_json
 
-    # Teams: leaves are the teams users charge to.
-    leaf_names = _team_names(options.teams)
-    with_program = options.program and options.teams >= 2
-    top_level = leaf_names[:-2] + [PROGRAM_TEAM] if with_program else list(leaf_names)
-    h100_shares = draw_shares(len(top_level), options.share_alpha, rng)
-    if options.small_teams:
-        plain = [k for k, name in enumerate(top_level) if name != PROGRAM_TEAM]
-        smallest = sorted(plain, key=lambda k: (h100_shares[k], k))[: options.small_teams]
-        h100_shares = shrink_shares(h100_shares, smallest, _small_units(options))
-    cpu_shares = draw_shares(len(top_level), options.share_alpha, rng) if has_cpu_pool else []
-    teams_json: list[dict[str, Any]] = []
-    effective: dict[str, float] = {}
-    for k, name in enumerate(top_level):
-        share = {"h100": h100_shares[k]}
-        if has_cpu_pool:
-            share["cpu"] = cpu_shares[k]
-        teams_json.append({"name": name, "share": share})
-        effective[name] = h100_shares[k]
-    if with_program:
-        first = rng.randint(30, 70)
-        split = _units_to_shares([first * 100, (100 - first) * 100])
-        for name, fraction in zip(leaf_names[-2:], split, strict=True):
-            teams_json.append({"name": name, "parent": PROGRAM_TEAM, "share": fraction})
-            effective[name] = effective[PROGRAM_TEAM] * fraction
-    log_low, log_high = math.log(options.demand_min), math.log(options.demand_max)
-    teams = [
-        _Team(name, effective[name], math.exp(rng.uniform(log_low, log_high)))
-        for name in leaf_names
-    ]
+    def draw_users(self) -> None:
+        """Users: one per team, the rest by h100 share; activity is heavy-tailed."""
+        options, teams = self.options, self.teams
+        headcount_total = options.users
+        if options.scale_users:
+            headcount_total = max(options.teams, round(options.users * self.scale))
+        per_team = [
+            1 + extra
+            for extra in _largest_remainder(
+                headcount_total - options.teams, [t.h100_share for t in teams]
+            )
+        ]
+        width = max(3, len(str(headcount_total)))
+        users = self.users
+        for leaf, headcount in zip(teams, per_team, strict=True):
+            for _ in range(headcount):
+                users.append((f"u{len(users) + 1:0{width}d}", leaf.name))
+        self.activity = [min(self.rng.paretovariate(1.5), 20.0) for _ in users]
+        self.cum_activity = list(itertools.accumulate(self.activity))
+        self.team_members = {t.name: [] for t in teams}
+        for k, (_, team_name) in enumerate(users):
+            self.team_members[team_name].append(k)
 
-    # Users: one per team, the rest by h100 share; activity is heavy-tailed.
-    headcount_total = options.users
-    if options.scale_users:
-        headcount_total = max(options.teams, round(options.users * scale))
-    per_team = [
-        1 + extra
-        for extra in _largest_remainder(
-            headcount_total - options.teams, [t.h100_share for t in teams]
-        )
-    ]
-    width = max(3, len(str(headcount_total)))
-    users: list[tuple[str, str]] = []
-    for leaf, headcount in zip(teams, per_team, strict=True):
-        for _ in range(headcount):
-            users.append((f"u{len(users) + 1:0{width}d}", leaf.name))
-    activity = [min(rng.paretovariate(1.5), 20.0) for _ in users]
-    cum_activity = list(itertools.accumulate(activity))
-    team_members: dict[str, list[int]] = {t.name: [] for t in teams}
-    for k, (_, team_name) in enumerate(users):
-        team_members[team_name].append(k)
+    def any_user(self) -> tuple[str, str]:
+        users = self.users
+        return users[self.rng.choices(range(len(users)), cum_weights=self.cum_activity)[0]]
 
-    def any_user() -> tuple[str, str]:
-        return users[rng.choices(range(len(users)), cum_weights=cum_activity)[0]]
+    def member_of(self, team_name: str) -> tuple[str, str]:
+        members = self.team_members[team_name]
+        k = self.rng.choices(members, weights=[self.activity[m] for m in members])[0]
+        return self.users[k]
 
-    def member_of(team_name: str) -> tuple[str, str]:
-        members = team_members[team_name]
-        k = rng.choices(members, weights=[activity[m] for m in members])[0]
-        return users[k]
+    def session_time(self, off_share: float) -> int:
+        if self.in_hours.total == 0 or self.rng.random() < off_share:
+            return self.off_hours.draw(self.rng)
+        return self.in_hours.draw(self.rng)
 
-    # Time windows.
-    work = working_windows(horizon, options.tz_offset)
-    in_hours = _Times(work)
-    off = _complement(work, horizon)
-    off_hours = _Times(off) if off else in_hours
-    weekdays = in_hours.total / WORKDAY
+    def sessions(self, rate: float) -> int:
+        return round(rate * self.weekdays * self.scale)
 
-    def session_time(off_share: float) -> int:
-        if in_hours.total == 0 or rng.random() < off_share:
-            return off_hours.draw(rng)
-        return in_hours.draw(rng)
+    # -- requests ---------------------------------------------------------------
 
-    drafts: list[_Draft] = []
-
-    def sessions(rate: float) -> int:
-        return round(rate * weekdays * scale)
-
-    # Batch: a backlog in the first hour, then arrivals up to the target load.
-    # The backlog is drawn after the sessions (so the default draws come in the
-    # order they always did) unless notebooks fill a share of the arrivals, whose
-    # size needs the backlog's work first.
-    team_weights = list(itertools.accumulate(t.h100_share * t.demand for t in teams))
-    # A batch request spans at most a quarter of the whole nodes: 64-GPU jobs need 256 GPUs.
-    max_nodes = max(1, whole_nodes // BATCH_MAX_NODES_DIVISOR)
-    node_table = [(n, w) for n, w in BATCH_NODES if n <= max_nodes]
-    log_short, log_long = math.log(BATCH_MIN_DURATION), math.log(BATCH_MAX_DURATION)
-
-    def batch(submit: int) -> _Draft:
-        team = rng.choices(teams, cum_weights=team_weights)[0]
-        user, _ = member_of(team.name)
-        nodes_wanted = _weighted(rng, node_table)
+    def batch(self, submit: int) -> _Draft:
+        rng = self.rng
+        team = rng.choices(self.teams, cum_weights=self.team_weights)[0]
+        user, _ = self.member_of(team.name)
+        nodes_wanted = _weighted(rng, self.node_table)
+        log_short, log_long = math.log(BATCH_MIN_DURATION), math.log(BATCH_MAX_DURATION)
         duration = _minutes(math.exp(rng.uniform(log_short, log_long)))
         min_runtime = min(duration, rng.choice(BATCH_MIN_RUNTIMES))
         return _Draft(
@@ -747,202 +834,187 @@ def seed_like(options: SeedLikeOptions) -> dict[str, Any]:
             float(GPUS_PER_NODE * nodes_wanted * duration),
         )
 
-    backlog_work = 0.0
-
-    # With arrivals below what a busy pool delivers, the backlog also holds the
-    # difference, so that it still stands at the end of the horizon.
-    short = 0.0 if options.load is None else max(0.0, STANDING_BUSY - options.load)
-    standing_work = short * capacity * horizon
-
-    def draw_backlog() -> None:
-        nonlocal backlog_work
+    def draw_backlog(self) -> None:
+        """Batch work submitted in the first hour. With arrivals below what a busy pool
+        delivers, the backlog also holds the difference, so that it still stands at the
+        end of the horizon."""
+        options = self.options
+        load = options.load
+        short = 0.0 if load is None else max(0.0, STANDING_BUSY - load)
+        standing_work = short * self.capacity * self.horizon
         backlog_gpus = 0
-        while backlog_gpus < options.backlog * capacity:
-            draft = batch(rng.randrange(BACKLOG_WINDOW))
-            drafts.append(draft)
-            backlog_work += draft.gpu_seconds
+        while backlog_gpus < options.backlog * self.capacity:
+            draft = self.batch(self.rng.randrange(BACKLOG_WINDOW))
+            self.drafts.append(draft)
+            self.backlog_work += draft.gpu_seconds
             backlog_gpus += draft.body["gpus"] * draft.body["nodes"]
-        queue_work = backlog_work
-        while backlog_work - queue_work < standing_work:
-            draft = batch(rng.randrange(BACKLOG_WINDOW))
-            drafts.append(draft)
-            backlog_work += draft.gpu_seconds
+        queue_work = self.backlog_work
+        while self.backlog_work - queue_work < standing_work:
+            draft = self.batch(self.rng.randrange(BACKLOG_WINDOW))
+            self.drafts.append(draft)
+            self.backlog_work += draft.gpu_seconds
 
-    if options.interactive_share is not None:
-        draw_backlog()
-
-    def arrivals_from_backlog() -> float:
+    def arrivals_from_backlog(self) -> float:
         """GPU-seconds of h100 work to arrive after the backlog."""
+        options = self.options
         if options.load is not None:
-            return options.load * capacity * horizon
-        return options.offered * capacity * horizon - backlog_work
+            return options.load * self.capacity * self.horizon
+        return options.offered * self.capacity * self.horizon - self.backlog_work
 
-    # Interactive notebooks: a count per weekday, or until they fill their share.
-    notebooks = sessions(options.interactive_per_day) if in_hours.total else 0
-    notebook_work, notebook_target = 0.0, math.inf
-    if options.interactive_share is not None:
-        notebook_target = options.interactive_share * arrivals_from_backlog()
-        notebooks = sys.maxsize if in_hours.total else 0
-    for _ in range(notebooks):
-        if notebook_work >= notebook_target:
-            break
-        user, team = any_user()
-        gpus = _weighted(rng, INTERACTIVE_GPUS)
-        duration = _minutes(rng.uniform(1 * HOUR, 6 * HOUR))
-        min_runtime = min(duration, _minutes(rng.uniform(1 * HOUR, 4 * HOUR)))
-        submit = in_hours.draw(rng)
-        drafts.append(
-            _Draft(
-                submit,
-                {
-                    "user": user,
-                    "team": team,
-                    "submit": submit,
-                    "pool": "h100",
-                    "class": "interactive",
-                    "gpus": gpus,
-                    "nodes": 1,
-                    "cpus": CPUS_PER_GPU * gpus,
-                    "memory_gib": MEMORY_GIB_PER_GPU * gpus,
-                    "min_runtime": min_runtime,
-                    "duration": duration,
-                    "resumable": options.restorable,
-                }
-                | _idle_after(duration, options.idle_share),
-                gpus * duration,
+    def draw_notebooks(self) -> None:
+        """Interactive notebooks: a count per weekday, or until they fill their share."""
+        options, rng = self.options, self.rng
+        in_hours = self.in_hours
+        notebooks = self.sessions(options.interactive_per_day) if in_hours.total else 0
+        notebook_work, notebook_target = 0.0, math.inf
+        if options.interactive_share is not None:
+            notebook_target = options.interactive_share * self.arrivals_from_backlog()
+            notebooks = sys.maxsize if in_hours.total else 0
+        for _ in range(notebooks):
+            if notebook_work >= notebook_target:
+                break
+            user, team = self.any_user()
+            gpus = _weighted(rng, INTERACTIVE_GPUS)
+            duration = _minutes(rng.uniform(1 * HOUR, 6 * HOUR))
+            min_runtime = min(duration, _minutes(rng.uniform(1 * HOUR, 4 * HOUR)))
+            submit = in_hours.draw(rng)
+            self.drafts.append(
+                _Draft(
+                    submit,
+                    {
+                        "user": user,
+                        "team": team,
+                        "submit": submit,
+                        "pool": "h100",
+                        "class": "interactive",
+                        "gpus": gpus,
+                        "nodes": 1,
+                        "cpus": CPUS_PER_GPU * gpus,
+                        "memory_gib": MEMORY_GIB_PER_GPU * gpus,
+                        "min_runtime": min_runtime,
+                        "duration": duration,
+                        "resumable": options.restorable,
+                    }
+                    | _idle_after(duration, options.idle_share),
+                    gpus * duration,
+                )
             )
-        )
-        notebook_work += gpus * duration
+            notebook_work += gpus * duration
 
-    # Debug sessions: whole GPUs, a fraction, or a MIG instance.
-    kinds: list[tuple[str, float]] = [("whole-1", 0.6), ("whole-2", 0.1), ("fraction", 0.15)]
-    kinds.append(("mig", 0.15) if options.mig_nodes else ("fraction", 0.15))
-    debug_sessions = sessions(options.debug_per_day)
-    if options.debug_rate is not None:
-        debug_sessions = round(options.debug_rate * len(users) * weekdays)
-    for _ in range(debug_sessions):
-        user, team = any_user()
-        kind = _weighted(rng, kinds)
-        duration = _minutes(rng.uniform(5 * MINUTE, 40 * MINUTE))
-        min_runtime = min(duration, rng.choice(DEBUG_MIN_RUNTIMES))
-        submit = session_time(options.off_hours)
-        size: dict[str, Any]
+    def draw_debug(self) -> None:
+        """Debug sessions: whole GPUs, a fraction, or a MIG instance."""
+        options, rng = self.options, self.rng
+        kinds: list[tuple[str, float]] = [("whole-1", 0.6), ("whole-2", 0.1), ("fraction", 0.15)]
+        kinds.append(("mig", 0.15) if options.mig_nodes else ("fraction", 0.15))
+        debug_sessions = self.sessions(options.debug_per_day)
+        if options.debug_rate is not None:
+            debug_sessions = round(options.debug_rate * len(self.users) * self.weekdays)
+        for _ in range(debug_sessions):
+            user, team = self.any_user()
+            kind = _weighted(rng, kinds)
+            duration = _minutes(rng.uniform(5 * MINUTE, 40 * MINUTE))
+            min_runtime = min(duration, rng.choice(DEBUG_MIN_RUNTIMES))
+            submit = self.session_time(options.off_hours)
+            size, weight = self.debug_size(kind)
+            self.drafts.append(
+                _Draft(
+                    submit,
+                    {
+                        "user": user,
+                        "team": team,
+                        "submit": submit,
+                        "pool": "h100",
+                        "class": "debug",
+                        **size,
+                        "min_runtime": min_runtime,
+                        "duration": duration,
+                        "resumable": False,
+                    },
+                    weight * duration,
+                )
+            )
+
+    def debug_size(self, kind: str) -> tuple[dict[str, Any], float]:
+        """A debug session's size fields and its GPU weight."""
         if kind == "mig":
-            size = {"mig": options.mig_profile, "cpus": 1, "memory_gib": 16}
-            weight = mig_weight(options.mig_profile)
-        elif kind == "fraction":
-            fraction = rng.choice(DEBUG_FRACTIONS)
+            profile = self.options.mig_profile
+            return {"mig": profile, "cpus": 1, "memory_gib": 16}, mig_weight(profile)
+        if kind == "fraction":
+            fraction = self.rng.choice(DEBUG_FRACTIONS)
             size = {
                 "gpu_fraction": fraction,
                 "cpus": max(1, round(CPUS_PER_GPU * fraction)),
                 "memory_gib": round(MEMORY_GIB_PER_GPU * fraction),
             }
-            weight = fraction
+            return size, fraction
+        gpus = 1 if kind == "whole-1" else 2
+        size = {
+            "gpus": gpus,
+            "nodes": 1,
+            "cpus": CPUS_PER_GPU * gpus,
+            "memory_gib": MEMORY_GIB_PER_GPU * gpus,
+        }
+        return size, float(gpus)
+
+    def draw_dataprep(self) -> None:
+        """Data preparation next to storage."""
+        options, rng = self.options, self.rng
+        labels = sorted(set(self.storages))
+        for _ in range(self.sessions(options.dataprep_per_day) if self.has_cpu_pool else 0):
+            user, team = self.any_user()
+            cpus = rng.choice(DATAPREP_CPUS)
+            duration = _minutes(rng.uniform(1 * HOUR, 8 * HOUR))
+            submit = self.session_time(options.off_hours)
+            self.drafts.append(
+                _Draft(
+                    submit,
+                    {
+                        "user": user,
+                        "team": team,
+                        "submit": submit,
+                        "pool": "cpu",
+                        "class": "dataprep",
+                        "gpus": 0,
+                        "cpus": cpus,
+                        "memory_gib": DATAPREP_MEMORY_GIB_PER_CPU * cpus,
+                        "labels": {"storage": rng.choice(labels)},
+                        "min_runtime": HOUR,
+                        "duration": duration,
+                        "resumable": False,
+                    },
+                    0.0,
+                )
+            )
+
+    def draw_arrivals(self) -> None:
+        """Batch arrivals after the backlog, up to the target load. They are paced by
+        their work, not drawn independently: the k-th one comes when the share of
+        arrival work before it (plus jitter) has arrived at an even pace. Independent
+        times would let the queue drift by days of cluster work."""
+        options, rng, horizon = self.options, self.rng, self.horizon
+        offered = sum(d.gpu_seconds for d in self.drafts)
+        if options.load is not None:
+            target = options.load * self.capacity * horizon + self.backlog_work
         else:
-            gpus = 1 if kind == "whole-1" else 2
-            size = {
-                "gpus": gpus,
-                "nodes": 1,
-                "cpus": CPUS_PER_GPU * gpus,
-                "memory_gib": MEMORY_GIB_PER_GPU * gpus,
-            }
-            weight = float(gpus)
-        drafts.append(
-            _Draft(
-                submit,
-                {
-                    "user": user,
-                    "team": team,
-                    "submit": submit,
-                    "pool": "h100",
-                    "class": "debug",
-                    **size,
-                    "min_runtime": min_runtime,
-                    "duration": duration,
-                    "resumable": False,
-                },
-                weight * duration,
-            )
+            target = options.offered * self.capacity * horizon
+        arrivals: list[_Draft] = []
+        while offered < target:
+            arrivals.append(self.batch(0))
+            offered += arrivals[-1].gpu_seconds
+        curve = _ArrivalCurve(
+            _clip(self.work, BACKLOG_WINDOW), _clip(self.off, BACKLOG_WINDOW), BATCH_IN_HOURS
         )
-
-    # Data preparation next to storage.
-    labels = sorted(set(storages))
-    for _ in range(sessions(options.dataprep_per_day) if has_cpu_pool else 0):
-        user, team = any_user()
-        cpus = rng.choice(DATAPREP_CPUS)
-        duration = _minutes(rng.uniform(1 * HOUR, 8 * HOUR))
-        submit = session_time(options.off_hours)
-        drafts.append(
-            _Draft(
-                submit,
-                {
-                    "user": user,
-                    "team": team,
-                    "submit": submit,
-                    "pool": "cpu",
-                    "class": "dataprep",
-                    "gpus": 0,
-                    "cpus": cpus,
-                    "memory_gib": DATAPREP_MEMORY_GIB_PER_CPU * cpus,
-                    "labels": {"storage": rng.choice(labels)},
-                    "min_runtime": HOUR,
-                    "duration": duration,
-                    "resumable": False,
-                },
-                0.0,
-            )
-        )
-
-    if options.interactive_share is None:
-        draw_backlog()
-    # Arrivals are paced by their work, not drawn independently: the k-th one comes
-    # when the share of arrival work before it (plus jitter) has arrived at an even
-    # pace. Independent times would let the queue drift by days of cluster work.
-    offered = sum(d.gpu_seconds for d in drafts)
-    if options.load is not None:
-        target = options.load * capacity * horizon + backlog_work
-    else:
-        target = options.offered * capacity * horizon
-    arrivals: list[_Draft] = []
-    while offered < target:
-        arrivals.append(batch(0))
-        offered += arrivals[-1].gpu_seconds
-    curve = _ArrivalCurve(_clip(work, BACKLOG_WINDOW), _clip(off, BACKLOG_WINDOW), BATCH_IN_HOURS)
-    arrival_work = sum(d.gpu_seconds for d in arrivals)
-    jitter = BATCH_JITTER / (horizon - BACKLOG_WINDOW)
-    paced = 0.0
-    for draft in arrivals:
-        q = (paced + draft.gpu_seconds / 2) / arrival_work
-        jittered = q + rng.uniform(-jitter, jitter)
-        q = jittered if 0 <= jittered < 1 else q  # no pile-up at the ends
-        paced += draft.gpu_seconds
-        draft.submit = curve.at(q)
-        draft.body["submit"] = draft.submit
-    drafts.extend(arrivals)
-
-    drafts.sort(key=lambda d: d.submit)  # stable: ties keep the order they were drawn in
-    id_width = max(6, len(str(len(drafts))))
-    requests = [{"id": f"r{k + 1:0{id_width}d}", **d.body} for k, d in enumerate(drafts)]
-
-    policy: dict[str, Any] = {"name": "budget"}
-    if options.lookback is not None:
-        policy["lookback"] = _number(options.lookback)
-    if options.max_min_runtime is not None:
-        policy["max_min_runtime"] = _number(options.max_min_runtime)
-    pools = [{"name": "h100", "kind": "gpu"}]
-    if has_cpu_pool:
-        pools.append({"name": "cpu", "kind": "cpu"})
-    return {
-        "name": options.name or f"seed-like-{options.gpus}g-{options.days}d-s{options.seed}",
-        "horizon": horizon,
-        "policy": policy,
-        "pools": pools,
-        "nodes": nodes,
-        "teams": teams_json,
-        "usage": [],
-        "requests": requests,
-        "events": [],
-    }
+        arrival_work = sum(d.gpu_seconds for d in arrivals)
+        jitter = BATCH_JITTER / (horizon - BACKLOG_WINDOW)
+        paced = 0.0
+        for draft in arrivals:
+            q = (paced + draft.gpu_seconds / 2) / arrival_work
+            jittered = q + rng.uniform(-jitter, jitter)
+            q = jittered if 0 <= jittered < 1 else q  # no pile-up at the ends
+            paced += draft.gpu_seconds
+            draft.submit = curve.at(q)
+            draft.body["submit"] = draft.submit
+        self.drafts.extend(arrivals)
 
 
 def _number(value: float) -> int | float:

@@ -504,14 +504,7 @@ def alibaba_openb_scenario(
 ) -> tuple[dict[str, Any], ImportReport]:
     """A scenario from the Alibaba trace, and what was kept and skipped."""
     options = options or ImportOptions()
-    if options.teams < 1:
-        raise InputError("--teams", f"{options.teams} is not a number of teams >= 1")
-    if options.users_per_team < 1:
-        raise InputError("--users-per-team", f"{options.users_per_team} is not >= 1")
-    if not math.isfinite(options.skew) or options.skew < 0:
-        raise InputError("--team-skew", f"{options.skew} is not a number >= 0")
-    if not math.isfinite(options.time_scale) or options.time_scale <= 0:
-        raise InputError("--time-scale", f"{options.time_scale} is not a number > 0")
+    _check(options)
     scale = options.time_scale
     settings = _DEFAULTS
     report = ImportReport(tasks=len(tasks))
@@ -528,7 +521,66 @@ def alibaba_openb_scenario(
         if t is not None
     ]
     trace_end = max(times, default=0.0)
+    kept = _kept_tasks(tasks, pool_nodes, pools, trace_end, report)
 
+    start_of_trace = min((submit for _, _, submit, _ in kept), default=0.0)
+    names = team_names(options.teams)
+    weights = team_weights(options.teams, options.skew)
+    cumulative = [sum(weights[: k + 1]) for k in range(len(weights))]
+    requests: list[dict[str, Any]] = []
+    horizon = (trace_end - start_of_trace) / scale
+    for task, pool, trace_submit, duration in kept:
+        submit = start_of_trace + (trace_submit - start_of_trace) / scale
+        team_index = min(
+            bisect_right(cumulative, stable_fraction("team", task.name)), options.teams - 1
+        )
+        team = names[team_index]
+        user = int(stable_fraction("user", task.name) * options.users_per_team)
+        request = _request_entry(task, pool, duration, settings)
+        request.update(user=f"{team}-u{user:02d}", team=team)
+        request["submit"] = _seconds(submit - start_of_trace)
+        requests.append(request)
+        horizon = max(horizon, submit - start_of_trace + duration)
+    requests.sort(key=lambda r: (r["submit"], r["id"]))
+    report.imported = len(requests)
+
+    scenario: dict[str, Any] = {
+        "name": options.name,
+        "horizon": math.ceil(horizon),
+        "policy": {"name": settings.name},
+        "pools": [{"name": p, "kind": "gpu" if p == GPU_POOL else "cpu"} for p in pools],
+        "nodes": [_node_entry(n) for n in nodes],
+        "teams": [
+            {"name": name, "share": {p: math.floor(w * 1e6) / 1e6 for p in pools}}
+            for name, w in zip(names, weights, strict=True)
+        ],
+        "requests": requests,
+    }
+    return scenario, report
+
+
+def _check(options: ImportOptions) -> None:
+    """Raise InputError naming the flag of the first option out of range."""
+    if options.teams < 1:
+        raise InputError("--teams", f"{options.teams} is not a number of teams >= 1")
+    if options.users_per_team < 1:
+        raise InputError("--users-per-team", f"{options.users_per_team} is not >= 1")
+    if not math.isfinite(options.skew) or options.skew < 0:
+        raise InputError("--team-skew", f"{options.skew} is not a number >= 0")
+    if not math.isfinite(options.time_scale) or options.time_scale <= 0:
+        raise InputError("--time-scale", f"{options.time_scale} is not a number > 0")
+
+
+def _kept_tasks(
+    tasks: Sequence[TraceTask],
+    pool_nodes: Mapping[str, Sequence[TraceNode]],
+    pools: Sequence[str],
+    trace_end: float,
+    report: ImportReport,
+) -> list[tuple[TraceTask, str, float, float]]:
+    """The tasks that ran and fit a node of their pool, each with its pool, its submit
+    time in the trace and its run length; what is skipped or filled in is counted in
+    ``report``."""
     kept: list[tuple[TraceTask, str, float, float]] = []
     for task in tasks:
         if task.pod_phase in SKIPPED_PHASES:
@@ -556,57 +608,28 @@ def alibaba_openb_scenario(
             report.fallbacks["deletion_time at trace end"] += 1
             end = trace_end
         kept.append((task, pool, submit, max(1.0, end - start)))
+    return kept
 
-    start_of_trace = min((submit for _, _, submit, _ in kept), default=0.0)
-    names = team_names(options.teams)
-    weights = team_weights(options.teams, options.skew)
-    cumulative = [sum(weights[: k + 1]) for k in range(len(weights))]
-    requests: list[dict[str, Any]] = []
-    horizon = (trace_end - start_of_trace) / scale
-    for task, pool, trace_submit, duration in kept:
-        submit = start_of_trace + (trace_submit - start_of_trace) / scale
-        team_index = min(
-            bisect_right(cumulative, stable_fraction("team", task.name)), options.teams - 1
-        )
-        team = names[team_index]
-        user = int(stable_fraction("user", task.name) * options.users_per_team)
-        shape = task.shape
-        klass = request_class(task.qos, shape.gpu_weight, duration, settings)
-        request: dict[str, Any] = {
-            "id": task.name,
-            "user": f"{team}-u{user:02d}",
-            "team": team,
-            "submit": _seconds(submit - start_of_trace),
-            "pool": pool,
-        }
-        if shape.gpus:
-            request["gpus"] = shape.gpus
-        elif shape.gpu_milli:
-            request["gpu_fraction"] = shape.gpu_milli / MILLI
-        # A scenario needs sizes > 0; a pod that asked for none gets the smallest unit.
-        request["cpus"] = max(task.cpu_milli, 1) / MILLI
-        request["memory_gib"] = max(task.memory_mib, 1) / 1024
-        request["min_runtime"] = _seconds(min(MIN_RUNTIME[klass], duration))
-        request["duration"] = _seconds(duration)
-        request["class"] = klass.value
-        requests.append(request)
-        horizon = max(horizon, submit - start_of_trace + duration)
-    requests.sort(key=lambda r: (r["submit"], r["id"]))
-    report.imported = len(requests)
 
-    scenario: dict[str, Any] = {
-        "name": options.name,
-        "horizon": math.ceil(horizon),
-        "policy": {"name": settings.name},
-        "pools": [{"name": p, "kind": "gpu" if p == GPU_POOL else "cpu"} for p in pools],
-        "nodes": [_node_entry(n) for n in nodes],
-        "teams": [
-            {"name": name, "share": {p: math.floor(w * 1e6) / 1e6 for p in pools}}
-            for name, w in zip(names, weights, strict=True)
-        ],
-        "requests": requests,
-    }
-    return scenario, report
+def _request_entry(
+    task: TraceTask, pool: str, duration: float, settings: Settings
+) -> dict[str, Any]:
+    """A kept task's request, keys in the scenario's order (user, team and submit time
+    are the caller's)."""
+    shape = task.shape
+    klass = request_class(task.qos, shape.gpu_weight, duration, settings)
+    request: dict[str, Any] = {"id": task.name, "user": "", "team": "", "submit": 0, "pool": pool}
+    if shape.gpus:
+        request["gpus"] = shape.gpus
+    elif shape.gpu_milli:
+        request["gpu_fraction"] = shape.gpu_milli / MILLI
+    # A scenario needs sizes > 0; a pod that asked for none gets the smallest unit.
+    request["cpus"] = max(task.cpu_milli, 1) / MILLI
+    request["memory_gib"] = max(task.memory_mib, 1) / 1024
+    request["min_runtime"] = _seconds(min(MIN_RUNTIME[klass], duration))
+    request["duration"] = _seconds(duration)
+    request["class"] = klass.value
+    return request
 
 
 def _node_entry(node: TraceNode) -> dict[str, Any]:
