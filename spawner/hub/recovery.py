@@ -1,9 +1,9 @@
 """Restart recovery: running sessions and the queue as the store and the engines left
 them, taken back into a new core.
 
-A session the store says runs is adopted when its container runs, or when its node
+A session the store says runs is adopted when it still runs, or when its node
 does not answer yet (it may well still run); otherwise its slices are released.
-Containers of this Hub that ended while no Hub watched are removed. Waiting
+Sessions of this Hub that ended while no Hub watched are removed. Waiting
 requests re-enter the queue at their old place; their spawn options, the notices
 users still have to read, and how often a debug session was stopped before it ran
 its course (which sets its protection on its next start) come back from the event
@@ -13,13 +13,13 @@ log.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler_core.model import Health, Team
 from scheduler_core.scheduler import Scheduler
-from scheduler_core.store import RequestState, Store
+from scheduler_core.store import EventRecord, RequestState, Store
 from spawner.hubapi import split_request_id
 from spawner.readmodel.status import notices_from
 from spawner.runtime.actuator import SessionActuator
@@ -45,6 +45,29 @@ async def recover(
     lookback: float,
 ) -> Recovered:
     """Take the store's running sessions and queue back into ``core``."""
+    found, unknown = await _survey_nodes(core, actuator, now)
+    await _report_strangers(store, actuator, found, unknown, now)
+    recovered = Recovered()
+    _adopt_sessions(core, store, actuator, found, unknown, now, recovered)
+    events = store.list_events()
+    _requeue(core, store, teams, events, recovered)
+    # Kept in the event log, so a Hub restart does not forget them.
+    recovered.notices = notices_from(e for e in events if e.time >= now - lookback)
+    for event in events:
+        if event.kind != "submit":
+            continue
+        request_id = str(event.payload.get("request", ""))
+        if request_id in core.pending or request_id in core.running:
+            recovered.options[request_id] = dict(event.payload.get("options", {}))
+    return recovered
+
+
+async def _survey_nodes(
+    core: Scheduler, actuator: SessionActuator, now: float
+) -> tuple[dict[str, Mapping[str, str]], set[str]]:
+    """(the labels of this Hub's running sessions by request id, the nodes that did not
+    answer): each node's health set in ``core``; sessions that ended while no Hub
+    watched are removed, as nothing holds them any more."""
     found: dict[str, Mapping[str, str]] = {}
     unknown: set[str] = set()
     """Nodes whose engine did not answer: their sessions may well still run."""
@@ -60,13 +83,23 @@ async def recover(
                 actuator.mark_unreachable(name, now)
                 unknown.add(name)
             continue
-        for container in await backend.sessions(actuator.hub_name):
-            request_id = container.labels.get(f"{LABEL_PREFIX}.request", "")
-            if container.running:
-                found[request_id] = container.labels
+        for session in await backend.sessions(actuator.hub_name):
+            request_id = session.labels.get(f"{LABEL_PREFIX}.request", "")
+            if session.running:
+                found[request_id] = session.labels
             else:  # ended while no Hub watched: nothing holds it any more
-                await backend.remove(container.id)
-    recovered = Recovered()
+                await backend.remove(session.id)
+    return found, unknown
+
+
+async def _report_strangers(
+    store: Store,
+    actuator: SessionActuator,
+    found: Mapping[str, Mapping[str, str]],
+    unknown: set[str],
+    now: float,
+) -> None:
+    """Log and record what runs that the store does not know. Reported, never killed."""
     active = {a.id for a in store.active_allocations()}
     for request_id in sorted(set(found) - active):
         # Running, labelled by this Hub, but not a session the store holds: it holds
@@ -83,6 +116,19 @@ async def recover(
                     "budgethub: node %s: a job budgethub did not start: %s", name, job
                 )
                 store.append_event(now, "unknown", {"node": name, "job": job})
+
+
+def _adopt_sessions(
+    core: Scheduler,
+    store: Store,
+    actuator: SessionActuator,
+    found: Mapping[str, Mapping[str, str]],
+    unknown: set[str],
+    now: float,
+    recovered: Recovered,
+) -> None:
+    """The store's running sessions: adopted when found running (or on a node that did
+    not answer), their ports held; the others' slices released."""
     for allocation in store.active_allocations():
         kept = allocation.id in found or bool(unknown & set(allocation.node_names))
         if kept and allocation.request.pool in core.pools:
@@ -97,10 +143,20 @@ async def recover(
                 allocation.id,
                 max(now, allocation.start),
                 state=RequestState.FINISHED,
-                reason="its container was gone when the Hub started",
+                reason="its session was gone when the Hub started",
             )
+
+
+def _requeue(
+    core: Scheduler,
+    store: Store,
+    teams: tuple[Team, ...],
+    events: Sequence[EventRecord],
+    recovered: Recovered,
+) -> None:
+    """Waiting requests back in the queue at their old place; those whose pool or team
+    is no longer configured cancelled."""
     team_names = {t.name for t in teams}
-    events = store.list_events()
     # A waiting request was stopped once per preempt event (request ids are new on each
     # spawn): the count sets a debug session's protection on its next start.
     stops = Counter(str(e.payload.get("request", "")) for e in events if e.kind == "preempt")
@@ -112,15 +168,6 @@ async def recover(
             continue
         core.submit(request, stops.get(request.id, 0))
         _note(recovered, request.id)
-    # Kept in the event log, so a Hub restart does not forget them.
-    recovered.notices = notices_from(e for e in events if e.time >= now - lookback)
-    for event in events:
-        if event.kind != "submit":
-            continue
-        request_id = str(event.payload.get("request", ""))
-        if request_id in core.pending or request_id in core.running:
-            recovered.options[request_id] = dict(event.payload.get("options", {}))
-    return recovered
 
 
 def _note(recovered: Recovered, request_id: str) -> None:
