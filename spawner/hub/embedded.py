@@ -16,14 +16,13 @@ import asyncio
 import secrets
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tornado.httpclient import HTTPClientError
 
-from scheduler_core.ledger import UsageLedger
 from scheduler_core.model import Allocation, Health, Node, Pool, Request, Team
 from scheduler_core.scenario import why_unplaceable
 from scheduler_core.scheduler import Scheduler, WallClock
@@ -35,7 +34,7 @@ from spawner.hub.config import SchedulerConfig
 from spawner.hub.notify import StartHookConfig, call_hook
 from spawner.hub.recovery import recover
 from spawner.hubapi import HubClient, split_request_id
-from spawner.readmodel.status import QueueStatus, QueueView
+from spawner.readmodel.status import QueueStatus, QueueView, usage_ledger
 from spawner.runtime.actuator import (
     Agent,
     LaunchFailed,
@@ -46,7 +45,7 @@ from spawner.runtime.actuator import (
     Timeouts,
     snapshot_sentence,
 )
-from spawner.runtime.snapshots import KEY_PATTERN, Layout
+from spawner.runtime.snapshots import KEY_PATTERN, SnapshotLayout
 
 ADMIN_CHECK = 0.5
 """Seconds between looks for admin changes (one small query) before a cycle."""
@@ -202,7 +201,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
             runtimes=cluster.runtimes,
         )
 
-    def layout(self) -> Layout:
+    def layout(self) -> SnapshotLayout:
         """Where homes and snapshots live (docs/snapshots.md)."""
         home = Path(self.home_root).resolve() if self.home_root else None
         if self.snapshot_root:
@@ -211,7 +210,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
             snapshots = home.parent / "snapshots"
         else:
             snapshots = Path("snapshots").resolve()
-        return Layout(self.hub_name, home, snapshots)
+        return SnapshotLayout(self.hub_name, home, snapshots)
 
     async def _start(self) -> None:
         self.build()
@@ -223,8 +222,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         store.save_pools(self.core_pools.values())
         store.save_teams(self.core_teams)
         store.save_nodes(self.node_list, {n: e.url for n, e in self.actuator.engines.items()})
-        ledger = UsageLedger()
-        self._replay_usage(ledger, now - self.settings.lookback)
+        ledger = usage_ledger(store, now - self.settings.lookback)
         self.core = Scheduler(
             self.settings,
             self.core_pools.values(),
@@ -256,15 +254,6 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
             len(self.core.pending),
         )
         self.kick()
-
-    def _replay_usage(self, ledger: UsageLedger, since: float) -> None:
-        for team, pool, start, end, units in self.store.usage_records(since):
-            if end > start:
-                rate = units / (end - start)
-                ledger.start_charging(team, pool, start, rate)
-                ledger.stop_charging(team, pool, end, rate)
-            else:
-                ledger.add(team, pool, end, units)
 
     # -- what an admin changed through the budget service ---------------------------------
 
@@ -304,8 +293,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         ledger = None
         if merged.settings.lookback > old_lookback:
             # Usage older than the old window was never replayed: read it again.
-            ledger = UsageLedger()
-            self._replay_usage(ledger, time.time() - merged.settings.lookback)
+            ledger = usage_ledger(self.store, time.time() - merged.settings.lookback)
             for allocation in self.core.running.values():
                 if allocation.funded:
                     ledger.start_charging(
@@ -633,7 +621,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         """Remove the session's container (bounded) and free what it held."""
         actuator: SessionActuator | None = getattr(self, "actuator", None)
         if actuator is not None:
-            await actuator.stop_container(node, container_id, request_id)
+            await actuator.stop_session(node, container_id, request_id)
         if self.started and request_id:
             self.finish(request_id)
 
@@ -705,9 +693,6 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
 
     def queue_status(self, request_id: str) -> QueueStatus | None:
         return self.view.queue_status(request_id)
-
-    def why_behind(self, request_id: str, passed_by: Iterable[str]) -> str:
-        return self.view.why_behind(request_id, passed_by)
 
     def team_of_groups(self, groups: list[str]) -> list[str]:
         """The user's groups that are teams with an allocation."""

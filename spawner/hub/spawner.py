@@ -27,7 +27,6 @@ from traitlets import Integer, List, default
 
 from scheduler_core.model import Allocation, Request
 from scheduler_core.store import RequestState
-from scheduler_core.verdict import message
 from spawner.hub.embedded import BudgetScheduler, LaunchFailed, QueueStatus, SessionLaunch, Waiter
 from spawner.profiles import (
     FORM_FIELDS,
@@ -44,7 +43,7 @@ from spawner.profiles import (
     resolve,
     snapshot_choice,
 )
-from spawner.readmodel.status import Outlook
+from spawner.readmodel.status import Outlook, estimate_words, not_funded_words, verdict_words
 from spawner.runtime.actuator import Agent
 from spawner.runtime.spec import DEFAULT_PIDS_LIMIT, SessionIdentity
 
@@ -107,34 +106,6 @@ DEFAULT_PROFILES: list[dict[str, Any]] = [
 
 def _clock(epoch: float) -> str:
     return time.strftime("%H:%M", time.localtime(epoch))
-
-
-def estimate_words(
-    funded: bool | None,
-    estimated: float | None,
-    now: float,
-    *,
-    starts_now: bool = False,
-    basis: str = "",
-) -> str:
-    """When it should start and what that rests on, in words (the queue message, the
-    form and the Hub's pages say the same): the next cycle run dry starts it now, or
-    the scheduler run forward from the live state starts it at ``estimated``
-    (`scheduler_core.forecast`); for work that would run unallocated that is no promise."""
-    if starts_now:
-        return "starts now"
-    if estimated is None and funded is False:
-        return "no start time can be promised: it starts when running sessions end"
-    if estimated is None:
-        return "no estimate: the scheduler run forward does not start it within 14 days"
-    rests = f", if {basis}" if basis else " (the scheduler run forward)"
-    if estimated <= now + 60:
-        when = "starts within a minute"
-    else:
-        when = f"estimated start about {_clock(estimated)}"
-    if funded is False:
-        return f"{when}, not promised (it would run unallocated){rests}"
-    return f"{when}{rests}"
 
 
 def outlook_words(outlook: Outlook) -> str:
@@ -648,7 +619,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             restore=self._restore_key(),
         )
         session = await scheduler.start_session(allocation, ask)
-        self.runtime_id = session.container_id
+        self.runtime_id = session.runtime_id
         self.port = session.port
         self.ip = session.address
         self.agent = scheduler.agents.get(request_id)
@@ -717,16 +688,14 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
                 if status.budget_used is not None
                 else ""
             )
-            why = (
-                message(status.ground).removeprefix("not funded: ")
-                if status.ground
-                else "over what your team's allocation funds now"
-            )
+            why = not_funded_words(status.ground)  # its verdict's words
             funding = (
                 f"{why} (its funded sessions hold {status.team_funded:.3g} {status.unit}, its "
                 f"share is {status.team_share:.3g} {status.unit}{used}): it will run "
                 "unallocated (preemptible)"
             )
+        if status.reason:  # where the dry run placed it, or why not (its verdict's words)
+            funding = f"{funding}; {verdict_words(status.reason)}"
         eta = "; " + estimate_words(
             status.funded,
             status.estimated_start,
@@ -754,9 +723,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             if self._phase == "queued" and self.request_id:
                 status = scheduler.queue_status(self.request_id)
                 if status is not None and shown is not None:
-                    if status.position > shown.position:
-                        why = scheduler.why_behind(self.request_id, status.ahead - shown.ahead)
-                        moved = f" (moved back from {shown.position}: {why})"
+                    if status.position > shown.position:  # the order says why: teams rank again
+                        moved = f" (moved back from {shown.position})"
                     elif status.position < shown.position:
                         moved = ""
                 if status is not None:

@@ -1,17 +1,22 @@
 """The queue and budget read model: where a request is, why it waits, what a team's
 budget looks like, and the notices a user still has to read.
 
-The one place that answers these, for the spawn page now and the budget service
-later, so both always agree. It only reads the core's state (and the event log,
-for notices); it changes nothing.
+The one place that answers these, for the Hub's pages and the budget service, so
+both always agree. It only reads the core's state (and the event log, for notices);
+it changes nothing.
+
+Why a request waits is said in one way only: the codes of its verdict (where it went
+or why not, and its funding ground) in the words of `scheduler_core.verdict.MESSAGES`,
+through `verdict_words`. No page writes a reason of its own.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import select
 
@@ -24,12 +29,13 @@ from scheduler_core.forecast import (
     run_forward,
     standing,
 )
+from scheduler_core.ledger import UsageLedger
 from scheduler_core.model import Health, NodeGrant, PoolKind, Request, RequestClass
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.store import EventRecord, Store
 from scheduler_core.store.models import AllocationRow, RequestRow
 from scheduler_core.verdict import message
-from scheduler_core.view import ClusterView
+from scheduler_core.view import ClusterView, Decisions
 from spawner.hubapi import split_request_id
 
 NOTICE_EVENTS = ("submit", "preempt", "exit")
@@ -94,6 +100,57 @@ def plural(n: float, word: str, many: str | None = None) -> str:
     return f"{text} {word if n == 1 else (many or word + 's')}"
 
 
+NO_VERDICT = "not weighed yet: no cycle has looked at it (its pool may take no new work)"
+"""What `verdict_words` says when a request has no verdict codes: the dry run did not
+look at it (no node of its pool takes new work), or the policy gives no verdicts."""
+
+
+def verdict_words(*codes: str) -> str:
+    """Why a request waits, or would run unallocated: the words of its verdict codes
+    (`verdict.MESSAGES`, through `verdict.message`), joined by ``; ``. The one way every
+    page, the JSON API and the queue message say why; `NO_VERDICT` for no code."""
+    said = [message(code) for code in codes if code]
+    return "; ".join(said) if said else NO_VERDICT
+
+
+def not_funded_words(ground: str) -> str:
+    """Why a request is not funded, in its verdict's words without their ``not funded:``
+    lead (the sentence around them says so)."""
+    return verdict_words(ground).removeprefix("not funded: ")
+
+
+def _clock(epoch: float) -> str:
+    return time.strftime("%H:%M", time.localtime(epoch))
+
+
+def estimate_words(
+    funded: bool | None,
+    estimated: float | None,
+    now: float,
+    *,
+    starts_now: bool = False,
+    basis: str = "",
+) -> str:
+    """When it should start and what that rests on, in words (the queue message, the
+    form and the Hub's pages say the same): the next cycle run dry starts it now, or
+    the scheduler run forward from the live state starts it at ``estimated``
+    (`scheduler_core.forecast`); for work that would run unallocated that is no promise."""
+    if starts_now:
+        return "starts now"
+    if estimated is None and funded is False:
+        return "no start time can be promised: it starts when running sessions end"
+    if estimated is None:
+        return "no estimate: the scheduler run forward does not start it within 14 days"
+    rests = f", if {basis}" if basis else " (the scheduler run forward)"
+    if estimated <= now + 60:
+        when = "starts within a minute"
+    else:
+        when = f"estimated start about {_clock(estimated)}"
+    if funded is False:
+        return f"{when}, not promised (it would run unallocated){rests}"
+    return f"{when}{rests}"
+
+
 @dataclass(frozen=True, slots=True)
 class QueueStatus:
     """Where a waiting request stands, for ``progress()``."""
@@ -118,8 +175,6 @@ class QueueStatus:
     """The team's charged usage over the window, as a fraction of its budget."""
     window_days: float = 7.0
     """The lookback window, in days."""
-    ahead: frozenset[str] = frozenset()
-    """The requests ahead of this one now."""
     other_teams: bool = False
     """Requests of other teams wait in the pool too (so the order can move)."""
     team_status: TeamStatus | None = None
@@ -130,6 +185,28 @@ class QueueStatus:
     """What ``estimated_start`` rests on, in words (`History.basis`)."""
     ground: str = ""
     """The verdict's funding ground or why not funded (a `verdict` code; "": none)."""
+    reason: str = ""
+    """The verdict's placement, or why it was not placed (a `verdict` code; "": none)."""
+
+    @property
+    def why(self) -> str:
+        """Why it waits: its verdict's placement and funding codes in their words."""
+        return verdict_words(self.reason, self.ground)
+
+    @property
+    def label(self) -> str:
+        return f"queued, position {self.position} of {self.waiting}"
+
+    @property
+    def estimate(self) -> str:
+        """When it should start, in words, as of now (`estimate_words`)."""
+        return estimate_words(
+            self.funded,
+            self.estimated_start,
+            time.time(),
+            starts_now=self.starts_now,
+            basis=self.basis,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,24 +274,35 @@ class Outlook:
     """What ``estimated_start`` rests on, in words (`History.basis`)."""
 
 
-def unallocated_why(status: TeamStatus, who: str = "your team", ground: str = "") -> str:
-    """Why a request of the team would run unallocated: the policy's verdict in its words
-    (``ground``, a `verdict` code) with the team's figures (the queue message's words; the
-    budget service's My budget and Queue pages say the same)."""
+def unallocated_why(status: TeamStatus, ground: str = "") -> str:
+    """Why a request of the team would run unallocated: its verdict's funding code in
+    its words (`not_funded_words`), with the team's figures beside them."""
+    words = not_funded_words(ground)
     if status.share <= 0:
-        return f"{who} has no share of the {status.pool} pool"
-    figures = (
-        f"its funded sessions hold {amount(status.funded)} {status.unit}, its share is "
-        f"{amount(status.share)} {status.unit}"
-        + (
-            f"; {percent(status.budget_used)} of its {status.window_days:g}-day budget used"
-            if status.budget_used is not None
-            else ""
-        )
+        return words
+    used = (
+        f"; {percent(status.budget_used)} of its {status.window_days:g}-day budget used"
+        if status.budget_used is not None
+        else ""
     )
-    if ground:
-        return f"{message(ground).removeprefix('not funded: ')} ({figures})"
-    return f"over what {who}'s allocation funds now ({figures})"
+    return (
+        f"{words} (its funded sessions hold {amount(status.funded)} {status.unit}, its share "
+        f"is {amount(status.share)} {status.unit}{used})"
+    )
+
+
+def usage_ledger(store: Store, since: float) -> UsageLedger:
+    """The charged usage the store recorded since ``since``, replayed into a ledger (the
+    Hub's core at its start and the budget service's model both start from it)."""
+    ledger = UsageLedger()
+    for team, pool, start, end, units in store.usage_records(since):
+        if end > start:
+            rate = units / (end - start)
+            ledger.start_charging(team, pool, start, rate)
+            ledger.stop_charging(team, pool, end, rate)
+        else:
+            ledger.add(team, pool, end, units)
+    return ledger
 
 
 def notices_from(events: Iterable[EventRecord]) -> dict[tuple[str, str], str]:
@@ -275,9 +363,12 @@ class QueueView:
         """The time answers are given for (the wall clock; a store's model, its build time)."""
         """Where past sessions' lengths are read (None: estimates rest on protection)."""
         self._stale = True
+        self._decisions = Decisions()
         self._forecasts: dict[str, Forecast] = {}
         self._order: dict[str, list[str]] = {}
-        """Per pool, the waiting requests in the order the dry run's cycle used."""
+        """Per pool, the waiting requests in the order the dry run's cycle used (those
+        it did not look at last)."""
+        self._statuses: dict[str, QueueStatus] | None = None
         self._forward: ForwardRun | None = None
         self._outlooks: dict[tuple[object, ...], Outlook] = {}
         self._history: tuple[float, History] | None = None
@@ -286,21 +377,29 @@ class QueueView:
         """A cycle ran: forecasts are worked out again when next asked."""
         self._stale = True
 
-    def _fresh(self, request_id: str | None = None) -> float:
-        """The dry run of the next cycle, made again if a cycle ran since (or a request
-        is not in it yet); returns the time it is made for."""
+    def _fresh(self) -> float:
+        """The dry run of the next cycle, made again if a cycle ran since (or a waiting
+        request is not in it yet); returns the time it is made for."""
         now = self.clock()
-        if self._stale or (request_id is not None and request_id not in self._forecasts):
-            decisions, self._forecasts = standing(self.core.view(now), now)
-            pools = {r: q.pool for r, q in self.core.pending.items()}
+        pending = self.core.pending
+        if self._stale or any(r not in self._forecasts for r in pending):
+            self._decisions, self._forecasts = standing(self.core.view(now), now)
             self._order = {}
-            for request_id_ in decisions.order:
-                if request_id_ in pools:
-                    self._order.setdefault(pools[request_id_], []).append(request_id_)
+            listed = set()
+            for request_id in (*self._decisions.order, *pending):
+                if request_id in pending and request_id not in listed:
+                    listed.add(request_id)
+                    self._order.setdefault(pending[request_id].pool, []).append(request_id)
+            self._statuses = None
             self._forward = None
             self._outlooks = {}
             self._stale = False
         return now
+
+    def dry_run(self) -> Decisions:
+        """The next cycle, run dry on the live state (what positions and funding rest on)."""
+        self._fresh()
+        return self._decisions
 
     def history(self) -> History:
         """Past sessions' lengths per profile, from the store (read again each minute)."""
@@ -319,55 +418,60 @@ class QueueView:
         return self._forward.start(request_id)
 
     def queue_status(self, request_id: str) -> QueueStatus | None:
-        """Position in the queue (overall in the pool, inside the team) and an estimate."""
-        core = self.core
-        request = core.pending.get(request_id)
-        if request is None:
+        """Position in the queue (overall in the pool, inside the team), why it waits and
+        its estimate."""
+        if request_id not in self.core.pending:
             return None
-        self._fresh(request_id)
-        said = self._forecasts.get(request_id)
-        if said is None:
+        found = self.statuses().get(request_id)
+        if found is None:
             return None
-        same_pool = self._order.get(request.pool, [])
-        team = [r for r in same_pool if r in core.pending and core.pending[r].team == request.team]
-        if request_id not in team:
-            team.append(request_id)
-        pool = request.pool
-        estimated = self.estimate(request_id)
-        return QueueStatus(
-            position=said.position,
-            waiting=said.waiting,
-            team_position=team.index(request_id) + 1,
-            team_waiting=len(team),
-            funded=said.funded,
-            protected_s=said.protected_s,
-            estimated_start=estimated,
-            unit="CPU" if core.pools[pool].kind is PoolKind.CPU else "GPU",
-            team_funded=core.funded_rate(request.team, pool),
-            team_share=core.teams.share(request.team, pool) * core.capacity[pool],
-            budget_used=self.budget_used(request.team, pool),
-            window_days=core.settings.lookback / 86400,
-            ahead=frozenset(same_pool[: said.position - 1]),
-            other_teams=len(team) < said.waiting,
-            team_status=self.team_status(request.team, pool),
-            starts_now=said.starts_now,
-            basis=self.history().basis(),
-            ground=said.ground,
-        )
+        return replace(found, estimated_start=self.estimate(request_id))
 
-    def why_behind(self, request_id: str, passed_by: Iterable[str]) -> str:
-        """Why requests that were not ahead of this one are ahead now (the policy ranks
-        teams again after every admission), in words for its user."""
-        request = self.core.pending.get(request_id)
-        others = [self.core.pending[r] for r in passed_by if r in self.core.pending]
-        if request is None or not others:
-            return "the queue was weighed again"
-        reasons = []
-        if any(r.team != request.team for r in others):
-            reasons.append("other teams are further under their share than yours")
-        if any(r.team == request.team for r in others):
-            reasons.append("your team has a request of higher priority")
-        return " and ".join(reasons)
+    def statuses(self) -> dict[str, QueueStatus]:
+        """Every waiting request's status, worked out for the whole queue in one pass over
+        the dry run's order and kept until the next cycle; without estimates (the forward
+        run, `estimate`, is asked per request)."""
+        self._fresh()
+        if self._statuses is None:
+            self._statuses = self._all_statuses()
+        return self._statuses
+
+    def _all_statuses(self) -> dict[str, QueueStatus]:
+        pending = self.core.pending
+        basis = self.history().basis()
+        teams: dict[tuple[str, str], TeamStatus] = {}
+        found: dict[str, QueueStatus] = {}
+        for pool, ids in self._order.items():
+            in_team = Counter(pending[r].team for r in ids)
+            seen: Counter[str] = Counter()
+            for request_id in ids:
+                team_name = pending[request_id].team
+                said = self._forecasts[request_id]
+                seen[team_name] += 1
+                team = teams.get((team_name, pool))
+                if team is None:
+                    team = teams[(team_name, pool)] = self.team_status(team_name, pool)
+                found[request_id] = QueueStatus(
+                    position=said.position,
+                    waiting=said.waiting,
+                    team_position=seen[team_name],
+                    team_waiting=in_team[team_name],
+                    funded=said.funded,
+                    protected_s=said.protected_s,
+                    estimated_start=None,
+                    unit=team.unit,
+                    team_funded=team.funded,
+                    team_share=team.share,
+                    budget_used=team.budget_used,
+                    window_days=team.window_days,
+                    other_teams=in_team[team_name] < said.waiting,
+                    team_status=team,
+                    starts_now=said.starts_now,
+                    basis=basis,
+                    ground=said.ground,
+                    reason=said.reason,
+                )
+        return found
 
     def team_status(self, team: str, pool: str) -> TeamStatus:
         """What the team holds in the pool now against its share and burst."""
@@ -432,7 +536,7 @@ class QueueView:
         found = self._outlooks[key] = Outlook(
             funded=said.funded,
             protected_s=said.protected_s,
-            why="" if said.funded else unallocated_why(status, ground=said.ground),
+            why="" if said.funded else unallocated_why(status, said.ground),
             position=len(said.ahead) + 1,
             waiting=said.waiting,
             free_now=self.free_count(request, view),

@@ -24,8 +24,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from scheduler_core.forecast import ForwardRun, History, dry_run, probes
-from scheduler_core.ledger import UsageLedger
+from scheduler_core.forecast import History, probes
 from scheduler_core.metrics import HourlySeries
 from scheduler_core.model import (
     Allocation,
@@ -59,8 +58,8 @@ from spawner.readmodel.status import (
     QueueView,
     TeamStatus,
     plural,
-    store_history,
     unallocated_why,
+    usage_ledger,
 )
 
 DAY = 86400.0
@@ -87,22 +86,16 @@ class _ReadOnly:
 
 @dataclass(frozen=True, slots=True)
 class TeamPool:
-    """One team in one pool: its share, what it used and holds, where it ranks."""
+    """One team in one pool: what it holds against its share, what it used, where it ranks."""
 
-    team: str
-    pool: str
-    unit: str
+    status: TeamStatus
+    """What its sessions hold in the pool now, against its share (the read model's)."""
     share: float
     """Fraction of the pool (the hierarchy applied)."""
-    share_units: float
-    """The same in GPU-equivalents (or cores)."""
     used_units: float
     """Charged over the lookback window, unit-seconds (running sessions included)."""
     budget_units: float
     """share_units × window: what the team may use over the window."""
-    holds_funded: float
-    """What its funded sessions hold now, in units."""
-    holds_unallocated: float
     ratio: float
     """Occupancy ratio (the one that decides funding: the team's own level)."""
     rank: int
@@ -113,9 +106,34 @@ class TeamPool:
     """Would a session of one unit, started now, be funded?"""
     protected_s: float
     why: str
-    """Why it would run unallocated ("" when funded)."""
+    """Why it would run unallocated ("" when funded): `status.unallocated_why`."""
     daily: tuple[tuple[float, float, float], ...] = ()
     """(day start, owed, delivered) in unit-seconds, oldest first."""
+
+    @property
+    def team(self) -> str:
+        return self.status.team
+
+    @property
+    def pool(self) -> str:
+        return self.status.pool
+
+    @property
+    def unit(self) -> str:
+        return self.status.unit
+
+    @property
+    def share_units(self) -> float:
+        """The share in GPU-equivalents (or cores)."""
+        return self.status.share
+
+    @property
+    def holds_funded(self) -> float:
+        return self.status.funded
+
+    @property
+    def holds_unallocated(self) -> float:
+        return self.status.unallocated
 
     @property
     def used_fraction(self) -> float | None:
@@ -123,66 +141,17 @@ class TeamPool:
 
 
 @dataclass(frozen=True, slots=True)
-class Position:
-    """A waiting request's place, worked out for the whole queue at once (the same order
-    and counts as `QueueView.queue_status`, which a unit test holds them to)."""
-
-    request_id: str
-    position: int
-    waiting: int
-    team_position: int
-    team_waiting: int
-    funded: bool | None
-    protected_s: float
-    unit: str
-
-
-@dataclass(frozen=True, slots=True)
 class Waiting:
-    """A request in the queue, in policy order."""
+    """A request in the queue, in policy order, with its status (the spawn page's own)."""
 
     request: Request
-    status: Position
-    why: str
+    status: QueueStatus
     held_nodes: tuple[str, ...] = ()
 
-
-def bulk_positions(core: Scheduler, order: Iterable[str]) -> list[Position]:
-    """Every waiting request's position, pool by pool, in one pass over the order."""
-    by_pool: dict[str, list[str]] = {}
-    seen = set()
-    for request_id in order:
-        if request_id in core.pending and request_id not in seen:
-            seen.add(request_id)
-            by_pool.setdefault(core.pending[request_id].pool, []).append(request_id)
-    for request_id, request in core.pending.items():
-        if request_id not in seen:  # not in the projected order: it comes last
-            by_pool.setdefault(request.pool, []).append(request_id)
-    out = []
-    for pool, ids in sorted(by_pool.items()):
-        unit = "CPU" if core.pools[pool].kind is PoolKind.CPU else "GPU"
-        team_total: dict[str, int] = {}
-        for request_id in ids:
-            team = core.pending[request_id].team
-            team_total[team] = team_total.get(team, 0) + 1
-        team_seen: dict[str, int] = {}
-        for i, request_id in enumerate(ids):
-            request = core.pending[request_id]
-            team_seen[request.team] = team_seen.get(request.team, 0) + 1
-            funded = core.funded.get(request_id)
-            out.append(
-                Position(
-                    request_id=request_id,
-                    position=i + 1,
-                    waiting=len(ids),
-                    team_position=team_seen[request.team],
-                    team_waiting=team_total[request.team],
-                    funded=funded,
-                    protected_s=request.min_runtime if funded else 0.0,
-                    unit=unit,
-                )
-            )
-    return out
+    @property
+    def why(self) -> str:
+        """Why it waits: its verdict's codes in their words (`QueueStatus.why`)."""
+        return self.status.why
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,35 +192,22 @@ class State:
     """Preemptions by reason (kind of victim), from the event log."""
     snapshots: list[SnapshotRecord] = field(default_factory=list)
     view: QueueView | None = None
-    _exact: dict[str, QueueStatus | None] = field(default_factory=dict)
     order: dict[str, list[str]] = field(default_factory=dict)
     """Per pool, the waiting requests in policy order."""
     memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     """Answers worked out from this state (rendered pages and JSON), by route and viewer."""
     history: History = field(default_factory=History)
     """Past sessions' lengths per profile: what estimates rest on."""
-    _forward: ForwardRun | None = None
     _estimating: threading.Lock = field(default_factory=threading.Lock)
 
     def estimate(self, request_id: str) -> float | None:
         """The request's estimated start: the spawn page's own forecast, the scheduler run
-        forward from this state (`forecast.ForwardRun`, one per state, run only as far
-        as the requests asked for need; None: that run does not start it)."""
-        if request_id not in self.core.pending:
+        forward from this state (`QueueView.estimate`: one run per state, only as far as
+        the requests asked for need; None: that run does not start it)."""
+        if self.view is None or request_id not in self.core.pending:
             return None
         with self._estimating:
-            if self._forward is None:
-                self._forward = ForwardRun(self.core, self.now, self.history)
-            return self._forward.start(request_id)
-
-    def exact(self, request_id: str) -> QueueStatus | None:
-        """The request's status exactly as the spawn page's queue message has it, with
-        its estimate (asked per request: it looks at the whole pool)."""
-        if request_id not in self._exact:
-            self._exact[request_id] = (
-                self.view.queue_status(request_id) if self.view is not None else None
-            )
-        return self._exact[request_id]
+            return self.view.estimate(request_id)
 
     def unit(self, pool: str) -> str:
         return "CPU" if self.core.pools[pool].kind is PoolKind.CPU else "GPU"
@@ -526,198 +482,157 @@ def build_state(store: Store, admin_store: AdminStore, now: float) -> State:
     statuses = admin_store.statuses()
     status = max(statuses, key=lambda s: s.updated) if statuses else None
     settings = effective_settings(status, overrides)
-    pools = store.load_pools()
-    nodes = store.load_nodes()
-    teams = store.load_teams()
-    # What an admin changed shows at once (the scheduler takes it in at its next cycle).
-    merged = admin.effective(
-        teams, settings, {p.name: p for p in pools}, [n.name for n in nodes], overrides
-    )
-    teams = list(merged.teams)
-    history = max(settings.lookback, HISTORY_DAYS * DAY)
-    ledger = UsageLedger()
-    for team, pool_name, begin, end, units in store.usage_records(now - history):
-        if end > begin:
-            rate = units / (end - begin)
-            ledger.start_charging(team, pool_name, begin, rate)
-            ledger.stop_charging(team, pool_name, end, rate)
-        else:
-            ledger.add(team, pool_name, end, units)
-    core = Scheduler(settings, pools, nodes, teams, WallClock(), _ReadOnly(), ledger)
-    running = store.active_allocations()
-    known_teams = set(core.teams.teams)
-    for allocation in running:
-        if allocation.pool in core.pools and allocation.team in known_teams:
-            core.adopt(allocation)
-    pending = [
-        r for r in store.pending_requests() if r.pool in core.pools and r.team in known_teams
-    ]
-    for request in pending:
-        if request.id not in core.running:
-            core.submit(request)
-    view = core.view(now)
-    decisions = dry_run(view, now)  # the next cycle, run dry: order, funding, holds
+    core = _core(store, settings, overrides, now)
+    view = QueueView(core, store, lambda: now)
+    decisions = view.dry_run()  # the next cycle, run dry: order, funding, holds
     # What the live core keeps of a cycle, without its admissions or preemptions:
     # the funding of each waiting request and the holds (public `apply`, nothing run).
     core.apply(Decisions(reservations=decisions.reservations, funded=decisions.funded), now)
     holds = dict(core.reservations)
     held_by = {n: r for r, ns in holds.items() for n in ns}
-    pool_nodes: dict[str, list[Node]] = {}
-    for node in core.nodes.values():
-        pool_nodes.setdefault(node.pool, []).append(node)
-    queue = []
-    for status_ in bulk_positions(core, decisions.order):
-        request = core.pending[status_.request_id]
-        queue.append(
-            Waiting(
-                request,
-                status_,
-                why_waiting(request, status_, pool_nodes.get(request.pool, []), holds, held_by),
-                tuple(holds.get(request.id, ())),
-            )
-        )
+    pending = core.pending
+    queue = [  # pool by pool, each in the dry run's order
+        Waiting(pending[r], found, tuple(holds.get(r, ())))
+        for r, found in sorted(view.statuses().items(), key=lambda item: pending[item[0]].pool)
+    ]
+    return State(
+        now=now,
+        settings=settings,
+        core=core,
+        teams=_team_pools(store, core, view, now),
+        queue=queue,
+        nodes=[node_view(core, node, held_by) for node in core.nodes.values()],
+        running=sorted(core.running.values(), key=lambda a: (a.start, a.id)),
+        status=status,
+        audit=admin_store.audit(),
+        overrides=overrides,
+        waits=_waits(store, now),
+        preemptions=_preemptions(store),
+        snapshots=store.list_snapshots(),
+        view=view,
+        order={
+            pool: [w.request.id for w in queue if w.request.pool == pool] for pool in core.pools
+        },
+        history=view.history(),
+    )
 
-    team_pools: dict[tuple[str, str], TeamPool] = {}
-    start = now - settings.lookback
+
+def _core(store: Store, settings: Settings, overrides: Mapping[str, Any], now: float) -> Scheduler:
+    """A read-only core holding what the store holds: pools, nodes, teams (an admin's
+    changes merged in), the charged usage, running sessions and the queue."""
+    pools = store.load_pools()
+    nodes = store.load_nodes()
+    # What an admin changed shows at once (the scheduler takes it in at its next cycle).
+    merged = admin.effective(
+        store.load_teams(),
+        settings,
+        {p.name: p for p in pools},
+        [n.name for n in nodes],
+        overrides,
+    )
+    ledger = usage_ledger(store, now - max(settings.lookback, HISTORY_DAYS * DAY))
+    teams = list(merged.teams)
+    core = Scheduler(settings, pools, nodes, teams, WallClock(), _ReadOnly(), ledger)
+    known_teams = set(core.teams.teams)
+    for allocation in store.active_allocations():
+        if allocation.pool in core.pools and allocation.team in known_teams:
+            core.adopt(allocation)
+    for request in store.pending_requests():
+        if request.pool in core.pools and request.team in known_teams:
+            if request.id not in core.running:
+                core.submit(request)
+    return core
+
+
+def _team_pools(
+    store: Store, core: Scheduler, view: QueueView, now: float
+) -> dict[tuple[str, str], TeamPool]:
+    """Every team in every pool: its holdings (`QueueView.team_status`), usage, rank, what
+    a session of one unit asked for now would get, and owed and delivered per day."""
+    settings = core.settings
+    cluster = core.view(now)
     day0 = (now // DAY) * DAY - (HISTORY_DAYS - 1) * DAY
-    asked, unallocated_use = _demand(store, core, day0, now)
-    for pool_name, pool in core.pools.items():
-        kind = pool.kind
-        unit = "CPU" if kind is PoolKind.CPU else "GPU"
-        capacity = core.capacity[pool_name]
-        ranking = PoolRanking(view, pool_name, now)
+    demand = _demand(store, core, day0, now)
+    probe_runtime = settings.capped_min_runtime(None, "interactive")
+    found: dict[tuple[str, str], TeamPool] = {}
+    for pool_name in core.pools:
+        ranking = PoolRanking(cluster, pool_name, now)
         ratios = {t: ranking.ratio(t) for t in core.teams.teams}
         # The scheduler's order: the rank key (the window's ratio and, by
         # day_rank_weight, the last day's), not the funding ratio shown beside it.
         order = sorted(ratios, key=lambda t: (ranking.key(t), t))
-        unallocated: dict[str, float] = {}
-        for allocation in core.running.values():
-            if allocation.pool == pool_name and not allocation.funded:
-                unallocated[allocation.team] = unallocated.get(
-                    allocation.team, 0.0
-                ) + allocation.request.charge_rate(kind)
-        probe_runtime = settings.capped_min_runtime(None, "interactive")
-        probed = probes(view, now, pool_name, core.teams.teams, probe_runtime)
+        probed = probes(cluster, now, pool_name, core.teams.teams, probe_runtime)
         for team in core.teams.teams:
-            share = core.teams.share(team, pool_name)
-            share_units = share * capacity
-            used = ledger.charged(team, pool_name, start, now)
-            holding = core.funded_rate(team, pool_name)
+            status = view.team_status(team, pool_name)
             probe = probed[team]  # a session of one unit asked for now: the policy's answer
-            would = probe.funded
-            why = ""
-            if not would:  # the spawn form's words (readmodel.unallocated_why)
-                budget_used = used / (share_units * settings.lookback) if share_units else None
-                team_status = TeamStatus(
-                    team=team,
-                    pool=pool_name,
-                    unit=unit,
-                    funded=holding,
-                    unallocated=unallocated.get(team, 0.0),
-                    share=share_units,
-                    burst=None,
-                    budget_used=budget_used,
-                    window_days=settings.lookback / DAY,
-                )
-                why = unallocated_why(team_status, "the team", probe.ground)
-            members = core.teams.subtree(team)
-            n = _hours(day0, now)
-            wanted = _sum_hours((asked.get((m, pool_name)) for m in members), n)
-            ran_unallocated = _sum_hours((unallocated_use.get((m, pool_name)) for m in members), n)
-            daily = []
-            for d in range(HISTORY_DAYS):
-                lo = day0 + d * DAY
-                hi = min(lo + DAY, now)
-                if hi <= lo:
-                    daily.append((lo, 0.0, 0.0))
-                    continue
-                hours = range(d * 24, min((d + 1) * 24, len(wanted)))
-                owed = sum(min(share_units * HOUR, wanted[h]) for h in hours)
-                ran = sum(ledger.charged(m, pool_name, lo, hi) for m in members) + sum(
-                    ran_unallocated[h] for h in hours
-                )
-                daily.append((lo, owed, min(ran, owed)))
-            team_pools[(team, pool_name)] = TeamPool(
-                team=team,
-                pool=pool_name,
-                unit=unit,
-                share=share,
-                share_units=share_units,
-                used_units=used,
-                budget_units=share_units * settings.lookback,
-                holds_funded=holding,
-                holds_unallocated=unallocated.get(team, 0.0),
+            found[(team, pool_name)] = TeamPool(
+                status=status,
+                share=core.teams.share(team, pool_name),
+                used_units=core.ledger.charged(team, pool_name, now - settings.lookback, now),
+                budget_units=status.share * settings.lookback,
                 ratio=ratios[team],
                 rank=order.index(team) + 1,
                 pending=sum(
                     1 for r in core.pending.values() if r.team == team and r.pool == pool_name
                 ),
-                would_fund=would,
+                would_fund=probe.funded,
                 protected_s=probe.protected_s,
-                why=why,
-                daily=tuple(daily),
+                why="" if probe.funded else unallocated_why(status, probe.ground),
+                daily=_daily(core, demand, team, pool_name, day0, now),
             )
+    return found
 
-    node_views = [node_view(core, node, held_by) for node in core.nodes.values()]
-    waits = []
+
+def _daily(
+    core: Scheduler,
+    demand: tuple[dict[tuple[str, str], list[float]], dict[tuple[str, str], list[float]]],
+    team: str,
+    pool: str,
+    day0: float,
+    now: float,
+) -> tuple[tuple[float, float, float], ...]:
+    """(day start, owed, delivered) of the team and its sub-teams in the pool, per day
+    from ``day0``: owed hour by hour is the share, or what was asked if less (`_demand`)."""
+    asked, unallocated_use = demand
+    members = core.teams.subtree(team)
+    share_units = core.teams.share(team, pool) * core.capacity[pool]
+    n = _hours(day0, now)
+    wanted = _sum_hours((asked.get((m, pool)) for m in members), n)
+    ran_unallocated = _sum_hours((unallocated_use.get((m, pool)) for m in members), n)
+    daily = []
+    for d in range(HISTORY_DAYS):
+        lo = day0 + d * DAY
+        hi = min(lo + DAY, now)
+        if hi <= lo:
+            daily.append((lo, 0.0, 0.0))
+            continue
+        hours = range(d * 24, min((d + 1) * 24, len(wanted)))
+        owed = sum(min(share_units * HOUR, wanted[h]) for h in hours)
+        ran = sum(core.ledger.charged(m, pool, lo, hi) for m in members) + sum(
+            ran_unallocated[h] for h in hours
+        )
+        daily.append((lo, owed, min(ran, owed)))
+    return tuple(daily)
+
+
+def _waits(store: Store, now: float) -> list[tuple[str, float]]:
+    """(class, seconds waited) of the sessions admitted within the history."""
     with store.engine.connect() as connection:
         rows = connection.execute(
             select(RequestRow.klass, AllocationRow.start_time - RequestRow.submit)
             .join(RequestRow, AllocationRow.request_id == RequestRow.id)
             .where(AllocationRow.start_time >= now - HISTORY_DAYS * DAY)
         ).all()
-        waits = [(str(getattr(k, "value", k)), max(0.0, float(w))) for k, w in rows]
-    preemptions: dict[str, int] = {}
+    return [(str(getattr(k, "value", k)), max(0.0, float(w))) for k, w in rows]
+
+
+def _preemptions(store: Store) -> dict[str, int]:
+    """Preemptions by reason (`preemption_reason`), from the event log."""
+    found: dict[str, int] = {}
     for event in store.list_events(kind="preempt"):
         reason = preemption_reason(event.payload)
-        preemptions[reason] = preemptions.get(reason, 0) + 1
-    return State(
-        now=now,
-        settings=settings,
-        core=core,
-        teams=team_pools,
-        queue=queue,
-        nodes=node_views,
-        running=sorted(core.running.values(), key=lambda a: (a.start, a.id)),
-        status=status,
-        audit=admin_store.audit(),
-        overrides=overrides,
-        waits=waits,
-        preemptions=preemptions,
-        snapshots=store.list_snapshots(),
-        view=QueueView(core, store, lambda: now),
-        order={
-            pool: [w.request.id for w in queue if w.request.pool == pool] for pool in core.pools
-        },
-        history=store_history(store, now),
-    )
-
-
-def why_waiting(
-    request: Request,
-    status: Position,
-    nodes: list[Node],
-    holds: Mapping[str, tuple[str, ...]],
-    held_by: Mapping[str, str],
-) -> str:
-    """Why a request waits, in a few words (the reasons Kueue's visibility API names),
-    each "category: what it waits for"; the funded and unallocated cases in the words of
-    the Hub's admin queue (`spawner.hub.pages`)."""
-    ready = [n for n in nodes if n.health is Health.READY]
-    if not ready:
-        states = sorted({n.health.value for n in nodes}) or ["none configured"]
-        return f"node down: no node of pool {request.pool} takes new work ({', '.join(states)})"
-    if request.id in holds:
-        held = ", ".join(holds[request.id])
-        return f"holding nodes: holds {held} until it fits (waited past the bound)"
-    if status.funded is False:
-        return "over allocation: over its team's allocation, waits for idle capacity (unallocated)"
-    if any(n.name in held_by for n in ready):
-        return "held node: nodes are held for a request that waited longer"
-    if status.position > 1:
-        ahead = plural(status.position - 1, "request")
-        return f"behind others: waits for {ahead} ahead and free slices"
-    return "no capacity: waits for free slices (or a session's protection to end)"
+        found[reason] = found.get(reason, 0) + 1
+    return found
 
 
 def node_view(core: Scheduler, node: Node, held_by: Mapping[str, str]) -> NodeView:

@@ -25,12 +25,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from scheduler_core import model
+from scheduler_core import model, verdict
 from scheduler_core.store import Store
 from scheduler_core.store.records import RequestState
 from spawner.profiles import human_duration
 from spawner.readmodel import storeview
 from spawner.readmodel.service import app as service_app
+from spawner.readmodel.status import verdict_words
 from spawner.readmodel.storeview import StoreModel
 
 GPU = model.Pool("gpu", model.PoolKind.GPU)
@@ -340,7 +341,13 @@ def test_why_a_request_waits_is_said_one_way(service: Service) -> None:
     whys = {q["why"] for q in me["queued"]}
     assert whys == {r["why"] for p in queue["pools"] for r in p["requests"]}
     second = next(q for q in me["queued"] if q["position"] == 2)
-    assert second["why"] == "behind others: waits for 1 request ahead and free slices"
+    # Its verdict's codes in the one map's words: where it went (no room, no one to stop),
+    # then its funding (within the share); its place is the position column's.
+    assert second["why"] == verdict_words(verdict.NO_VICTIMS, verdict.SHARE)
+    assert second["why"] == (
+        "waiting: no free capacity fits it and no preemptible sessions make room; "
+        "funded: within the team's share"
+    )
 
 
 def test_my_budget_has_a_legend_and_an_empty_chart_says_so(tmp_path: Path) -> None:

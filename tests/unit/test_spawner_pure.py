@@ -323,6 +323,7 @@ def test_every_core_setting_is_a_trait_of_the_embedded_scheduler():
 def test_queue_message_says_why_a_request_would_run_unallocated():
     from spawner.hub.embedded import QueueStatus
     from spawner.hub.spawner import BudgetSpawner
+    from spawner.readmodel.status import NO_VERDICT
 
     common = dict(position=2, waiting=3, team_position=1, team_waiting=1, estimated_start=None)
     funded = QueueStatus(funded=True, protected_s=3600, **common)
@@ -340,10 +341,10 @@ def test_queue_message_says_why_a_request_would_run_unallocated():
     )
     message = BudgetSpawner._queue_message(None, over)
     assert message == (
-        "Queued: position 2 of 3 in the pool, 1 of 1 in your team; over what your team's "
-        "allocation funds now (its funded sessions hold 12 GPU, its share is 8 GPU; 42% of "
-        "its 7-day budget used): it will run unallocated (preemptible); no start time can be "
-        "promised: it starts when running sessions end"
+        f"Queued: position 2 of 3 in the pool, 1 of 1 in your team; {NO_VERDICT} (its funded "
+        "sessions hold 12 GPU, its share is 8 GPU; 42% of its 7-day budget used): it will run "
+        "unallocated (preemptible); no start time can be promised: it starts when running "
+        "sessions end"
     )
     timed = QueueStatus(funded=True, protected_s=900, **{**common, "estimated_start": 4e9})
     clock = time.strftime("%H:%M", time.localtime(4e9))
@@ -387,7 +388,7 @@ def test_queue_message_says_positions_can_move_and_why_one_moved_back():
     mixed = QueueStatus(
         position=3, waiting=5, team_position=1, team_waiting=1, other_teams=True, **funded
     )
-    moved = " (moved back from 1: other teams are further under their share than yours)"
+    moved = " (moved back from 1)"
     message = BudgetSpawner._queue_message(None, mixed, moved)
     assert message.startswith(f"Queued: position 3 of 5 in the pool{moved}, 1 of 1 in your team")
     assert message.endswith("Teams furthest under their share go first, so positions can move")
