@@ -24,7 +24,9 @@ from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.scopes import needs_scope
 from tornado import web
 
-from scheduler_core.model import Allocation, Request
+from scheduler_core.model import Allocation, PoolKind, Request
+from spawner.hub.embedded import BudgetScheduler
+from spawner.hub.pages import running_scheduler
 from spawner.hubapi import split_request_id
 from spawner.readmodel.status import amount
 
@@ -51,6 +53,8 @@ class SessionRow:
     estimated_start: float | None = None
     estimate: str = ""
     """The estimate in words, as the spawn page says it."""
+    why: str = ""
+    """Why a queued session waits: its verdict's codes in their words (`QueueStatus.why`)."""
     url: str = ""
     """Where the running server opens."""
     snapshot: str = ""
@@ -82,12 +86,14 @@ def holds(request: Request, unit: str) -> str:
     return ", ".join(parts)
 
 
-def _unit(scheduler: Any, pool: str) -> str:
+def _unit(scheduler: BudgetScheduler, pool: str) -> str:
     pool_obj = scheduler.core_pools.get(pool)
-    return "GPU" if pool_obj is None or pool_obj.kind.value == "gpu" else "CPU"
+    return "GPU" if pool_obj is None or pool_obj.kind is PoolKind.GPU else "CPU"
 
 
-def _running_row(scheduler: Any, allocation: Allocation, server: str, ready: bool) -> SessionRow:
+def _running_row(
+    scheduler: BudgetScheduler, allocation: Allocation, server: str, ready: bool
+) -> SessionRow:
     request = allocation.request
     return SessionRow(
         server=server,
@@ -99,9 +105,7 @@ def _running_row(scheduler: Any, allocation: Allocation, server: str, ready: boo
     )
 
 
-def _queued_row(scheduler: Any, request_id: str, request: Request, now: float) -> SessionRow:
-    from spawner.hub.spawner import estimate_words
-
+def _queued_row(scheduler: BudgetScheduler, request_id: str, request: Request) -> SessionRow:
     _user, server = split_request_id(request_id)
     row = SessionRow(
         server=server, state="queued", slices=holds(request, _unit(scheduler, request.pool))
@@ -111,20 +115,14 @@ def _queued_row(scheduler: Any, request_id: str, request: Request, now: float) -
         row.position = f"{status.position} of {status.waiting}"
         row.funding = {True: "funded", False: "unallocated", None: "not yet weighed"}[status.funded]
         row.estimated_start = status.estimated_start
-        row.estimate = estimate_words(
-            status.funded,
-            status.estimated_start,
-            now,
-            starts_now=status.starts_now,
-            basis=status.basis,
-        )
+        row.estimate = status.estimate
+        row.why = status.why
     return row
 
 
-def rows_of(scheduler: Any, user: Any) -> list[SessionRow]:
+def rows_of(scheduler: BudgetScheduler, user: Any) -> list[SessionRow]:
     """Every running, starting, queued and snapshotted session of ``user`` (a Hub User)."""
     name = user.name
-    now = time.time()
     rows: dict[str, SessionRow] = {}
     for request_id, allocation in list(scheduler.core.running.items()):
         if allocation.request.user == name:
@@ -136,7 +134,7 @@ def rows_of(scheduler: Any, user: Any) -> list[SessionRow]:
                 rows[server].url = user.server_url(server)
     for request_id, request in list(scheduler.core.pending.items()):
         if request.user == name:
-            row = _queued_row(scheduler, request_id, request, now)
+            row = _queued_row(scheduler, request_id, request)
             rows.setdefault(row.server, row)
     for server in sorted({s.server for s in scheduler.store.list_snapshots(user=name)}):
         found = scheduler.snapshots_of(name, server)
@@ -155,21 +153,12 @@ def rows_of(scheduler: Any, user: Any) -> list[SessionRow]:
     return sorted(rows.values(), key=lambda r: (order[r.state], r.server))
 
 
-def notices_of(scheduler: Any, user: str) -> list[tuple[str, str]]:
+def notices_of(scheduler: BudgetScheduler, user: str) -> list[tuple[str, str]]:
     """(server, message) of the user's notices not read yet (an admin's cancel, a
     preemption): the spawn form shows them too."""
     return sorted(
         (server, text) for (who, server), text in scheduler.notices.items() if who == user
     )
-
-
-def _scheduler() -> Any:
-    from spawner.hub.embedded import BudgetScheduler
-
-    if not BudgetScheduler.initialized():
-        return None
-    scheduler = BudgetScheduler.instance()
-    return scheduler if scheduler.started else None
 
 
 class MySessionsHandler(BaseHandler):  # type: ignore[misc]
@@ -178,7 +167,7 @@ class MySessionsHandler(BaseHandler):  # type: ignore[misc]
     @web.authenticated
     async def get(self) -> None:
         user = self.current_user
-        scheduler = _scheduler()
+        scheduler = running_scheduler()
         rows = rows_of(scheduler, user) if scheduler else []
         html = await self.render_template(
             "sessions.html",
@@ -202,11 +191,11 @@ def _clock(epoch: float | None) -> str:
 class SessionsAPIHandler(APIHandler):  # type: ignore[misc]
     """The rows as JSON, and deleting a stopped server's snapshots (the user's own only)."""
 
-    def _own(self, user_name: str) -> Any:
+    def _own(self, user_name: str) -> BudgetScheduler:
         current = self.current_user
         if getattr(current, "kind", None) != "user" or current.name != user_name:
             raise web.HTTPError(404, "%s", f"user: no sessions of {user_name!r} for you")
-        scheduler = _scheduler()
+        scheduler = running_scheduler()
         if scheduler is None:
             raise web.HTTPError(503, "the budget scheduler is not running")
         return scheduler

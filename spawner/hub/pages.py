@@ -13,8 +13,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyterhub.app import JupyterHub
+
+from scheduler_core.model import Request
+from spawner.hub.embedded import BudgetScheduler
 from spawner.hubapi import split_request_id
 from spawner.profiles import rounded_duration
+from spawner.readmodel.status import QueueStatus
 
 BUDGET_SERVICE = "budget"
 """The hub-managed service whose "My budget" page the banner links to."""
@@ -28,39 +33,19 @@ class TeamLine:
 
 
 @dataclass(frozen=True, slots=True)
-class QueuedServer:
-    """A user's server that waits in the queue (the home page shows it as queued)."""
+class QueueRow:
+    """One waiting request on the admin page: the request, its status as the read model
+    has it (position, why it waits), and how long it has waited."""
 
-    name: str
-    position: int
-    waiting: int
-    funded: bool | None
-    estimate: str
-    """What the estimated start rests on, as the queue message says it."""
+    request_id: str
+    """The request's id (the queue's cancel and priority actions name it)."""
+    request: Request
+    status: QueueStatus
+    waited: str
 
     @property
-    def label(self) -> str:
-        return f"queued, position {self.position} of {self.waiting}"
-
-
-@dataclass(frozen=True, slots=True)
-class QueueRow:
-    """One waiting request, for the admin page."""
-
-    user: str
-    server: str
-    team: str
-    profile: str
-    pool: str
-    position: int
-    waiting: int
-    waited: str
-    reason: str
-    request_id: str = ""
-    """The request's id (the queue's cancel and priority actions name it)."""
-    priority: int = 0
-    team_position: str = ""
-    """``1 of 2`` inside its team's queue, which its priority orders."""
+    def server(self) -> str:
+        return split_request_id(self.request_id)[1]
 
 
 @dataclass
@@ -69,8 +54,9 @@ class PageVars:
 
     budget_url: str
     teams: list[TeamLine] = field(default_factory=list)
-    queued: dict[str, QueuedServer] = field(default_factory=dict)
-    """Server name ('' for the default one) → its place in the queue."""
+    queued: dict[str, QueueStatus] = field(default_factory=dict)
+    """Server name ('' for the default one) → its place in the queue, why it waits and
+    its estimated start."""
     queue: list[QueueRow] = field(default_factory=list)
     """Every waiting request in admission order (filled for admins only)."""
     snapshot_notice: str | None = None
@@ -81,81 +67,54 @@ class PageVars:
         return " · ".join(f"{t.team} — {t.line}" for t in self.teams)
 
 
+def running_scheduler() -> BudgetScheduler | None:
+    """The Hub's embedded scheduler once it has started (None before, or in safe mode)."""
+    if not BudgetScheduler.initialized():
+        return None
+    scheduler = BudgetScheduler.instance()
+    return scheduler if scheduler.started else None
+
+
 def page_vars(user: Any) -> PageVars | None:
     """The figures the overridden templates show for ``user`` (None: stock pages)."""
     if user is None or not hasattr(user, "groups"):
         return None
-    from jupyterhub.app import JupyterHub
-
-    from spawner.hub.embedded import BudgetScheduler
-    from spawner.hub.spawner import estimate_words
-
-    if not BudgetScheduler.initialized():
-        return None
-    scheduler = BudgetScheduler.instance()
-    if not scheduler.started:
+    scheduler = running_scheduler()
+    if scheduler is None:
         return None
     base = JupyterHub.instance().base_url if JupyterHub.initialized() else "/"
+    return figures(
+        scheduler,
+        user.name,
+        [g.name for g in user.groups],
+        base,
+        admin=bool(getattr(user, "admin", False)),
+    )
+
+
+def figures(
+    scheduler: BudgetScheduler, name: str, groups: list[str], base: str = "/", *, admin: bool
+) -> PageVars:
+    """The figures for the user ``name`` in ``groups``: the team banner, their queued
+    servers and (``admin``) the admin page's queue, every one from the read model."""
     found = PageVars(budget_url=f"{base}services/{BUDGET_SERVICE}/")
     view = scheduler.view
-    core = scheduler.core
-    pools = list(scheduler.core_pools)
-    for team in scheduler.team_of_groups([g.name for g in user.groups]):
-        lines = [view.team_status(team, pool).line() for pool in pools]
+    for team in scheduler.team_of_groups(groups):
+        lines = [view.team_status(team, pool).line() for pool in scheduler.core_pools]
         found.teams.append(TeamLine(team, "; ".join(lines)))
     now = time.time()
-    for request_id, request in list(core.pending.items()):
-        if request.user != user.name:
+    for request_id, request in list(scheduler.core.pending.items()):
+        mine = request.user == name
+        if not (mine or admin):
             continue
         status = view.queue_status(request_id)
         if status is None:
             continue
-        _user, server = split_request_id(request_id)
-        found.queued[server] = QueuedServer(
-            server,
-            status.position,
-            status.waiting,
-            status.funded,
-            estimate_words(
-                status.funded,
-                status.estimated_start,
-                now,
-                starts_now=status.starts_now,
-                basis=status.basis,
-            ),
-        )
-    found.snapshot_notice = scheduler.home_snapshot_notice(user.name)
-    if getattr(user, "admin", False):
-        for request_id, request in list(core.pending.items()):
-            status = view.queue_status(request_id)
-            if status is None:
-                continue
-            _user, server = split_request_id(request_id)
-            if status.funded is None:
-                reason = "not weighed yet"
-            elif status.funded:
-                reason = (
-                    f"funded; waits for {status.position - 1} ahead and free slices"
-                    if status.position > 1
-                    else "funded; waits for free slices (or a session's protection to end)"
-                )
-            else:
-                reason = "over its team's allocation: waits for idle capacity (unallocated)"
-            found.queue.append(
-                QueueRow(
-                    user=request.user,
-                    server=server,
-                    team=request.team,
-                    profile=request.profile or "",
-                    pool=request.pool,
-                    position=status.position,
-                    waiting=status.waiting,
-                    waited=rounded_duration(now - request.submit),
-                    reason=reason,
-                    request_id=request_id,
-                    priority=request.priority,
-                    team_position=f"{status.team_position} of {status.team_waiting}",
-                )
-            )
-        found.queue.sort(key=lambda r: (r.pool, r.position))
+        if mine:
+            found.queued[split_request_id(request_id)[1]] = status
+        if admin:
+            waited = rounded_duration(now - request.submit)
+            found.queue.append(QueueRow(request_id, request, status, waited))
+    found.queue.sort(key=lambda r: (r.request.pool, r.status.position))
+    found.snapshot_notice = scheduler.home_snapshot_notice(name)
     return found
