@@ -29,7 +29,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from jupyterhub.app import JupyterHub
+from sqlalchemy.engine import make_url
+from traitlets.config import Config
+
 from spawner import chp
+from spawner.hub import mysessions, queuecontrol, snapshotapi
+from spawner.hub.embedded import BudgetScheduler
+from spawner.hub.pages import page_vars
+from spawner.hub.servicewiring import configure_budget_service
 from spawner.logfilters import redact_log_handlers
 
 SERVICE = "budgethub"
@@ -69,7 +77,7 @@ def proxy_command() -> list[str]:
     return [sys.executable, "-I", str(Path(chp.__file__).resolve()), node, str(chp.CHP_BIN)]
 
 
-def configure_hub(c: Any, token: str | None = None) -> None:
+def configure_hub(c: Config, token: str | None = None) -> None:
     """Make JupyterHub config ``c`` use BudgetSpawner with its embedded scheduler."""
     token = token or os.environ.get("BUDGETHUB_API_TOKEN") or secrets.token_hex(32)
     os.umask(UMASK)  # before the Hub creates its files (it loads this config first)
@@ -87,8 +95,6 @@ def configure_hub(c: Any, token: str | None = None) -> None:
         c.JupyterHub.proxy_class = "spawner.hub.hubproxy.BudgetProxy"
     paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
     c.JupyterHub.template_paths = [str(TEMPLATES), *(p for p in paths if p != str(TEMPLATES))]
-    from spawner.hub.pages import page_vars
-
     template_vars = dict(c.JupyterHub.template_vars) if "template_vars" in c.JupyterHub else {}
     template_vars.setdefault("budgethub", page_vars)
     c.JupyterHub.template_vars = template_vars
@@ -104,17 +110,10 @@ def configure_hub(c: Any, token: str | None = None) -> None:
     roles.append({"name": "budgethub-scheduler", "scopes": SCOPES, "services": [SERVICE]})
     c.JupyterHub.load_roles = roles
     c.BudgetScheduler.hub_api_token = token
-    from spawner.hub import (
-        mysessions,
-        queuecontrol,
-        snapshotapi,  # snapshots, My sessions, queue
-    )
-
+    # The REST routes: a user's snapshots, My sessions, the admin's queue control.
     ours = [*snapshotapi.HANDLERS, *mysessions.HANDLERS, *queuecontrol.HANDLERS]
     handlers = list(c.JupyterHub.extra_handlers) if "extra_handlers" in c.JupyterHub else []
     c.JupyterHub.extra_handlers = [*handlers, *(h for h in ours if h not in handlers)]
-    from spawner.hub.servicewiring import configure_budget_service
-
     configure_budget_service(c)  # the budget service: pages, API, /metrics, admin
     try:
         loop = asyncio.get_running_loop()
@@ -125,10 +124,6 @@ def configure_hub(c: Any, token: str | None = None) -> None:
 
 async def _start_with_hub() -> None:
     """Once the Hub is up, start the scheduler and queue again the spawns it had."""
-    from jupyterhub.app import JupyterHub
-
-    from spawner.hub.embedded import BudgetScheduler
-
     for _ in range(3000):  # the Hub starts within minutes or not at all
         await asyncio.sleep(0.1)
         if not JupyterHub.initialized():
@@ -174,8 +169,6 @@ def _with_redaction(config: dict[str, Any]) -> dict[str, Any]:
 
 def sqlite_files(url: str) -> list[Path]:
     """A SQLite database's file and its -wal, -shm and -journal files (none for others)."""
-    from sqlalchemy.engine import make_url
-
     try:
         parsed = make_url(url)
     except Exception:
@@ -188,7 +181,7 @@ def sqlite_files(url: str) -> list[Path]:
     ]
 
 
-def state_files(app: Any) -> list[Path]:
+def state_files(app: JupyterHub) -> list[Path]:
     """The files the Hub keeps its state and secrets in, and its log files."""
     paths = sqlite_files(str(app.db_url))
     for name in ("cookie_secret_file", "pid_file"):

@@ -23,6 +23,7 @@ from jupyterhub.scopes import Scope
 from jupyterhub.spawner import SpawnException
 from tornado import web
 
+from spawner.hub.embedded import BudgetScheduler
 from spawner.hubapi import split_request_id
 from spawner.profiles import MAX_PRIORITY
 
@@ -56,7 +57,7 @@ def _clock(epoch: float) -> str:
     return time.strftime("%H:%M", time.localtime(epoch))
 
 
-def queued_request(scheduler: Any, request_id: Any) -> str:
+def queued_request(scheduler: BudgetScheduler, request_id: Any) -> str:
     """``request_id`` if it names a request waiting in the queue, else a 400 naming it."""
     if not isinstance(request_id, str) or not request_id:
         raise QueueError(400, "request", f"must be a request id (text), not {request_id!r}")
@@ -79,7 +80,7 @@ def cancel_message(reason: str, now: float) -> str:
     )
 
 
-def cancel(scheduler: Any, actor: str, request_id: Any, reason: Any) -> Done:
+def cancel(scheduler: BudgetScheduler, actor: str, request_id: Any, reason: Any) -> Done:
     """Take a queued request out; its user is told why; the audit log says who did it."""
     request_id = queued_request(scheduler, request_id)
     if reason is None:
@@ -108,7 +109,7 @@ def cancel(scheduler: Any, actor: str, request_id: Any, reason: Any) -> Done:
     return Done(request_id, "cancel", "queued", new)
 
 
-def set_priority(scheduler: Any, actor: str, request_id: Any, priority: Any) -> Done:
+def set_priority(scheduler: BudgetScheduler, actor: str, request_id: Any, priority: Any) -> Done:
     """A queued request's new declared priority: its place inside its own team's queue."""
     request_id = queued_request(scheduler, request_id)
     if isinstance(priority, bool) or not isinstance(priority, int):
@@ -149,8 +150,6 @@ class QueueAPIHandler(APIHandler):  # type: ignore[misc]
     async def post(self, action: str) -> None:
         actor = self._actor()
         body = self._body()
-        from spawner.hub.embedded import BudgetScheduler
-
         scheduler = BudgetScheduler.instance()
         if not scheduler.started:
             raise QueueError(503, "scheduler", "the budget scheduler is not running")

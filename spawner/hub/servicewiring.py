@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import socket
 import sys
-from typing import Any
+
+from jupyterhub.app import JupyterHub
+from jupyterhub.spawner import Spawner
+from traitlets.config import Config
+
+from spawner.hub.embedded import BudgetScheduler
 
 NAME = "budget"
 READ = "custom:budget:read"
@@ -36,17 +41,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def store_url(_spawner: Any = None) -> str:
+def store_url(_spawner: Spawner | None = None) -> str:
     """The scheduler's store as the Hub's configuration names it (called at service start)."""
-    from jupyterhub.app import JupyterHub
-
-    from spawner.hub.embedded import BudgetScheduler
-
     # The Hub's one scheduler (c.BudgetScheduler configures that class, not its bases).
     return str(BudgetScheduler.instance(config=JupyterHub.instance().config).store_url)
 
 
-def configure_budget_service(c: Any) -> None:
+def configure_budget_service(c: Config) -> None:
     services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
     if not any(s.get("name") == NAME for s in services):
         services.append(

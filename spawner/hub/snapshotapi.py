@@ -17,6 +17,7 @@ from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from scheduler_core.store import SnapshotRecord
+from spawner.hub.embedded import BudgetScheduler
 
 
 def summary(record: SnapshotRecord) -> dict[str, Any]:
@@ -35,9 +36,7 @@ def summary(record: SnapshotRecord) -> dict[str, Any]:
 
 
 class SnapshotsAPIHandler(APIHandler):  # type: ignore[misc]
-    def _scheduler(self) -> Any:
-        from spawner.hub.embedded import BudgetScheduler
-
+    def _scheduler(self) -> BudgetScheduler:
         scheduler = BudgetScheduler.instance()
         if not scheduler.started:
             raise web.HTTPError(503, "the budget scheduler is not running")
