@@ -95,7 +95,7 @@ class TeamPool:
     used_units: float
     """Charged over the lookback window, unit-seconds (running sessions included)."""
     budget_units: float
-    """share_units × window: what the team may use over the window."""
+    """The share in units (``status.share``) × window: what the team may use over it."""
     ratio: float
     """Occupancy ratio (the one that decides funding: the team's own level)."""
     rank: int
@@ -109,31 +109,6 @@ class TeamPool:
     """Why it would run unallocated ("" when funded): `status.unallocated_why`."""
     daily: tuple[tuple[float, float, float], ...] = ()
     """(day start, owed, delivered) in unit-seconds, oldest first."""
-
-    @property
-    def team(self) -> str:
-        return self.status.team
-
-    @property
-    def pool(self) -> str:
-        return self.status.pool
-
-    @property
-    def unit(self) -> str:
-        return self.status.unit
-
-    @property
-    def share_units(self) -> float:
-        """The share in GPU-equivalents (or cores)."""
-        return self.status.share
-
-    @property
-    def holds_funded(self) -> float:
-        return self.status.funded
-
-    @property
-    def holds_unallocated(self) -> float:
-        return self.status.unallocated
 
     @property
     def used_fraction(self) -> float | None:

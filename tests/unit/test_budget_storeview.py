@@ -57,12 +57,12 @@ def test_usage_over_the_window_is_what_the_store_charged(store: Store, state: An
             if a.funded and a.team == team and a.pool == pool
         )
         assert tp.used_units == pytest.approx(charged + live, rel=1e-9, abs=1e-6)
-        assert tp.holds_funded == pytest.approx(
+        assert tp.status.funded == pytest.approx(
             sum(a.charge_rate for a in running if a.funded and (a.team, a.pool) == (team, pool))
         )
         capacity = 127.0 + 1.0 if pool == "gpu" else 4 * 64.0  # 16 × 8 GPUs; one is MIG
-        assert tp.share_units == pytest.approx(tp.share * capacity)
-        assert tp.budget_units == pytest.approx(tp.share_units * window)
+        assert tp.status.share == pytest.approx(tp.share * capacity)
+        assert tp.budget_units == pytest.approx(tp.status.share * window)
 
 
 def _node() -> model.Node:

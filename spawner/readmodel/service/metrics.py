@@ -83,10 +83,10 @@ def _teams(state: State) -> Iterator[Metric]:
         labels=["team", "pool"],
     )
     for (team, pool), tp in sorted(state.teams.items()):
-        (usage_cpu if tp.unit == "CPU" else usage).add_metric([team, pool], tp.used_units)
+        (usage_cpu if tp.status.unit == "CPU" else usage).add_metric([team, pool], tp.used_units)
         share.add_metric([team, pool], tp.share)
         ratio.add_metric([team, pool], tp.ratio)
-        holds.add_metric([team, pool], tp.holds_funded)
+        holds.add_metric([team, pool], tp.status.funded)
     yield usage
     yield usage_cpu
     yield share

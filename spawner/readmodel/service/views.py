@@ -61,15 +61,15 @@ def _server(request_id: str) -> str:
 
 def team_pool(tp: TeamPool, teams_in_pool: int, *, daily: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "pool": tp.pool,
-        "unit": tp.unit,
+        "pool": tp.status.pool,
+        "unit": tp.status.unit,
         "share": _sig(tp.share),
-        "share_units": _sig(tp.share_units),
+        "share_units": _sig(tp.status.share),
         "used_units": round(tp.used_units, 3),
         "budget_units": round(tp.budget_units, 3),
         "used_fraction": None if tp.used_fraction is None else round(tp.used_fraction, 6),
-        "holds_funded": round(tp.holds_funded, 6),
-        "holds_unallocated": round(tp.holds_unallocated, 6),
+        "holds_funded": round(tp.status.funded, 6),
+        "holds_unallocated": round(tp.status.unallocated, 6),
         "ratio": None if _finite(tp.ratio) is None else round(tp.ratio, 6),
         "rank": tp.rank,
         "teams_in_pool": teams_in_pool,
