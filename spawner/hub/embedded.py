@@ -45,7 +45,7 @@ from spawner.runtime.actuator import (
     Timeouts,
     snapshot_sentence,
 )
-from spawner.runtime.snapshots import KEY_PATTERN, Layout
+from spawner.runtime.snapshots import KEY_PATTERN, SnapshotLayout
 
 ADMIN_CHECK = 0.5
 """Seconds between looks for admin changes (one small query) before a cycle."""
@@ -201,7 +201,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
             runtimes=cluster.runtimes,
         )
 
-    def layout(self) -> Layout:
+    def layout(self) -> SnapshotLayout:
         """Where homes and snapshots live (docs/snapshots.md)."""
         home = Path(self.home_root).resolve() if self.home_root else None
         if self.snapshot_root:
@@ -210,7 +210,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
             snapshots = home.parent / "snapshots"
         else:
             snapshots = Path("snapshots").resolve()
-        return Layout(self.hub_name, home, snapshots)
+        return SnapshotLayout(self.hub_name, home, snapshots)
 
     async def _start(self) -> None:
         self.build()
@@ -621,7 +621,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         """Remove the session's container (bounded) and free what it held."""
         actuator: SessionActuator | None = getattr(self, "actuator", None)
         if actuator is not None:
-            await actuator.stop_container(node, container_id, request_id)
+            await actuator.stop_session(node, container_id, request_id)
         if self.started and request_id:
             self.finish(request_id)
 

@@ -619,7 +619,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             restore=self._restore_key(),
         )
         session = await scheduler.start_session(allocation, ask)
-        self.runtime_id = session.container_id
+        self.runtime_id = session.runtime_id
         self.port = session.port
         self.ip = session.address
         self.agent = scheduler.agents.get(request_id)

@@ -1,63 +1,60 @@
 """The actuator: the only holder of the nodes' runtimes (Docker engines, unless
 `runtimes` names others). It books and releases slices, starts, polls and stops
-session containers, preempts, and follows the nodes' health and container events.
+sessions, preempts, and follows the nodes' health and their sessions' ends.
 
-The core calls `launch` and `preempt` inside a cycle (the core's Actuator
-protocol); spawners call `start_session`, `poll_session` and `stop_session`
-through the facade (embedded.py). The container's life is split in overridable
-steps, as in DockerSpawner: `create_container` (build the spec), `start_container`
-(create and start it on the engine), `stop_container` (remove it, bounded).
-Calls to an engine from a request path are bounded by ``engine_timeout``; an
-unreachable node is not called at all.
+The core calls `launch` and `preempt` inside a cycle (the core's Actuator protocol);
+spawners call `start_session`, `poll_session` and `stop_session` through the facade
+(embedded.py). A session's life is split in overridable steps of `Lifecycle`, as in
+DockerSpawner: `build_spec`, `create_session` (create and start it on the node's
+runtime), `stop_session` (remove it, bounded). Calls to a runtime from a request path
+are bounded by ``engine_timeout``; an unreachable node is not called at all.
 
 A preempted session is snapshotted (docs/snapshots.md): its agent checkpoints the
-kernels within ``snapshot_grace``, the container goes, the slices are freed, then the
+kernels within ``snapshot_grace``, the session goes, the slices are freed, then the
 kernel state is copied into the snapshot store and recorded. The preemptor's slices
-are booked only once the victim's container is gone (`launch` waits for it), so two
-sessions never share a GPU, as a Kubernetes preemptor waits for its victims to end.
+are booked only once the victim is gone (`launch` waits for it), so two sessions never
+share a GPU, as a Kubernetes preemptor waits for its victims to end.
 
-One module per concern, each a mixin of `SessionActuator`: booking.py (ports, slices
-booked and released), takedown.py (preemption and its messages), snaprecord.py
-(snapshot recording), nodewatch.py (health, exits, orphans), lifecycle.py (the
-container's steps, idle polls); runtime.py is the interface a node's runtime implements.
-Mixins rather than collaborators: the concerns share one state and call each other both
-ways, and each step stays an overridable method; each mixin declares what it uses.
+`SessionActuator` is a facade over collaborators, each with its own state, made here and
+handed the ones it calls (calls run one way, down this list):
+
+* `Takedown` (takedown.py): preemption, its messages, the victim's way out;
+* `SnapshotRecording` (snaprecord.py): checkpoints, snapshots recorded and pruned;
+* `Lifecycle` (lifecycle.py): a session's steps on its node's runtime;
+  `IdlePolls` (lifecycle.py): what each session's agent says;
+* `NodeWatch` (nodewatch.py): node health, sessions that end by themselves, orphans;
+* `Booking` (booking.py): ports, slices booked and released;
+* below them all `Nodes` and `SessionTable` (context.py), and the values (values.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from scheduler_core.model import Allocation, Health, Node
 from scheduler_core.scheduler import Scheduler
-from scheduler_core.store import Store
+from scheduler_core.store import RequestState, Store
 from spawner.hubapi import HubClient
 from spawner.runtime.booking import Booking
+from spawner.runtime.context import Log, Nodes, SessionTable
 from spawner.runtime.dockernodes import EngineConfig, NodeBackend
-from spawner.runtime.interface import Runtime
-from spawner.runtime.lifecycle import (
+from spawner.runtime.interface import NodeConfig, Runtime
+from spawner.runtime.lifecycle import IdlePolls, Lifecycle
+from spawner.runtime.nodewatch import NodeWatch, describe_exit
+from spawner.runtime.snaprecord import SnapshotRecording, snapshot_sentence
+from spawner.runtime.snapshots import SnapshotLayout
+from spawner.runtime.takedown import Takedown
+from spawner.runtime.values import (
     AGENT_HEADER,
     Activity,
     Agent,
-    IdlePolls,
     LaunchFailed,
-    Lifecycle,
     RunningSession,
     SessionLaunch,
+    SnapshotPolicy,
+    Teardown,
     Timeouts,
 )
-from spawner.runtime.nodewatch import NodeWatch, describe_exit
-from spawner.runtime.snaprecord import (  # noqa: F401  (_kernel_entries: its unit tests import it here)
-    SnapshotPolicy,
-    SnapshotRecording,
-    _kernel_entries,
-    snapshot_sentence,
-)
-from spawner.runtime.snapshots import Layout
-from spawner.runtime.takedown import Takedown, Teardown
 
 __all__ = [
     "AGENT_HEADER",
@@ -75,8 +72,9 @@ __all__ = [
 ]
 
 
-class SessionActuator(Booking, Takedown, SnapshotRecording, NodeWatch, Lifecycle, IdlePolls):
-    """Sessions as Docker containers on the nodes' engines (or on the given runtimes)."""
+class SessionActuator:
+    """Sessions on the nodes' Docker engines (or on the given runtimes): the core's
+    actuator and the spawners' way to their sessions, through its collaborators."""
 
     def __init__(
         self,
@@ -92,70 +90,127 @@ class SessionActuator(Booking, Takedown, SnapshotRecording, NodeWatch, Lifecycle
         changed: Callable[[], None],
         respawn: Callable[[str], None],
         notices: dict[tuple[str, str], str],
-        log: logging.Logger | logging.LoggerAdapter[Any],
-        layout: Layout | None = None,
+        log: Log,
+        layout: SnapshotLayout | None = None,
         snapshots: SnapshotPolicy | None = None,
         agents: dict[str, Agent] | None = None,
         runtimes: Mapping[str, Runtime] | None = None,
     ) -> None:
-        self.log = log
         given = dict(runtimes or {})  # nodes whose sessions a runtime other than Docker runs
-        self.backends = {
+        backends: dict[str, Runtime] = {
             name: NodeBackend(engine, ping_timeout=timeouts.ping)
             for name, engine in engines.items()
             if name not in given
         }
-        self.backends.update(given)
-        self.engines = {name: backend.config for name, backend in self.backends.items()}
-        self.configured = {n.name: n.health for n in nodes}
-        self.store: Store
-        """Given with the core (`attach`): until then only the engines can be asked."""
-        self.hub = hub
-        self.hub_name = hub_name
-        self.timeouts = timeouts
-        self.port_range = port_range
-        self._granted = granted
-        self._preempted = preempted
-        self._changed = changed
-        self._respawn = respawn
-        self.notices = notices
-        self.core: Scheduler | None = None
-        self.ports: dict[int, str] = {}
-        self.live: set[str] = set()
-        """Requests whose server runs (its spawner's start returned, or adopted)."""
-        self._stopping: set[str] = set()
-        """Requests whose container this Hub is removing on purpose."""
-        self._unreachable_since: dict[str, float] = {}
-        self._orphans: dict[str, set[str]] = {}
-        """Per node, containers to remove once the node answers again."""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._background: set[asyncio.Task[None]] = set()
-        self.layout = layout
-        """Where homes and snapshots live (None: named volumes, no snapshot store)."""
-        self.snapshots = snapshots or SnapshotPolicy(enabled=layout is not None)
-        self.agents: dict[str, Agent] = agents if agents is not None else {}
-        """Per request, its session's agent (from the start, or the spawner's state)."""
-        self.teardowns: dict[str, Teardown] = {}
-        self.activity: dict[str, Activity] = {}
+        backends.update(given)
+        self.nodes = Nodes(
+            backends,
+            {n.name: n.health for n in nodes},
+            hub,
+            hub_name=hub_name,
+            timeouts=timeouts,
+            changed=changed,
+            log=log,
+        )
+        self.table = SessionTable(agents if agents is not None else {}, notices)
+        self.booking = Booking(self.nodes, self.table, port_range=port_range, granted=granted)
+        self.nodewatch = NodeWatch(self.nodes, self.table, self.booking)
+        self.lifecycle = Lifecycle(self.nodes, self.table, self.booking, self.nodewatch, layout)
+        self.idle = IdlePolls(self.nodes, self.table)
+        self.recording = SnapshotRecording(
+            self.nodes, layout, snapshots or SnapshotPolicy(enabled=layout is not None)
+        )
+        self.takedown = Takedown(
+            self.nodes,
+            self.table,
+            self.booking,
+            self.lifecycle,
+            self.recording,
+            preempted=preempted,
+            respawn=respawn,
+        )
 
-    # -- plumbing ------------------------------------------------------------------
-
-    def attach(self, core: Scheduler, store: Store) -> None:
-        self.core = core
-        self.store = store
+    # -- what the Hub side reads -----------------------------------------------------
 
     @property
-    def _core(self) -> Scheduler:
-        assert self.core is not None, "the actuator runs only with a core attached"
-        return self.core
+    def log(self) -> Log:
+        return self.nodes.log
 
-    def background(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._background.add(task)  # held until done: the loop keeps only weak references
-        task.add_done_callback(self._background.discard)
+    @property
+    def hub_name(self) -> str:
+        return self.nodes.hub_name
 
-    def node_answers(self, node: str) -> bool:
-        """False while the node is unreachable or down: calls to its engine would hang."""
-        nodes = self.core.nodes if self.core is not None else {}
-        health = nodes[node].health if node in nodes else Health.DOWN
-        return health not in (Health.UNREACHABLE, Health.DOWN)
+    @property
+    def backends(self) -> dict[str, Runtime]:
+        return self.nodes.backends
+
+    @property
+    def engines(self) -> dict[str, NodeConfig]:
+        """Per node, its runtime's configuration."""
+        return self.nodes.configs
+
+    @property
+    def configured(self) -> dict[str, Health]:
+        return self.nodes.configured
+
+    @property
+    def live(self) -> set[str]:
+        """Requests whose server runs (its spawner's start returned, or adopted)."""
+        return self.table.live
+
+    @property
+    def agents(self) -> dict[str, Agent]:
+        return self.table.agents
+
+    def attach(self, core: Scheduler, store: Store) -> None:
+        self.nodes.attach(core, store)
+
+    # -- the core's Actuator protocol ------------------------------------------------
+
+    def launch(self, allocation: Allocation) -> None:
+        self.booking.launch(allocation)
+
+    def preempt(self, allocation: Allocation, reason: str) -> bool:
+        return self.takedown.preempt(allocation, reason)
+
+    # -- the facade's calls (embedded.py, recovery.py) -------------------------------
+
+    async def start_session(self, allocation: Allocation, ask: SessionLaunch) -> RunningSession:
+        return await self.lifecycle.start_session(allocation, ask)
+
+    async def poll_session(
+        self, request_id: str, node: str, runtime_id: str, *, release: bool = True
+    ) -> int | None:
+        return await self.lifecycle.poll_session(request_id, node, runtime_id, release=release)
+
+    async def stop_session(self, node: str, runtime_id: str, request_id: str = "") -> None:
+        await self.lifecycle.stop_session(node, runtime_id, request_id)
+
+    def release(
+        self,
+        request_id: str,
+        state: RequestState = RequestState.FINISHED,
+        reason: str | None = None,
+    ) -> None:
+        self.booking.release(request_id, state, reason)
+
+    def requeue(self, request_id: str, reason: str) -> None:
+        self.booking.requeue(request_id, reason)
+
+    def hold_port(self, port: int, request_id: str) -> None:
+        self.booking.hold_port(port, request_id)
+
+    def watch(self) -> None:
+        self.nodewatch.watch()
+
+    async def check_health(self) -> None:
+        await self.nodewatch.check_health()
+
+    def mark_unreachable(self, node: str, since: float) -> None:
+        self.nodewatch.mark_unreachable(node, since)
+
+    async def poll_activity(self) -> None:
+        await self.idle.poll_activity()
+
+    def delete_snapshots(self, user: str, server: str | None) -> int:
+        return self.recording.delete_snapshots(user, server)

@@ -1,46 +1,41 @@
 """Booking: a session's port, and its slices from the core's grant to the session's end.
 
 The core calls `launch` inside a cycle (the core's Actuator protocol): the admission's
-slices are booked in the store once the containers of the victims on its nodes are gone
+slices are booked in the store once the victims on its nodes are gone
 (`spawner.runtime.takedown`), then the grant is handed on. `release` and `requeue` free them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
 import socket
 import time
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 from scheduler_core.model import Allocation
-from scheduler_core.scheduler import Scheduler
-from scheduler_core.store import RequestState, SliceConflict, Store, StoreError
-from spawner.runtime.takedown import Teardown
+from scheduler_core.store import RequestState, SliceConflict, StoreError
+from spawner.runtime.context import Nodes, SessionTable
 
 
 class Booking:
-    """Ports, and slices booked and released: a mixin of `SessionActuator`, which gives
-    it what is declared below."""
+    """Ports, and slices booked and released. Owns the ports; calls no other
+    collaborator."""
 
-    log: logging.Logger | logging.LoggerAdapter[Any]
-    store: Store
-    port_range: tuple[int, int]
-    ports: dict[int, str]
-    live: set[str]
-    _stopping: set[str]
-    teardowns: dict[str, Teardown]
-    _granted: Callable[[Allocation], None]
-    _changed: Callable[[], None]
-
-    if TYPE_CHECKING:
-
-        @property
-        def _core(self) -> Scheduler: ...
-
-        def background(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
+    def __init__(
+        self,
+        nodes: Nodes,
+        table: SessionTable,
+        *,
+        port_range: tuple[int, int],
+        granted: Callable[[Allocation], None],
+    ) -> None:
+        self.nodes = nodes
+        self.table = table
+        self.port_range = port_range
+        self.ports: dict[int, str] = {}
+        """Per port, the request whose session holds it."""
+        self._granted = granted
 
     # -- ports ---------------------------------------------------------------------
 
@@ -63,7 +58,7 @@ class Booking:
     def hold_port(self, port: int, request_id: str) -> None:
         self.ports[port] = request_id
 
-    def _free_ports(self, request_id: str) -> None:
+    def free_ports(self, request_id: str) -> None:
         for port in [p for p, holder in self.ports.items() if holder == request_id]:
             del self.ports[port]
 
@@ -71,15 +66,15 @@ class Booking:
 
     def launch(self, allocation: Allocation) -> None:
         """Book the admission's slices in the store, then hand the grant on; after the
-        containers of victims on its nodes are gone (and, for preempted work that waits
+        victims on its nodes are gone (and, for preempted work that waits
         again, after its own snapshot)."""
         waits = [
             t.done if request_id == allocation.id else t.freed
-            for request_id, t in self.teardowns.items()
+            for request_id, t in self.table.teardowns.items()
             if request_id == allocation.id or t.node in allocation.node_names
         ]
         if waits:
-            self.background(self._launch_after(allocation, waits))
+            self.nodes.background(self._launch_after(allocation, waits))
             return
         self._book(allocation)
 
@@ -87,18 +82,18 @@ class Booking:
         self, allocation: Allocation, waits: list[asyncio.Future[None]]
     ) -> None:
         await asyncio.gather(*(asyncio.shield(w) for w in waits), return_exceptions=True)
-        if self._core.running.get(allocation.id) is allocation:
+        if self.nodes.core.running.get(allocation.id) is allocation:
             self._book(allocation)
 
     def _book(self, allocation: Allocation) -> None:
         try:
-            self.store.book(allocation)
+            self.nodes.store.book(allocation)
         except (SliceConflict, StoreError) as error:
             # Another scheduler writing to the same store got there first.
-            self.log.warning("budgethub: cannot book %s: %s", allocation.id, error)
+            self.nodes.log.warning("budgethub: cannot book %s: %s", allocation.id, error)
             asyncio.get_running_loop().call_soon(self._book_failed, allocation.id)
             return
-        self.log.info(
+        self.nodes.log.info(
             "budgethub: granted %s on %s, %.1f ms after its submission (%s)",
             allocation.id,
             ",".join(allocation.node_names),
@@ -108,9 +103,9 @@ class Booking:
         self._granted(allocation)
 
     def _book_failed(self, request_id: str) -> None:
-        if request_id in self._core.running:
-            self._core.launch_failed(request_id)
-        self._changed()
+        if request_id in self.nodes.core.running:
+            self.nodes.core.launch_failed(request_id)
+        self.nodes.changed()
 
     def release(
         self,
@@ -120,20 +115,22 @@ class Booking:
     ) -> None:
         """The session ended: stop charging, free its slices (in the core and the store)
         and its port."""
-        self.live.discard(request_id)
-        self._stopping.discard(request_id)
-        self._free_ports(request_id)
-        if request_id in self._core.running:
-            self._core.finish(request_id)
+        self.table.live.discard(request_id)
+        self.table.stopping.discard(request_id)
+        self.free_ports(request_id)
+        if request_id in self.nodes.core.running:
+            self.nodes.core.finish(request_id)
             try:
-                self.store.release(request_id, time.time(), state=state, reason=reason)
+                self.nodes.store.release(request_id, time.time(), state=state, reason=reason)
             except StoreError as error:
-                self.log.warning("budgethub: releasing %s: %s", request_id, error)
+                self.nodes.log.warning("budgethub: releasing %s: %s", request_id, error)
 
     def requeue(self, request_id: str, reason: str) -> None:
-        """The container did not start: slices back, the request waits at its old place."""
-        self._free_ports(request_id)
-        self.live.discard(request_id)
-        if request_id in self._core.running:
-            self.store.release(request_id, time.time(), state=RequestState.REQUEUED, reason=reason)
-            self._core.launch_failed(request_id)
+        """The session did not start: slices back, the request waits at its old place."""
+        self.free_ports(request_id)
+        self.table.live.discard(request_id)
+        if request_id in self.nodes.core.running:
+            self.nodes.store.release(
+                request_id, time.time(), state=RequestState.REQUEUED, reason=reason
+            )
+            self.nodes.core.launch_failed(request_id)

@@ -24,14 +24,14 @@ import docker
 from docker.errors import APIError, DockerException, NotFound
 from docker.tls import TLSConfig
 
-from spawner.runtime.interface import Answer, ContainerState, OwnedElsewhere
-from spawner.runtime.spec import LABEL_PREFIX, ContainerSpec
+from spawner.runtime.interface import Answer, OwnedElsewhere, SessionState
+from spawner.runtime.spec import LABEL_PREFIX, LaunchSpec
 
-# Answer, ContainerState and OwnedElsewhere are every runtime's (spawner.runtime.interface); they
+# Answer, SessionState and OwnedElsewhere are every runtime's (spawner.runtime.interface); they
 # stay importable from here.
 __all__ = [
     "Answer",
-    "ContainerState",
+    "SessionState",
     "EngineConfig",
     "NodeBackend",
     "OwnedElsewhere",
@@ -124,7 +124,7 @@ class NodeBackend:
             log.warning("node %s: engine does not answer: %s", self.node, error)
             return Answer.REFUSED
 
-    def watch(self, hub: str, on_exit: Callable[[ContainerState], None]) -> None:
+    def watch(self, hub: str, on_exit: Callable[[SessionState], None]) -> None:
         """Call ``on_exit`` (from a thread of this engine's own) each time a container of
         this Hub's ends: exited, killed, out of memory. Reconnects while the engine is
         away, for as long as the Hub runs."""
@@ -138,7 +138,7 @@ class NodeBackend:
         )
         self._watcher.start()
 
-    def _watch(self, hub: str, on_exit: Callable[[ContainerState], None]) -> None:
+    def _watch(self, hub: str, on_exit: Callable[[SessionState], None]) -> None:
         filters = {"type": "container", "event": "die", "label": f"{LABEL_PREFIX}.hub={hub}"}
         backoff = 0.5
         while True:
@@ -153,7 +153,7 @@ class NodeBackend:
                     labels = {k: v for k, v in attributes.items() if k.startswith(LABEL_PREFIX)}
                     code = str(attributes.get("exitCode", "0"))
                     exit_code = int(code) if code.lstrip("-").isdigit() else -1
-                    on_exit(ContainerState(str(event.get("id", "")), False, exit_code, labels))
+                    on_exit(SessionState(str(event.get("id", "")), False, exit_code, labels))
             except Exception as error:  # the engine went away: try again shortly
                 log.debug("node %s: event stream ended: %s", self.node, error)
             finally:
@@ -162,7 +162,7 @@ class NodeBackend:
             time.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
 
-    async def launch(self, spec: ContainerSpec) -> str:
+    async def launch(self, spec: LaunchSpec) -> str:
         """Create and start the session's container, replacing one of its name that this
         Hub left behind; OwnedElsewhere if another Hub's container has the name."""
         hub_label = f"{LABEL_PREFIX}.hub"
@@ -192,16 +192,16 @@ class NodeBackend:
 
         return await call(run)
 
-    async def state(self, container_id: str) -> ContainerState | None:
+    async def state(self, container_id: str) -> SessionState | None:
         """The container's state, or None when it is gone."""
 
-        def run() -> ContainerState | None:
+        def run() -> SessionState | None:
             try:
                 container = self._docker().containers.get(container_id)
             except NotFound:
                 return None
             status = container.attrs.get("State", {})
-            return ContainerState(
+            return SessionState(
                 str(container.id),
                 bool(status.get("Running")),
                 int(status.get("ExitCode", 0)),
@@ -230,15 +230,15 @@ class NodeBackend:
 
         await call(run)
 
-    async def sessions(self, hub: str) -> list[ContainerState]:
+    async def sessions(self, hub: str) -> list[SessionState]:
         """Session containers this Hub started on the node, running or not."""
 
-        def run() -> list[ContainerState]:
+        def run() -> list[SessionState]:
             found = self._docker().containers.list(
                 all=True, filters={"label": f"{LABEL_PREFIX}.hub={hub}"}
             )
             return [
-                ContainerState(
+                SessionState(
                     str(c.id),
                     c.status == "running",
                     int(c.attrs.get("State", {}).get("ExitCode", 0)),

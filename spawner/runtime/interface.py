@@ -3,8 +3,10 @@
 Per node, because each node has a manager of its own that answers, fails and drains
 on its own (Docker's engine is one: `spawner.runtime.dockernodes.NodeBackend`); the steps mirror
 DockerSpawner's overridable ones and kubespawner's split: create = build the spec
-(`SessionActuator.create_container`), start = `launch`, poll = `state`, stop/remove =
-`remove`.
+(`Lifecycle.build_spec`), start = `launch`, poll = `state`, stop/remove = `remove`.
+
+A session's ``runtime_id`` is what its runtime calls it: a Docker container id, a Slurm
+job id (a pod's name, on Kubernetes).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from spawner.runtime.spec import ContainerSpec
+from spawner.runtime.spec import LaunchSpec
 
 
 @dataclass(frozen=True, slots=True)
-class ContainerState:
+class SessionState:
+    """A session as its runtime sees it; ``id`` is its ``runtime_id``."""
+
     id: str
     running: bool
     exit_code: int
@@ -33,7 +37,7 @@ class Answer(enum.Enum):
     TIMEOUT = "timeout"
     """Connected, or tried to, and heard nothing in time: a frozen engine, a cut link."""
     REFUSED = "refused"
-    """Nothing listens (the engine is stopped): its containers are gone with it."""
+    """Nothing listens (the engine is stopped): its sessions are gone with it."""
     DRAINING = "draining"
     """The node's manager drains it: it answers, but takes no new session."""
     DOWN = "down"
@@ -41,7 +45,7 @@ class Answer(enum.Enum):
 
 
 class OwnedElsewhere(RuntimeError):
-    """A container of the session's name belongs to another Hub (or to no Hub)."""
+    """A session of the same name belongs to another Hub (or to no Hub)."""
 
 
 class NodeConfig(Protocol):
@@ -85,30 +89,30 @@ class Runtime(Protocol):
         """How the node answers now (bounded: never longer than its ping timeout)."""
         ...
 
-    def watch(self, hub: str, on_exit: Callable[[ContainerState], None]) -> None:
+    def watch(self, hub: str, on_exit: Callable[[SessionState], None]) -> None:
         """Call ``on_exit`` (from any thread) each time a session of this Hub's ends."""
         ...
 
-    async def launch(self, spec: ContainerSpec) -> str:
+    async def launch(self, spec: LaunchSpec) -> str:
         """Create and start the session; its id (OwnedElsewhere: the name is taken)."""
         ...
 
-    async def state(self, session_id: str) -> ContainerState | None:
+    async def state(self, runtime_id: str) -> SessionState | None:
         """The session's state, or None when it is gone."""
         ...
 
-    async def remove(self, session_id: str, grace: float = 5.0) -> None:
+    async def remove(self, runtime_id: str, grace: float = 5.0) -> None:
         """Stop the session (killed after ``grace`` seconds) and remove it."""
         ...
 
-    async def sessions(self, hub: str) -> list[ContainerState]:
+    async def sessions(self, hub: str) -> list[SessionState]:
         """The sessions this Hub started on the node, running or not."""
         ...
 
-    async def archive(self, session_id: str, path: str) -> bytes | None:
+    async def archive(self, runtime_id: str, path: str) -> bytes | None:
         """A tar of ``path`` in the session, or None when it is not there."""
         ...
 
-    async def logs(self, session_id: str, tail: int = 20) -> str:
+    async def logs(self, runtime_id: str, tail: int = 20) -> str:
         """The session's last ``tail`` lines of output."""
         ...

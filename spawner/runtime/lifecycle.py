@@ -1,5 +1,5 @@
-"""A session's container and its agent: create (build the spec), start, poll and stop,
-the overridable steps of DockerSpawner; and the idle polls of the session's agent.
+"""A session and its agent: build the spec, start, poll and stop, the overridable steps
+of DockerSpawner; and the idle polls of the session's agent.
 
 Calls to a node's runtime from a request path are bounded by ``engine_timeout``; an
 unreachable node is not called at all.
@@ -9,33 +9,34 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from scheduler_core.model import Allocation
-from scheduler_core.scheduler import Scheduler
-from scheduler_core.store import Store
-from spawner.runtime.interface import ContainerState, NodeConfig, OwnedElsewhere, Runtime
+from spawner.runtime.booking import Booking
+from spawner.runtime.context import Nodes, SessionTable
+from spawner.runtime.interface import OwnedElsewhere
+from spawner.runtime.nodewatch import NodeWatch
 from spawner.runtime.snapshots import (
     HOME_TARGET,
-    Layout,
     SnapshotError,
+    SnapshotLayout,
     ensure_home,
     restored_dir_in_home,
     state_dir_in_home,
 )
-from spawner.runtime.spec import ContainerSpec, SessionIdentity, build_container
-
-if TYPE_CHECKING:
-    from spawner.runtime.takedown import Teardown
-
-AGENT_HEADER = "X-Budgethub-Agent"
+from spawner.runtime.spec import LaunchSpec, build_launch_spec
+from spawner.runtime.values import (
+    AGENT_HEADER,
+    Activity,
+    Agent,
+    LaunchFailed,
+    RunningSession,
+    SessionLaunch,
+)
 
 
 def _epoch(value: Any, default: float) -> float:
@@ -48,129 +49,36 @@ def _epoch(value: Any, default: float) -> float:
         return default
 
 
-class LaunchFailed(RuntimeError):
-    """A granted session's container did not start (or never answered)."""
-
-    def __init__(self, node: str, reason: str, *, final: bool = False) -> None:
-        super().__init__(f"on node {node}: {reason}")
-        self.node = node
-        self.reason = reason
-        self.final = final
-        """Trying again cannot help (a misconfigured node or a name another Hub holds)."""
-
-
-@dataclass(frozen=True)
-class SessionLaunch:
-    """What a spawner asks for when its request is granted."""
-
-    identity: SessionIdentity
-    image: str
-    hub_env: Mapping[str, str]
-    base_url: str
-    storage: str | None
-    """The storage name a data-prep profile mounts, if any."""
-    pids_limit: int
-    agent_secret: str = ""
-    """The session's agent secret (``BUDGETHUB_AGENT_SECRET``), kept in the spawner state."""
-    restore: str | None = None
-    """The key of the snapshot this start restores (checked by the facade), or None."""
-
-
-@dataclass(frozen=True)
-class RunningSession:
-    container_id: str
-    address: str
-    port: int
-
-
-@dataclass
-class Agent:
-    """How the spawner reaches one session's agent (its server's port, directly)."""
-
-    user: str
-    server: str
-    secret: str
-    base_url: str
-    address: str = ""
-    port: int = 0
-    container_id: str = ""
-    image: str = ""
-
-    def url(self, route: str) -> str:
-        return f"http://{self.address}:{self.port}{self.base_url}budgethub-agent/{route}"
-
-    @classmethod
-    def from_state(cls, state: Any) -> Agent | None:
-        """From a spawner's saved state; None for anything that does not fit."""
-        if not isinstance(state, dict):
-            return None
-        known = {k: state[k] for k in cls.__dataclass_fields__ if k in state}
-        try:
-            return cls(**known)
-        except TypeError:
-            return None
-
-
-@dataclass
-class Activity:
-    """What a session's agent last said: busy, or idle since when."""
-
-    asked: float
-    busy: bool
-    idle_since: float | None
-    kernels: list[Any] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    engine: float = 10.0
-    ping: float = 5.0
-    launch: float = 120.0
-    node_down_grace: float = 120.0
-
-
 class Lifecycle:
-    """A session's container: a mixin of `SessionActuator`, which gives it what is
-    declared below."""
+    """A session's steps on its node's runtime. Calls `Booking` for its port and
+    `NodeWatch` for a session that ended (or that cannot be removed now); subclass it to
+    change a step (`build_spec`, `create_session`, `stop_session`)."""
 
-    log: logging.Logger | logging.LoggerAdapter[Any]
-    engines: dict[str, NodeConfig]
-    backends: dict[str, Runtime]
-    layout: Layout | None
-    timeouts: Timeouts
-    core: Scheduler | None
-    agents: dict[str, Agent]
-    live: set[str]
-    _stopping: set[str]
-    _orphans: dict[str, set[str]]
+    def __init__(
+        self,
+        nodes: Nodes,
+        table: SessionTable,
+        booking: Booking,
+        watch: NodeWatch,
+        layout: SnapshotLayout | None,
+    ) -> None:
+        self.nodes = nodes
+        self.table = table
+        self.booking = booking
+        self.watch = watch
+        self.layout = layout
+        """Where homes and snapshots live (None: named volumes, no snapshot store)."""
 
-    if TYPE_CHECKING:
+    # -- a session: build its spec, start, poll, stop ---------------------------------
 
-        @property
-        def _core(self) -> Scheduler: ...
-
-        def node_answers(self, node: str) -> bool: ...
-
-        def allocate_port(self, request_id: str) -> int: ...
-
-        def _free_ports(self, request_id: str) -> None: ...
-
-        def container_ended(
-            self, request_id: str, state: ContainerState | None, *, through_hub: bool = False
-        ) -> None: ...
-
-    # -- a session's container: create, start, poll, stop -----------------------------
-
-    def create_container(
-        self, allocation: Allocation, ask: SessionLaunch, port: int
-    ) -> ContainerSpec:
-        """The container spec of a granted session (override to change what runs)."""
+    def build_spec(self, allocation: Allocation, ask: SessionLaunch, port: int) -> LaunchSpec:
+        """The launch spec of a granted session (override to change what runs)."""
         grant = allocation.grants[0]
-        engine = self.engines[grant.node]
+        config = self.nodes.configs[grant.node]
         server = ask.identity.server
         storage = None
         if ask.storage is not None:
-            path = engine.storage.get(ask.storage)
+            path = config.storage.get(ask.storage)
             if path is None:
                 raise LaunchFailed(
                     grant.node,
@@ -178,14 +86,14 @@ class Lifecycle:
                     final=True,
                 )
             storage = (ask.storage, path)
-        return build_container(
+        return build_launch_spec(
             ask.identity,
             ask.image,
             grant,
             hub_env=ask.hub_env,
             port=port,
-            ip=engine.address if engine.network == "host" else "0.0.0.0",
-            nvidia=engine.nvidia,
+            ip=config.address if config.network == "host" else "0.0.0.0",
+            nvidia=config.nvidia,
             storage=storage,
             extra_env={
                 "BUDGETHUB_FUNDED": "1" if allocation.funded else "0",
@@ -216,74 +124,74 @@ class Lifecycle:
         path = self.layout.kernels_dir(ask.identity.user, ask.identity.server, ask.restore)
         return str(path) if path is not None else None
 
-    async def start_container(self, node: str, spec: ContainerSpec) -> str:
-        """Create and start the container on the node's engine; its id."""
-        return await self.backends[node].launch(spec)
+    async def create_session(self, node: str, spec: LaunchSpec) -> str:
+        """Create and start the session on the node's runtime; its ``runtime_id``."""
+        return await self.nodes.backends[node].launch(spec)
 
     async def start_session(self, allocation: Allocation, ask: SessionLaunch) -> RunningSession:
         """Start a granted session and return once its server answers; LaunchFailed
-        (the container removed, the port free) if it does not."""
+        (the session removed, the port free) if it does not."""
         request_id = allocation.id
         node = allocation.grants[0].node
-        engine = self.engines[node]
-        port = self.allocate_port(request_id)
-        container_id = ""
+        config = self.nodes.configs[node]
+        port = self.booking.allocate_port(request_id)
+        runtime_id = ""
         try:
-            spec = self.create_container(allocation, ask, port)
-            container_id = await self.start_container(node, spec)
-            await self._wait_until_answers(node, container_id, engine.address, port, ask.base_url)
+            spec = self.build_spec(allocation, ask, port)
+            runtime_id = await self.create_session(node, spec)
+            await self._wait_until_answers(node, runtime_id, config.address, port, ask.base_url)
         except asyncio.CancelledError:
-            await self.stop_container(node, container_id, request_id)
-            self._free_ports(request_id)
+            await self.stop_session(node, runtime_id, request_id)
+            self.booking.free_ports(request_id)
             raise
         except Exception as error:
             logs = ""
-            if container_id:
+            if runtime_id:
                 try:
                     logs = await asyncio.wait_for(
-                        self.backends[node].logs(container_id), self.timeouts.engine
+                        self.nodes.backends[node].logs(runtime_id), self.nodes.timeouts.engine
                     )
                 except Exception:
                     logs = ""
-                await self.stop_container(node, container_id, request_id)
-            self._free_ports(request_id)
-            self.log.error(
+                await self.stop_session(node, runtime_id, request_id)
+            self.booking.free_ports(request_id)
+            self.nodes.log.error(
                 "budgethub: %s: launch on %s failed: %s\n%s", request_id, node, error, logs
             )
             if isinstance(error, LaunchFailed):
                 raise
             reason = str(error) or type(error).__name__
             raise LaunchFailed(node, reason, final=isinstance(error, OwnedElsewhere)) from None
-        self._stopping.discard(request_id)
-        if request_id in self._core.running:
-            self.live.add(request_id)
+        self.table.stopping.discard(request_id)
+        if request_id in self.nodes.core.running:
+            self.table.live.add(request_id)
         if ask.agent_secret:
-            self.agents[request_id] = Agent(
+            self.table.agents[request_id] = Agent(
                 user=ask.identity.user,
                 server=ask.identity.server,
                 secret=ask.agent_secret,
                 base_url=ask.base_url,
-                address=engine.address,
+                address=config.address,
                 port=port,
-                container_id=container_id,
+                runtime_id=runtime_id,
                 image=ask.image,
             )
-        return RunningSession(container_id, engine.address, port)
+        return RunningSession(runtime_id, config.address, port)
 
     async def _wait_until_answers(
-        self, node: str, container_id: str, address: str, port: int, base_url: str
+        self, node: str, runtime_id: str, address: str, port: int, base_url: str
     ) -> None:
-        """Return as soon as the server answers HTTP; fail if the container exits.
+        """Return as soon as the server answers HTTP; fail if the session ends.
 
         A bare TCP connect is the cheap probe while the server boots (many spawns
         at once share the Hub's event loop); HTTP is asked only once the port is open.
         """
         url = f"http://{address}:{port}{base_url}api"
         client = AsyncHTTPClient()
-        deadline = time.monotonic() + self.timeouts.launch
+        deadline = time.monotonic() + self.nodes.timeouts.launch
         checked = time.monotonic()
         interval = 0.02
-        backend = self.backends[node]
+        backend = self.nodes.backends[node]
         while time.monotonic() < deadline:
             try:
                 _reader, writer = await asyncio.open_connection(address, port)
@@ -300,84 +208,80 @@ class Lifecycle:
                     pass
             if time.monotonic() - checked > 1.0:
                 checked = time.monotonic()
-                state = await backend.state(container_id)
+                state = await backend.state(runtime_id)
                 if state is None or not state.running:
                     code = state.exit_code if state else "gone"
-                    raise RuntimeError(f"the container exited ({code}) before its server answered")
+                    raise RuntimeError(f"the session ended ({code}) before its server answered")
             await asyncio.sleep(interval)
             interval = min(interval * 1.2, 0.1)
-        raise TimeoutError(f"its server did not answer within {self.timeouts.launch:g} s")
+        raise TimeoutError(f"its server did not answer within {self.nodes.timeouts.launch:g} s")
 
     async def poll_session(
-        self, request_id: str, node: str, container_id: str, *, release: bool = True
+        self, request_id: str, node: str, runtime_id: str, *, release: bool = True
     ) -> int | None:
-        """None while the container runs (or its node cannot be asked now); its exit
+        """None while the session runs (or its node cannot be asked now); its exit
         status once it ended, its slices then freed (``release``: not in safe mode, where
         no core holds them)."""
-        backend = self.backends.get(node)
+        backend = self.nodes.backends.get(node)
         if backend is None:
             return 0 if release else None
-        if release and not self.node_answers(node):
+        if release and not self.nodes.node_answers(node):
             return None  # its sessions are kept while the node is away
         try:
-            state = await asyncio.wait_for(backend.state(container_id), self.timeouts.engine)
-        except Exception as error:  # an engine that does not answer: the node may be down
-            self.log.warning("budgethub: %s: cannot reach node %s: %s", request_id, node, error)
+            state = await asyncio.wait_for(backend.state(runtime_id), self.nodes.timeouts.engine)
+        except Exception as error:  # a runtime that does not answer: the node may be down
+            self.nodes.log.warning(
+                "budgethub: %s: cannot reach node %s: %s", request_id, node, error
+            )
             return None
         if state is not None and state.running:
             return None
         if release:
-            self.container_ended(request_id, state)
+            self.watch.session_ended(request_id, state)
         return 0 if state is None else state.exit_code
 
-    async def stop_container(self, node: str, container_id: str, request_id: str = "") -> None:
-        """Remove the container, waiting at most ``engine_timeout`` for its engine; one
+    async def stop_session(self, node: str, runtime_id: str, request_id: str = "") -> None:
+        """Remove the session, waiting at most ``engine_timeout`` for its runtime; one
         that cannot be removed now is removed when its node answers again."""
-        backend = self.backends.get(node)
-        if backend is None or not container_id:
+        backend = self.nodes.backends.get(node)
+        if backend is None or not runtime_id:
             return
         if request_id:
-            self._stopping.add(request_id)
+            self.table.stopping.add(request_id)
         try:
-            if self.core is not None and not self.node_answers(node):
+            if self.nodes.attached is not None and not self.nodes.node_answers(node):
                 raise TimeoutError("the node does not answer")
-            await asyncio.wait_for(backend.remove(container_id), self.timeouts.engine)
-        except Exception as error:  # an engine that is down: the node's problem now
-            self.log.warning(
+            await asyncio.wait_for(backend.remove(runtime_id), self.nodes.timeouts.engine)
+        except Exception as error:  # a runtime that is down: the node's problem now
+            self.nodes.log.warning(
                 "budgethub: could not remove %s on %s (%s); it goes when the node answers",
-                container_id[:12],
+                runtime_id[:12],
                 node,
                 error or type(error).__name__,
             )
-            self._orphans.setdefault(node, set()).add(container_id)
+            self.watch.leave_orphan(node, runtime_id)
 
 
 class IdlePolls:
-    """What each session's agent says (busy, or idle since when): a mixin of
-    `SessionActuator`, which gives it what is declared below."""
+    """What each session's agent says (busy, or idle since when); writes the table's
+    activity and calls no other collaborator."""
 
-    log: logging.Logger | logging.LoggerAdapter[Any]
-    store: Store
-    agents: dict[str, Agent]
-    activity: dict[str, Activity]
-    teardowns: dict[str, Teardown]
-    live: set[str]
-
-    if TYPE_CHECKING:
-
-        @property
-        def _core(self) -> Scheduler: ...
+    def __init__(self, nodes: Nodes, table: SessionTable) -> None:
+        self.nodes = nodes
+        self.table = table
 
     # -- idle sessions ---------------------------------------------------------------
 
     async def poll_activity(self) -> None:
         """Ask each running session's agent whether it is busy; tell the core which are
         idle and since when (idle sessions are the first victims)."""
-        core = self._core
+        core = self.nodes.core
         asks = [
             (request_id, agent)
-            for request_id, agent in list(self.agents.items())
-            if request_id in self.live and agent.port and request_id not in self.teardowns
+            for request_id, agent in list(self.table.agents.items())
+            if request_id in self.table.live
+            and agent.port
+            and request_id not in self.table.teardowns
         ]
         answers = await asyncio.gather(*(self._status(agent) for _, agent in asks))
         now = time.time()
@@ -386,11 +290,11 @@ class IdlePolls:
                 continue
             busy = bool(status.get("busy"))
             idle_since = None if busy else _epoch(status.get("last_activity"), now)
-            before = self.activity.get(request_id)
+            before = self.table.activity.get(request_id)
             kernels = list(status.get("kernels") or [])
-            self.activity[request_id] = Activity(now, busy, idle_since, kernels)
+            self.table.activity[request_id] = Activity(now, busy, idle_since, kernels)
             if before is None or before.busy != busy:
-                self.store.append_event(
+                self.nodes.store.append_event(
                     now,
                     "activity",
                     {"request": request_id, "busy": busy, "idle_since": idle_since},
@@ -410,6 +314,6 @@ class IdlePolls:
             response = await AsyncHTTPClient().fetch(request)
             answer = json.loads(response.body)
         except (HTTPClientError, OSError, ValueError) as error:
-            self.log.debug("budgethub: agent at %s: %s", agent.url("status"), error)
+            self.nodes.log.debug("budgethub: agent at %s: %s", agent.url("status"), error)
             return None
         return answer if isinstance(answer, dict) else None

@@ -44,8 +44,8 @@ from typing import Any
 
 from scheduler_core.model import Gpu, Node, PoolKind
 from spawner.runtime.dockernodes import EngineConfig
-from spawner.runtime.interface import Answer, ContainerState
-from spawner.runtime.spec import LABEL_PREFIX, SESSION_USER, ContainerSpec
+from spawner.runtime.interface import Answer, SessionState
+from spawner.runtime.spec import LABEL_PREFIX, SESSION_USER, LaunchSpec
 
 ACTIVE = frozenset(
     {
@@ -184,7 +184,7 @@ class SlurmPartition:
         self._nodes: tuple[float, dict[str, dict[str, str]]] = (0.0, {})
         self._jobs: tuple[float, list[JobRow]] = (0.0, [])
         self._lock = threading.Lock()
-        self._watchers: dict[str, Callable[[ContainerState], None]] = {}
+        self._watchers: dict[str, Callable[[SessionState], None]] = {}
         self._watch: threading.Thread | None = None
         self.slurmd_port = 6818
 
@@ -286,7 +286,7 @@ class SlurmPartition:
                 self._jobs = (time.monotonic(), known)
             return known
 
-    def job_state(self, job: str) -> ContainerState | None:
+    def job_state(self, job: str) -> SessionState | None:
         """One job as a session's state; None once Slurm has forgotten it."""
         try:
             out = self.command("squeue", "-h", "-t", "all", "-j", job, "-o", "%i|%T|%r|%n|%N|%k")
@@ -299,10 +299,10 @@ class SlurmPartition:
             return None
         return self._state(row)
 
-    def _state(self, row: JobRow) -> ContainerState:
+    def _state(self, row: JobRow) -> SessionState:
         state = row.state
         if state in ACTIVE:
-            return ContainerState(row.id, True, 0, row.labels)
+            return SessionState(row.id, True, 0, row.labels)
         code = 0
         try:
             record = parse_record(self.command("scontrol", "-o", "show", "job", row.id))
@@ -317,11 +317,11 @@ class SlurmPartition:
             f"{LABEL_PREFIX}.slurm-state": state,
             f"{LABEL_PREFIX}.slurm-reason": row.reason,
         }
-        return ContainerState(row.id, False, code, labels, oom_killed=state == "OUT_OF_MEMORY")
+        return SessionState(row.id, False, code, labels, oom_killed=state == "OUT_OF_MEMORY")
 
     # -- following the jobs' ends ----------------------------------------------------
 
-    def follow(self, node: str, on_exit: Callable[[ContainerState], None]) -> None:
+    def follow(self, node: str, on_exit: Callable[[SessionState], None]) -> None:
         self._watchers[node] = on_exit
         if self._watch is None:
             self._watch = threading.Thread(
@@ -345,9 +345,7 @@ class SlurmPartition:
                     continue
                 del running[job]
                 ended = (
-                    self._state(now)
-                    if now is not None
-                    else ContainerState(job, False, 0, row.labels)
+                    self._state(now) if now is not None else SessionState(job, False, 0, row.labels)
                 )
                 watcher = self._watchers.get(row.labels.get(NODE_KEY, ""))
                 if watcher is not None:
@@ -429,12 +427,12 @@ class SlurmRuntime:
             return Answer.TIMEOUT
         return said
 
-    def watch(self, hub: str, on_exit: Callable[[ContainerState], None]) -> None:
+    def watch(self, hub: str, on_exit: Callable[[SessionState], None]) -> None:
         self.partition.follow(self.node, on_exit)
 
     # -- a session as a job ------------------------------------------------------------
 
-    def job_script(self, spec: ContainerSpec) -> tuple[str, list[str]]:
+    def job_script(self, spec: LaunchSpec) -> tuple[str, list[str]]:
         """The batch script and sbatch's options for a session's spec."""
         paths = {m.target: m.source for m in spec.mounts if m.kind == "bind"}
         volumes = [m for m in spec.mounts if m.kind != "bind"]
@@ -504,7 +502,7 @@ class SlurmRuntime:
             options += [f"--uid={uid}", f"--gid={gid}"]
         return "\n".join(lines) + "\n", options
 
-    async def launch(self, spec: ContainerSpec) -> str:
+    async def launch(self, spec: LaunchSpec) -> str:
         """Submit the session's job; its id once Slurm runs it. A job Slurm refuses,
         fails, or keeps pending past ``pending_timeout`` is cancelled, with Slurm's reason."""
         script, options = self.job_script(spec)
@@ -553,29 +551,29 @@ class SlurmRuntime:
             raise
         return job_row(out.strip())
 
-    async def state(self, session_id: str) -> ContainerState | None:
-        return await asyncio.to_thread(self.partition.job_state, session_id)
+    async def state(self, runtime_id: str) -> SessionState | None:
+        return await asyncio.to_thread(self.partition.job_state, runtime_id)
 
-    async def remove(self, session_id: str, grace: float = 5.0) -> None:
+    async def remove(self, runtime_id: str, grace: float = 5.0) -> None:
         """``scancel`` (SIGTERM, then SIGKILL after Slurm's KillWait), and return only once
         Slurm says the job has ended: its slices are free only then."""
         try:
-            await self.partition.acommand("scancel", session_id)
+            await self.partition.acommand("scancel", runtime_id)
         except SlurmError as error:
             if "Invalid job id" not in str(error):
                 raise
         interval = 0.05
         while True:  # bounded by the caller's engine_timeout
-            state = await self.state(session_id)
+            state = await self.state(runtime_id)
             if state is None or not state.running:
                 return
             await asyncio.sleep(interval)
             interval = min(interval * 1.5, 0.5)
 
-    async def sessions(self, hub: str) -> list[ContainerState]:
+    async def sessions(self, hub: str) -> list[SessionState]:
         rows = await asyncio.to_thread(self.partition.jobs, True)
         return [
-            ContainerState(r.id, r.state in ACTIVE, 0, r.labels)
+            SessionState(r.id, r.state in ACTIVE, 0, r.labels)
             for r in rows
             if r.labels.get(NODE_KEY) == self.node
         ]
@@ -600,13 +598,13 @@ class SlurmRuntime:
                 found.append(f"job {row.id} ({row.state})")
         return found
 
-    async def archive(self, session_id: str, path: str) -> bytes | None:
+    async def archive(self, runtime_id: str, path: str) -> bytes | None:
         return None  # homes are on shared storage: the Hub reads the state there
 
-    async def logs(self, session_id: str, tail: int = 20) -> str:
+    async def logs(self, runtime_id: str, tail: int = 20) -> str:
         try:
             record = parse_record(
-                await self.partition.acommand("scontrol", "-o", "show", "job", session_id)
+                await self.partition.acommand("scontrol", "-o", "show", "job", runtime_id)
             )
         except SlurmError as error:
             return f"(no log: {error})"

@@ -7,22 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from scheduler_core.model import Allocation
-from scheduler_core.store import Store
-from spawner.runtime.interface import Runtime
-from spawner.runtime.lifecycle import AGENT_HEADER, Agent, Timeouts
+from spawner.runtime.context import Nodes
 from spawner.runtime.snapshots import (
     HOME_TARGET,
-    Layout,
+    Captured,
     SnapshotError,
+    SnapshotLayout,
     capture,
     new_key,
     remove,
@@ -31,6 +29,7 @@ from spawner.runtime.snapshots import (
     write_report,
     write_restore_notice,
 )
+from spawner.runtime.values import AGENT_HEADER, Agent, Checkpointed, SnapshotPolicy
 
 LAB_NOTICE_END = "; your variables, files and packages are being saved."
 LAB_NOTICES = {
@@ -133,30 +132,62 @@ def snapshot_sentence(report: Mapping[str, Any], most: int = 8) -> str:
     return " ".join(parts)
 
 
-@dataclass(frozen=True)
-class SnapshotPolicy:
-    enabled: bool = True
-    keep: int = 3
-    grace: float = 20.0
+def unsaved_entries(kernels: list[dict[str, Any]], notebooks: Mapping[str, Any]) -> dict[str, str]:
+    """What the snapshot does not keep, and why: per notebook's variable, and each open
+    notebook whose edits could not be saved."""
+    unsaved: dict[str, str] = {}
+    for k in kernels:
+        for name, why in k["unsaved"].items():
+            unsaved[f"{k['notebook']}:{name}"] = str(why)
+    for path, why in dict(notebooks.get("not_flushed") or {}).items():
+        unsaved[f"{path} (unsaved changes)"] = str(why)
+    return unsaved
+
+
+def kernel_state(
+    kernels: list[dict[str, Any]], store_error: str | None, why_not: str | None
+) -> tuple[str, str | None]:
+    """``saved``, ``partial`` (some kernels busy or failed) or ``not saved``, and why."""
+    if store_error is not None:
+        return "not saved", store_error
+    if why_not is not None:
+        return "not saved", why_not
+    behind = [k for k in kernels if k["state"] not in ("saved", "not running")]
+    if behind:
+        return "partial", "; ".join(
+            f"{k['notebook']}: {k['state']}" + (f" ({k['error']})" if k.get("error") else "")
+            for k in behind
+        )
+    return "saved", None
 
 
 class SnapshotRecording:
-    """Checkpoints, snapshots recorded, pruned and deleted: a mixin of
-    `SessionActuator`, which gives it what is declared below."""
+    """Checkpoints, snapshots recorded, pruned and deleted. Owns the snapshot store's
+    layout and policy; calls no other collaborator."""
 
-    log: logging.Logger | logging.LoggerAdapter[Any]
-    store: Store
-    layout: Layout | None
-    snapshots: SnapshotPolicy
-    backends: dict[str, Runtime]
-    timeouts: Timeouts
+    def __init__(self, nodes: Nodes, layout: SnapshotLayout | None, policy: SnapshotPolicy) -> None:
+        self.nodes = nodes
+        self.layout = layout
+        """Where homes and snapshots live (None: named volumes, no snapshot store)."""
+        self.policy = policy
 
-    async def _checkpoint(
+    @property
+    def enabled(self) -> bool:
+        """Preempted sessions are snapshotted (a policy that says so, and a store)."""
+        return self.policy.enabled and self.layout is not None
+
+    @property
+    def needs_archive(self) -> bool:
+        """The homes are volumes on the nodes: the kernel state must be fetched from the
+        session (`fetch_state`) before it goes."""
+        return self.enabled and self.layout is not None and self.layout.home_root is None
+
+    async def checkpoint(
         self, agent: Agent, reason: str = "funded"
     ) -> tuple[dict[str, Any] | None, str | None]:
         """Ask the agent to checkpoint every kernel within the grace, while the open
         JupyterLab pages say why and save their edits: its answer, or why there is none."""
-        grace = self.snapshots.grace
+        grace = self.policy.grace
         request = HTTPRequest(
             agent.url("checkpoint"),
             method="POST",
@@ -180,28 +211,28 @@ class SnapshotRecording:
             return None, "its agent's answer was not understood"
         return answer, None
 
-    async def _fetch_state(self, node: str, container_id: str, agent: Agent | None) -> bytes | None:
-        """The kernel state out of a container whose home is a volume on its node."""
+    async def fetch_state(self, node: str, runtime_id: str, agent: Agent | None) -> bytes | None:
+        """The kernel state out of a session whose home is a volume on its node."""
         server = agent.server if agent is not None else ""
         path = f"{HOME_TARGET}/{state_dir_in_home(server)}"
         try:
             return await asyncio.wait_for(
-                self.backends[node].archive(container_id, path), self.timeouts.engine
+                self.nodes.backends[node].archive(runtime_id, path), self.nodes.timeouts.engine
             )
         except Exception as error:
-            self.log.warning("budgethub: %s: fetching the kernel state: %s", container_id, error)
+            self.nodes.log.warning(
+                "budgethub: %s: fetching the kernel state: %s", runtime_id, error
+            )
             return None
 
-    async def _record_snapshot(
+    async def record(
         self,
         allocation: Allocation,
         agent: Agent,
         node: str,
         now: float,
         reason: str,
-        checkpoint: dict[str, Any] | None,
-        why_not: str | None,
-        archive: bytes | None,
+        got: Checkpointed,
     ) -> str:
         """Copy the kernel state into the snapshot store, record it, keep the newest
         ``snapshot_keep``; its key."""
@@ -210,7 +241,54 @@ class SnapshotRecording:
         user, server = agent.user, agent.server
         key = new_key(now)
         home = layout.home(user)
-        store_error: str | None = None
+        captured, store_error = await self._capture(layout, user, server, key, home, got.archive)
+        kernels = _kernel_entries(got.answer, captured.manifests if captured else [])
+        notebooks = (got.answer or {}).get("notebooks") or {}
+        unsaved = unsaved_entries(kernels, notebooks)
+        state, why = kernel_state(kernels, store_error, got.why_not)
+        if state == "not saved":
+            unsaved["kernel state"] = str(why)
+        home_bytes = await asyncio.to_thread(tree_bytes, home) if home is not None else None
+        report: dict[str, Any] = {
+            "key": key,
+            "user": user,
+            "server": server,
+            "node": node,
+            "time": now,
+            "reason": reason,
+            "image": agent.image,
+            "kernel_state": state,
+            "why": why,
+            "kernels": kernels,
+            "notebooks": {
+                "saved": list(notebooks.get("saved") or []),
+                "not_flushed": dict(notebooks.get("not_flushed") or {}),
+                "edits_saved": [str(p) for p in notebooks.get("edits_saved") or []],
+            },
+            "unsaved": unsaved,
+            "files": "kept in the home" if home is not None else f"kept in its volume on {node}",
+            "skipped": captured.skipped if captured else [],
+            "sizes": {"kernels": captured.kernel_bytes if captured else 0, "home": home_bytes},
+            "checkpoint_elapsed": (got.answer or {}).get("elapsed"),
+        }
+        if captured is not None:
+            await self._write_report(captured, report)
+        self._save(allocation, report)
+        if captured is not None:
+            await asyncio.to_thread(self.prune, user, server)
+        return key
+
+    async def _capture(
+        self,
+        layout: SnapshotLayout,
+        user: str,
+        server: str,
+        key: str,
+        home: Path | None,
+        archive: bytes | None,
+    ) -> tuple[Captured | None, str | None]:
+        """The kernel state copied into the store (from the home, or from ``archive``);
+        or None and why not."""
         try:
             captured = await asyncio.to_thread(
                 capture,
@@ -223,104 +301,55 @@ class SnapshotRecording:
                 archive=archive,
             )
         except SnapshotError as error:
-            captured = None
-            store_error = str(error)
-        kernels = _kernel_entries(checkpoint, captured.manifests if captured else [])
-        saved = [f"{k['notebook']}:{name}" for k in kernels for name in k["variables"]]
-        unsaved: dict[str, str] = {}
-        for k in kernels:
-            for name, why in k["unsaved"].items():
-                unsaved[f"{k['notebook']}:{name}"] = str(why)
-        notebooks = (checkpoint or {}).get("notebooks") or {}
-        for path, why in dict(notebooks.get("not_flushed") or {}).items():
-            unsaved[f"{path} (unsaved changes)"] = str(why)
-        if store_error is not None:
-            kernel_state = "not saved"
-            why = store_error
-        elif why_not is not None:
-            kernel_state = "not saved"
-            why = why_not
-        elif any(k["state"] not in ("saved", "not running") for k in kernels):
-            kernel_state = "partial"
-            why = "; ".join(
-                f"{k['notebook']}: {k['state']}" + (f" ({k['error']})" if k.get("error") else "")
-                for k in kernels
-                if k["state"] not in ("saved", "not running")
-            )
-        else:
-            kernel_state, why = "saved", None
-        if kernel_state == "not saved":
-            unsaved["kernel state"] = str(why)
-        home_bytes = await asyncio.to_thread(tree_bytes, home) if home is not None else None
-        sizes = {
-            "kernels": captured.kernel_bytes if captured else 0,
-            "home": home_bytes,
-        }
-        report: dict[str, Any] = {
-            "key": key,
-            "user": user,
-            "server": server,
-            "node": node,
-            "time": now,
-            "reason": reason,
-            "image": agent.image,
-            "kernel_state": kernel_state,
-            "why": why,
-            "kernels": kernels,
-            "notebooks": {
-                "saved": list(notebooks.get("saved") or []),
-                "not_flushed": dict(notebooks.get("not_flushed") or {}),
-                "edits_saved": [str(p) for p in notebooks.get("edits_saved") or []],
-            },
-            "unsaved": unsaved,
-            "files": "kept in the home" if home is not None else f"kept in its volume on {node}",
-            "skipped": captured.skipped if captured else [],
-            "sizes": sizes,
-            "checkpoint_elapsed": (checkpoint or {}).get("elapsed"),
-        }
-        if captured is not None:
-            try:
-                await asyncio.to_thread(write_report, captured.path, report)
-                await asyncio.to_thread(write_restore_notice, captured.path, report)
-            except (OSError, SnapshotError) as error:
-                self.log.warning("budgethub: %s: writing its report: %s", key, error)
-        self.store.save_snapshot(
+            return None, str(error)
+        return captured, None
+
+    async def _write_report(self, captured: Captured, report: dict[str, Any]) -> None:
+        """The report and the restore notice beside the snapshot's files."""
+        try:
+            await asyncio.to_thread(write_report, captured.path, report)
+            await asyncio.to_thread(write_restore_notice, captured.path, report)
+        except (OSError, SnapshotError) as error:
+            self.nodes.log.warning("budgethub: %s: writing its report: %s", report["key"], error)
+
+    def _save(self, allocation: Allocation, report: dict[str, Any]) -> None:
+        """The snapshot's row and its event in the store, and a line in the log."""
+        saved = [f"{k['notebook']}:{name}" for k in report["kernels"] for name in k["variables"]]
+        key, state, why = report["key"], report["kernel_state"], report["why"]
+        self.nodes.store.save_snapshot(
             allocation.id,
-            now,
-            agent.image,
+            report["time"],
+            report["image"],
             saved=saved,
-            unsaved=unsaved,
+            unsaved=report["unsaved"],
             key=key,
-            server=server,
-            node=node,
-            sizes=sizes,
-            kernels=kernels,
+            server=report["server"],
+            node=report["node"],
+            sizes=report["sizes"],
+            kernels=report["kernels"],
             report=report,
         )
-        self.store.append_event(
+        self.nodes.store.append_event(
             time.time(),
             "snapshot",
-            {"request": allocation.id, "key": key, "kernel_state": kernel_state, "why": why},
+            {"request": allocation.id, "key": key, "kernel_state": state, "why": why},
         )
-        self.log.info(
+        self.nodes.log.info(
             "budgethub: %s: snapshot %s (%s, %d variables, %d bytes of kernel state)",
             allocation.id,
             key,
-            kernel_state,
+            state,
             len(saved),
-            sizes["kernels"],
+            report["sizes"]["kernels"],
         )
-        if captured is not None:
-            await asyncio.to_thread(self.prune, user, server)
-        return key
 
     def prune(self, user: str, server: str) -> None:
         """Keep the newest ``snapshot_keep`` snapshots of a server; delete the others."""
         layout = self.layout
         if layout is None:
             return
-        kept = self.store.list_snapshots(user=user, server=server)
-        old = kept[: max(0, len(kept) - self.snapshots.keep)]
+        kept = self.nodes.store.list_snapshots(user=user, server=server)
+        old = kept[: max(0, len(kept) - self.policy.keep)]
         if not old:
             return
         for record in old:
@@ -328,16 +357,16 @@ class SnapshotRecording:
                 remove([layout.snapshot_dir(user, server, record.key)])
             except SnapshotError:
                 pass
-        self.store.delete_snapshots(r.key for r in old)
+        self.nodes.store.delete_snapshots(r.key for r in old)
 
     def delete_snapshots(self, user: str, server: str | None) -> int:
         """Delete a server's snapshots (``server`` None: all of the user's), rows and
         files; how many."""
-        records = self.store.list_snapshots(user=user, server=server)
+        records = self.nodes.store.list_snapshots(user=user, server=server)
         layout = self.layout
         if layout is not None:
             if server is None:
                 remove([layout.user_dir(user)])
             else:
                 remove([layout.server_dir(user, server)])
-        return self.store.delete_snapshots(r.key for r in records)
+        return self.nodes.store.delete_snapshots(r.key for r in records)

@@ -75,7 +75,7 @@ def restored_dir_in_home(server: str) -> str:
 
 
 @dataclass(frozen=True)
-class Layout:
+class SnapshotLayout:
     """Where one Hub keeps homes (``home_root``, None: named volumes) and snapshots."""
 
     hub: str
@@ -130,7 +130,7 @@ def ensure_home(path: Path) -> None:
         _owned_dir(path / "work", 0o755)
 
 
-def _ensure_store_dirs(layout: Layout, user: str, server: str) -> Path:
+def _ensure_store_dirs(layout: SnapshotLayout, user: str, server: str) -> Path:
     root = layout.snapshot_root
     hub_dir = root / safe_name(layout.hub)
     # Passable, not listable (0711), as above the homes: a session that reads its
@@ -218,7 +218,7 @@ class Captured:
 
 
 def capture(
-    layout: Layout,
+    layout: SnapshotLayout,
     user: str,
     server: str,
     key: str,

@@ -1,4 +1,4 @@
-"""The container a session runs in, as data: built here, started by the node backend.
+"""What a session runs, as data (`LaunchSpec`): built here, started by the node's runtime.
 
 Pure (no Docker client): kubespawner's ``make_pod`` split, so the rules that
 keep sessions apart (exactly the granted GPUs, limits, no socket, no
@@ -44,7 +44,7 @@ def _name_part(text: str) -> str:
     return _UNSAFE_PART.sub(lambda m: "-" + m.group(0).encode().hex(), text)
 
 
-def container_name(user: str, server: str, hub: str = DEFAULT_HUB) -> str:
+def session_name(user: str, server: str, hub: str = DEFAULT_HUB) -> str:
     """Unique per Hub: two Hubs sharing an engine never pick the same name."""
     return f"{_name_part(hub)}_{_name_part(user)}_{_name_part(server) if server else 'default'}"
 
@@ -64,8 +64,9 @@ class Mount:
 
 
 @dataclass(frozen=True)
-class ContainerSpec:
-    """Everything ``docker create`` needs for one session."""
+class LaunchSpec:
+    """Everything a runtime needs to start one session (Docker's ``create`` arguments:
+    `create_kwargs`; Slurm's job script is written from the same fields)."""
 
     name: str
     image: str
@@ -133,10 +134,10 @@ class SessionIdentity:
     team: str
     profile: str
     hub: str
-    """Which Hub owns the container (several Hubs may share an engine)."""
+    """Which Hub owns the session (several Hubs may share a node's runtime)."""
 
 
-def build_container(
+def build_launch_spec(
     identity: SessionIdentity,
     image: str,
     grant: NodeGrant,
@@ -150,8 +151,8 @@ def build_container(
     pids_limit: int = DEFAULT_PIDS_LIMIT,
     home: str | None = None,
     restore_dir: str | None = None,
-) -> ContainerSpec:
-    """The container for one session on one node.
+) -> LaunchSpec:
+    """The launch spec of one session on one node.
 
     ``home`` is the host path of the user's home on shared storage (bind-mounted at
     /home/jovyan); None mounts the user's named volume there. ``restore_dir`` is the
@@ -165,29 +166,69 @@ def build_container(
     device_ids = tuple(s.device_id for s in grant.slices)
     env = dict(hub_env)
     env.update(extra_env or {})
-    visible = ",".join(device_ids) if device_ids else "void"
-    env["NVIDIA_VISIBLE_DEVICES"] = visible
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(device_ids)
-    env["BUDGETHUB_GPU_SLICES"] = json.dumps(
-        [
-            {
-                "uuid": s.device_id,
-                "kind": s.kind.value,
-                "weight": round(s.weight, 4),
-                "virtual": not nvidia,  # declared in config, not a real device
-            }
-            for s in grant.slices
-        ]
-    )
-    fractions = [s for s in grant.slices if s.kind is SliceKind.FRACTION and s.milli < MILLI]
-    if fractions:
-        # MPS caps a shared GPU's compute for this client to its fraction.
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, fractions[0].milli // 10))
+    env.update(gpu_environment(grant, nvidia))
     env["BUDGETHUB_REQUEST"] = identity.request_id
     env["BUDGETHUB_TEAM"] = identity.team
     env["BUDGETHUB_PROFILE"] = identity.profile
     env["BUDGETHUB_NODE"] = grant.node
     env["HOME"] = "/home/jovyan"
+    mounts, mount_env = session_mounts(identity, home, restore_dir, storage)
+    env.update(mount_env)
+    command = (
+        "jupyterhub-singleuser",
+        f"--ip={ip}",
+        f"--port={port}",
+        f"--ServerApp.root_dir={WORKSPACE_PATH}",
+    )
+    return LaunchSpec(
+        name=session_name(identity.user, identity.server, identity.hub),
+        image=image,
+        command=command,
+        environment=env,
+        labels=session_labels(identity, device_ids, port),
+        mounts=mounts,
+        nano_cpus=int(grant.cpus * 1e9),
+        mem_limit_bytes=int(grant.memory_gib * 2**30),
+        gpu_device_ids=device_ids if nvidia else (),
+        pids_limit=pids_limit,
+    )
+
+
+def gpu_environment(grant: NodeGrant, nvidia: bool) -> dict[str, str]:
+    """The variables that show a session its granted GPUs (and only those): the device
+    ids, the slices in JSON (``virtual`` where the node declares them), MPS's share."""
+    device_ids = [s.device_id for s in grant.slices]
+    env = {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(device_ids) if device_ids else "void",
+        "CUDA_VISIBLE_DEVICES": ",".join(device_ids),
+        "BUDGETHUB_GPU_SLICES": json.dumps(
+            [
+                {
+                    "uuid": s.device_id,
+                    "kind": s.kind.value,
+                    "weight": round(s.weight, 4),
+                    "virtual": not nvidia,  # declared in config, not a real device
+                }
+                for s in grant.slices
+            ]
+        ),
+    }
+    fractions = [s for s in grant.slices if s.kind is SliceKind.FRACTION and s.milli < MILLI]
+    if fractions:
+        # MPS caps a shared GPU's compute for this client to its fraction.
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, fractions[0].milli // 10))
+    return env
+
+
+def session_mounts(
+    identity: SessionIdentity,
+    home: str | None,
+    restore_dir: str | None,
+    storage: tuple[str, str] | None,
+) -> tuple[tuple[Mount, ...], dict[str, str]]:
+    """The home (shared storage, else the user's named volume), a snapshot's kernel state
+    read-only, a data-prep storage; and the variables that say where the last two are."""
+    env: dict[str, str] = {}
     if home is not None:
         mounts = [Mount(home, WORKSPACE_PATH, kind="bind")]
     else:
@@ -199,7 +240,14 @@ def build_container(
         name, path = storage
         mounts.append(Mount(path, f"{STORAGE_ROOT}/{safe_name(name)}", kind="bind"))
         env["BUDGETHUB_STORAGE"] = f"{STORAGE_ROOT}/{safe_name(name)}"
-    labels = {
+    return tuple(mounts), env
+
+
+def session_labels(
+    identity: SessionIdentity, device_ids: tuple[str, ...], port: int
+) -> dict[str, str]:
+    """What the runtime keeps with the session, so a restarted Hub finds it again."""
+    return {
         f"{LABEL_PREFIX}.user": identity.user,
         f"{LABEL_PREFIX}.server": identity.server,
         f"{LABEL_PREFIX}.request": identity.request_id,
@@ -209,21 +257,3 @@ def build_container(
         f"{LABEL_PREFIX}.gpus": ",".join(device_ids),
         f"{LABEL_PREFIX}.port": str(port),
     }
-    command = (
-        "jupyterhub-singleuser",
-        f"--ip={ip}",
-        f"--port={port}",
-        f"--ServerApp.root_dir={WORKSPACE_PATH}",
-    )
-    return ContainerSpec(
-        name=container_name(identity.user, identity.server, identity.hub),
-        image=image,
-        command=command,
-        environment=env,
-        labels=labels,
-        mounts=tuple(mounts),
-        nano_cpus=int(grant.cpus * 1e9),
-        mem_limit_bytes=int(grant.memory_gib * 2**30),
-        gpu_device_ids=device_ids if nvidia else (),
-        pids_limit=pids_limit,
-    )

@@ -1,102 +1,60 @@
 """Take-down: a preempted session stopped, its user told why, its slices freed.
 
 `preempt` decides and tells (the core calls it inside a cycle); `_take_down` runs in the
-background: a checkpoint through the session's agent, its container removed, its slices
-freed (`Teardown.freed`: the preemptor's booking waits for it), its kernel state recorded
-as a snapshot (`spawner.runtime.snaprecord`), its server stopped through the Hub.
+background: a checkpoint through the session's agent, the session removed from its node,
+its slices freed (`Teardown.freed`: the preemptor's booking waits for it), its kernel
+state recorded as a snapshot (`spawner.runtime.snaprecord`), its server stopped through
+the Hub.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from tornado.httpclient import HTTPClientError
 
 from scheduler_core.model import Allocation
-from scheduler_core.store import RequestState, Store, StoreError
-from spawner.hubapi import HubClient, split_request_id
-from spawner.runtime.interface import Runtime
-from spawner.runtime.lifecycle import Activity, Agent, Timeouts
-from spawner.runtime.snaprecord import SnapshotPolicy
-from spawner.runtime.snapshots import Layout
+from scheduler_core.store import RequestState, StoreError
+from spawner.hubapi import split_request_id
+from spawner.runtime.booking import Booking
+from spawner.runtime.context import Nodes, SessionTable
+from spawner.runtime.lifecycle import Lifecycle
+from spawner.runtime.snaprecord import SnapshotRecording
 from spawner.runtime.spec import LABEL_PREFIX
-
-
-@dataclass
-class Teardown:
-    """A preempted session on its way out: ``freed`` once its container is gone and its
-    slices free, ``done`` once it is recorded and its server stopped."""
-
-    node: str
-    freed: asyncio.Future[None]
-    done: asyncio.Future[None]
-    snapshot: str | None = None
+from spawner.runtime.values import Agent, Checkpointed, Teardown
 
 
 class Takedown:
-    """Preemption, its messages and the victim's way out: a mixin of
-    `SessionActuator`, which gives it what is declared below."""
+    """Preemption, its messages and the victim's way out. Calls `Booking` to free its
+    port, `Lifecycle` to remove the session, `SnapshotRecording` for its snapshot."""
 
-    log: logging.Logger | logging.LoggerAdapter[Any]
-    store: Store
-    hub: HubClient
-    hub_name: str
-    timeouts: Timeouts
-    backends: dict[str, Runtime]
-    layout: Layout | None
-    snapshots: SnapshotPolicy
-    agents: dict[str, Agent]
-    teardowns: dict[str, Teardown]
-    activity: dict[str, Activity]
-    notices: dict[tuple[str, str], str]
-    live: set[str]
-    _stopping: set[str]
-    _preempted: Callable[[str], None]
-    _respawn: Callable[[str], None]
-    _changed: Callable[[], None]
-
-    if TYPE_CHECKING:
-
-        def background(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
-
-        def node_answers(self, node: str) -> bool: ...
-
-        def _free_ports(self, request_id: str) -> None: ...
-
-        async def stop_container(
-            self, node: str, container_id: str, request_id: str = ""
-        ) -> None: ...
-
-        async def _checkpoint(
-            self, agent: Agent, reason: str = "funded"
-        ) -> tuple[dict[str, Any] | None, str | None]: ...
-
-        async def _fetch_state(
-            self, node: str, container_id: str, agent: Agent | None
-        ) -> bytes | None: ...
-
-        async def _record_snapshot(
-            self,
-            allocation: Allocation,
-            agent: Agent,
-            node: str,
-            now: float,
-            reason: str,
-            checkpoint: dict[str, Any] | None,
-            why_not: str | None,
-            archive: bytes | None,
-        ) -> str: ...
+    def __init__(
+        self,
+        nodes: Nodes,
+        table: SessionTable,
+        booking: Booking,
+        lifecycle: Lifecycle,
+        recording: SnapshotRecording,
+        *,
+        preempted: Callable[[str], None],
+        respawn: Callable[[str], None],
+    ) -> None:
+        self.nodes = nodes
+        self.table = table
+        self.booking = booking
+        self.lifecycle = lifecycle
+        self.recording = recording
+        self._preempted = preempted
+        self._respawn = respawn
 
     def preempt(self, allocation: Allocation, reason: str) -> bool:
         """Stop a victim and tell its user; resumable work waits again at its old place
         (True), and is spawned again through the Hub.
 
-        In the background (`_take_down`): a checkpoint through its agent, its container
+        In the background (`_take_down`): a checkpoint through its agent, the session
         removed, its slices freed, its kernel state copied and recorded as a snapshot,
         its server stopped through the Hub."""
         now = time.time()
@@ -127,18 +85,20 @@ class Takedown:
             f"{why}{then}."
         )
         state = RequestState.REQUEUED if requeue else RequestState.FINISHED
-        self.store.append_event(
+        self.nodes.store.append_event(
             now, "preempt", {"request": allocation.id, "reason": reason, "message": message}
         )
-        self.notices[split_request_id(allocation.id)] = message
-        self.live.discard(allocation.id)
-        self._stopping.add(allocation.id)
-        self.activity.pop(allocation.id, None)
+        self.table.notices[split_request_id(allocation.id)] = message
+        self.table.live.discard(allocation.id)
+        self.table.stopping.add(allocation.id)
+        self.table.activity.pop(allocation.id, None)
         self._preempted(allocation.id)
         loop = asyncio.get_running_loop()
         teardown = Teardown(allocation.grants[0].node, loop.create_future(), loop.create_future())
-        self.teardowns[allocation.id] = teardown
-        self.background(self._take_down(allocation, reason, message, state, requeue, now, teardown))
+        self.table.teardowns[allocation.id] = teardown
+        self.nodes.background(
+            self._take_down(allocation, reason, message, state, requeue, now, teardown)
+        )
         return requeue
 
     async def _take_down(
@@ -153,91 +113,95 @@ class Takedown:
     ) -> None:
         request_id = allocation.id
         node = allocation.grants[0].node
-        agent = self.agents.get(request_id)
-        checkpoint: dict[str, Any] | None = None
-        why_not: str | None = None
-        archive: bytes | None = None
-        snapshot = self.snapshots.enabled and self.layout is not None
+        agent = self.table.agents.get(request_id)
+        got = await self._remove(request_id, node, agent, reason)
         try:
-            if snapshot and agent is None:
-                why_not = "the Hub does not know this session's agent"
-            elif snapshot and agent is not None and not self.node_answers(node):
-                why_not = f"its node {node} does not answer"
-            elif snapshot and agent is not None:
-                checkpoint, why_not = await self._checkpoint(agent, reason)
-            container_id = agent.container_id if agent is not None else ""
-            if not container_id:
-                container_id = await self._find_container(node, request_id)
-            layout = self.layout
-            if snapshot and layout is not None and layout.home_root is None and container_id:
-                archive = await self._fetch_state(node, container_id, agent)
-            await self.stop_container(node, container_id, request_id)
-        except Exception as error:  # never keep the slices because a snapshot step broke
-            self.log.exception("budgethub: %s: taking the session down: %s", request_id, error)
-            why_not = why_not or f"the snapshot failed ({type(error).__name__}: {error})"
-        try:
-            self.store.release(request_id, now, state=state, reason=message)
+            self.nodes.store.release(request_id, now, state=state, reason=message)
         except StoreError as error:
-            self.log.warning("budgethub: releasing %s: %s", request_id, error)
-        self._free_ports(request_id)
-        self._stopping.discard(request_id)
+            self.nodes.log.warning("budgethub: releasing %s: %s", request_id, error)
+        self.booking.free_ports(request_id)
+        self.table.stopping.discard(request_id)
         teardown.freed.set_result(None)
-        self.log.info(
+        self.nodes.log.info(
             "budgethub: %s preempted (%s): slices free %.2f s after the decision",
             request_id,
             reason,
             time.time() - now,
         )
-        self._changed()
+        self.nodes.changed()
         try:
-            if snapshot and agent is not None:
+            if self.recording.enabled and agent is not None:
                 # The spawn form shows what it keeps (`BudgetScheduler.snapshot_notice`).
-                teardown.snapshot = await self._record_snapshot(
-                    allocation, agent, node, now, reason, checkpoint, why_not, archive
+                teardown.snapshot = await self.recording.record(
+                    allocation, agent, node, now, reason, got
                 )
         except Exception as error:
-            self.log.exception("budgethub: %s: recording its snapshot: %s", request_id, error)
-        self.agents.pop(request_id, None)
+            self.nodes.log.exception("budgethub: %s: recording its snapshot: %s", request_id, error)
+        self.table.agents.pop(request_id, None)
         try:
             await self._stop_through_hub(allocation, requeue)
         finally:
             teardown.done.set_result(None)
-            self.teardowns.pop(request_id, None)
+            self.table.teardowns.pop(request_id, None)
 
-    async def _find_container(self, node: str, request_id: str) -> str:
-        if not self.node_answers(node):
+    async def _remove(
+        self, request_id: str, node: str, agent: Agent | None, reason: str
+    ) -> Checkpointed:
+        """Checkpoint the session's kernels (fetch their state, where the home is a volume
+        on the node), then remove the session; what it got of the kernels."""
+        answer: dict[str, Any] | None = None
+        why_not: str | None = None
+        archive: bytes | None = None
+        snapshot = self.recording.enabled
+        try:
+            if snapshot and agent is None:
+                why_not = "the Hub does not know this session's agent"
+            elif snapshot and agent is not None and not self.nodes.node_answers(node):
+                why_not = f"its node {node} does not answer"
+            elif snapshot and agent is not None:
+                answer, why_not = await self.recording.checkpoint(agent, reason)
+            runtime_id = agent.runtime_id if agent is not None else ""
+            if not runtime_id:
+                runtime_id = await self._find_session(node, request_id)
+            if self.recording.needs_archive and runtime_id:
+                archive = await self.recording.fetch_state(node, runtime_id, agent)
+            await self.lifecycle.stop_session(node, runtime_id, request_id)
+        except Exception as error:  # never keep the slices because a snapshot step broke
+            self.nodes.log.exception(
+                "budgethub: %s: taking the session down: %s", request_id, error
+            )
+            why_not = why_not or f"the snapshot failed ({type(error).__name__}: {error})"
+        return Checkpointed(answer, why_not, archive)
+
+    async def _find_session(self, node: str, request_id: str) -> str:
+        """The ``runtime_id`` of the request's session on the node ("" if none, or if the
+        node cannot be asked)."""
+        if not self.nodes.node_answers(node):
             return ""
         try:
             found = await asyncio.wait_for(
-                self.backends[node].sessions(self.hub_name), self.timeouts.engine
+                self.nodes.backends[node].sessions(self.nodes.hub_name),
+                self.nodes.timeouts.engine,
             )
         except Exception as error:
-            self.log.warning("budgethub: node %s: listing sessions: %s", node, error)
+            self.nodes.log.warning("budgethub: node %s: listing sessions: %s", node, error)
             return ""
-        for container in found:
-            if container.labels.get(f"{LABEL_PREFIX}.request") == request_id:
-                return container.id
+        for session in found:
+            if session.labels.get(f"{LABEL_PREFIX}.request") == request_id:
+                return session.id
         return ""
 
     async def _stop_through_hub(self, allocation: Allocation, respawn: bool) -> None:
         try:
-            await self.hub.stop_server(allocation.id)
+            await self.nodes.hub.stop_server(allocation.id)
         except (HTTPClientError, OSError) as error:
             node = allocation.grants[0].node
-            self.log.warning(
-                "budgethub: the Hub did not stop %s (%s); stopping its container",
+            self.nodes.log.warning(
+                "budgethub: the Hub did not stop %s (%s); stopping its session",
                 allocation.id,
                 error,
             )
-            backend = self.backends[node]
-            try:
-                found = await asyncio.wait_for(
-                    backend.sessions(self.hub_name), self.timeouts.engine
-                )
-                for container in found:
-                    if container.labels.get(f"{LABEL_PREFIX}.request") == allocation.id:
-                        await self.stop_container(node, container.id)
-            except Exception as error:
-                self.log.warning("budgethub: node %s: stopping %s: %s", node, allocation.id, error)
+            runtime_id = await self._find_session(node, allocation.id)
+            await self.lifecycle.stop_session(node, runtime_id)
         if respawn:
             self._respawn(allocation.id)

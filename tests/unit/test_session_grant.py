@@ -9,13 +9,13 @@ from pathlib import Path
 from budgethub_session.grant import NAME, grant_from, render, server_proxy_servers
 
 from scheduler_core.model import NodeGrant, Slice, SliceKind
-from spawner.runtime.spec import SessionIdentity, build_container
+from spawner.runtime.spec import SessionIdentity, build_launch_spec
 
 IDENTITY = SessionIdentity("ann", "", "ann//abcd", "nlp", "debug", "hub-a")
 
 
 def env_of(*slices: Slice, nvidia: bool = False, funded: bool = True) -> dict[str, str]:
-    spec = build_container(
+    spec = build_launch_spec(
         IDENTITY,
         "img",
         NodeGrant("gpu-1", slices, cpus=1, memory_gib=1),

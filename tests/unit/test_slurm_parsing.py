@@ -23,7 +23,7 @@ from spawner.runtime.slurm import (
     parse_partitions,
     parse_record,
 )
-from spawner.runtime.spec import SessionIdentity, build_container
+from spawner.runtime.spec import SessionIdentity, build_launch_spec
 
 
 def test_a_record_keeps_values_with_spaces():
@@ -115,7 +115,7 @@ def runtime() -> SlurmRuntime:
 def spec(*slices: Slice, restore: str | None = None):
     identity = SessionIdentity("ann", "", "ann//1", "nlp", "notebook", "hub")
     grant = NodeGrant("bhs2", slices, 1.5, 2.0)
-    return build_container(
+    return build_launch_spec(
         identity,
         "budgethub/base:latest",
         grant,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from spawner.profiles import FormError, snapshot_choice
-from spawner.runtime.actuator import _kernel_entries, snapshot_sentence
+from spawner.runtime.snaprecord import _kernel_entries, snapshot_sentence
 from spawner.runtime.snapshots import (
-    Layout,
+    SnapshotLayout,
     SnapshotError,
     capture,
     ensure_home,
@@ -28,8 +28,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown to uid 1000 nee
 STATE = state_dir_in_home("")
 
 
-def layout(tmp_path: Path) -> Layout:
-    return Layout("hub", tmp_path / "homes", tmp_path / "snapshots")
+def layout(tmp_path: Path) -> SnapshotLayout:
+    return SnapshotLayout("hub", tmp_path / "homes", tmp_path / "snapshots")
 
 
 def home_with_state(tmp_path: Path) -> Path:

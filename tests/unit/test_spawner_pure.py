@@ -19,8 +19,8 @@ from spawner.runtime.inventory import nvml_gpus, virtual_gpus
 from spawner.runtime.spec import (
     DEFAULT_PIDS_LIMIT,
     SessionIdentity,
-    build_container,
-    container_name,
+    build_launch_spec,
+    session_name,
     workspace_volume,
 )
 
@@ -102,7 +102,7 @@ IDENTITY = SessionIdentity("ann", "", "ann//abcd", "nlp", "gpu-notebook", "hub-a
 
 def test_container_gets_exactly_the_granted_gpus_and_no_privilege():
     slices = (Slice("GPU-a", SliceKind.WHOLE), Slice("GPU-b", SliceKind.WHOLE))
-    spec = build_container(
+    spec = build_launch_spec(
         IDENTITY,
         "img",
         grant(*slices),
@@ -125,7 +125,7 @@ def test_container_gets_exactly_the_granted_gpus_and_no_privilege():
 
 
 def test_a_shared_home_is_bound_and_a_restore_is_read_only():
-    spec = build_container(
+    spec = build_launch_spec(
         IDENTITY,
         "img",
         grant(),
@@ -149,7 +149,7 @@ def test_a_shared_home_is_bound_and_a_restore_is_read_only():
 
 def test_virtual_gpus_reach_the_environment_but_not_the_runtime():
     mig = Slice("GPU-a", SliceKind.MIG, mig_uuid="MIG-1", mig_profile="1g.10gb")
-    spec = build_container(
+    spec = build_launch_spec(
         IDENTITY, "img", grant(mig), hub_env={}, port=1, ip="127.0.0.1", nvidia=False
     )
     kwargs = spec.create_kwargs()
@@ -157,7 +157,7 @@ def test_virtual_gpus_reach_the_environment_but_not_the_runtime():
     assert "device_requests" not in kwargs
     [marked] = json.loads(spec.environment["BUDGETHUB_GPU_SLICES"])
     assert marked == {"uuid": "MIG-1", "kind": "mig", "weight": 0.1429, "virtual": True}
-    real = build_container(
+    real = build_launch_spec(
         IDENTITY, "img", grant(mig), hub_env={}, port=1, ip="127.0.0.1", nvidia=True
     )
     assert json.loads(real.environment["BUDGETHUB_GPU_SLICES"])[0]["virtual"] is False
@@ -166,11 +166,11 @@ def test_virtual_gpus_reach_the_environment_but_not_the_runtime():
         "gpu-notebook",
     )
     half = Slice("GPU-a", SliceKind.FRACTION, milli=MILLI // 2)
-    spec = build_container(
+    spec = build_launch_spec(
         IDENTITY, "img", grant(half), hub_env={}, port=1, ip="127.0.0.1", nvidia=False
     )
     assert spec.environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-    cpu = build_container(
+    cpu = build_launch_spec(
         IDENTITY,
         "img",
         grant(),
@@ -184,28 +184,28 @@ def test_virtual_gpus_reach_the_environment_but_not_the_runtime():
     assert cpu.mounts[1].source == "/srv/weka-a" and cpu.mounts[1].kind == "bind"
 
 
-def test_container_names_are_safe_and_distinct():
-    assert container_name("a.b@c", "") == "budgethub_a.b-40c_default"
-    assert container_name("ann", "x") != container_name("ann", "y")
+def test_session_names_are_safe_and_distinct():
+    assert session_name("a.b@c", "") == "budgethub_a.b-40c_default"
+    assert session_name("ann", "x") != session_name("ann", "y")
 
 
-def test_container_names_and_homes_are_per_hub():
+def test_session_names_and_homes_are_per_hub():
     """Two Hubs on one engine never share a container name or a home volume, even when
     their names and users' names are made to run together."""
-    assert container_name("ann", "", "hub-a") != container_name("ann", "", "hub-b")
-    assert container_name("b_c", "", "a") != container_name("c", "", "a_b")
+    assert session_name("ann", "", "hub-a") != session_name("ann", "", "hub-b")
+    assert session_name("b_c", "", "a") != session_name("c", "", "a_b")
     assert workspace_volume("ann", "hub-a") != workspace_volume("ann", "hub-b")
     assert workspace_volume("ann") == "budgethub-home-ann"  # the default Hub keeps its volumes
 
 
 def test_sessions_have_a_pid_limit_and_no_swap():
-    spec = build_container(
+    spec = build_launch_spec(
         IDENTITY, "img", grant(), hub_env={}, port=1, ip="127.0.0.1", nvidia=False
     )
     kwargs = spec.create_kwargs()
     assert kwargs["pids_limit"] == DEFAULT_PIDS_LIMIT
     assert kwargs["memswap_limit"] == kwargs["mem_limit"]
-    unlimited = build_container(
+    unlimited = build_launch_spec(
         IDENTITY, "img", grant(), hub_env={}, port=1, ip="127.0.0.1", nvidia=False, pids_limit=0
     )
     assert "pids_limit" not in unlimited.create_kwargs()
