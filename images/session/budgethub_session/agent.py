@@ -36,7 +36,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.utils import url_path_join

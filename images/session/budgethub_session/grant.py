@@ -74,7 +74,8 @@ class Grant:
 
     def summary(self) -> str:
         """One line for the launcher card: ``1 GPU, virtual · nlp · funded``."""
-        parts = [self.gpus + ({True: ", virtual", False: ", real"}.get(self.virtual, ""))]
+        kind = {None: "", True: ", virtual", False: ", real"}[self.virtual]
+        parts = [self.gpus + kind]
         if self.team:
             parts.append(self.team)
         if self.funded is not None:

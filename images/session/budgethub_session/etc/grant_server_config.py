@@ -6,5 +6,5 @@ import os
 
 from budgethub_session.grant import server_proxy_servers
 
-c = get_config()  # noqa: F821 - provided by Jupyter Server when it loads this file
+c = get_config()  # type: ignore[name-defined]  # noqa: F821 - provided by Jupyter Server when it loads this file
 c.ServerProxy.servers = {**c.ServerProxy.get("servers", {}), **server_proxy_servers(os.environ)}
