@@ -339,61 +339,11 @@ def scenarios() -> SearchStrategy[Scenario]:
 
     @st.composite
     def draw_scenario(draw: st.DrawFn) -> Scenario:
-        nodes: list[dict[str, Any]] = []
-        for i in range(draw(st.integers(1, 4))):
-            gpus = draw(st.sampled_from([1, 2, 4, 8]))
-            node: dict[str, Any] = {
-                "name": f"g{i}",
-                "pool": "g",
-                "gpus": gpus,
-                "cpus": draw(st.sampled_from([8, 32, 64])),
-                "memory_gib": 256,
-            }
-            if draw(st.booleans()) and gpus >= 2:
-                node["mig"] = {"0": ["1g.10gb"] * draw(st.integers(1, 7))}
-            nodes.append(node)
-        nodes.append({"name": "c0", "pool": "cpu", "cpus": 32, "labels": {"storage": "s1"}})
-        team_count = draw(st.integers(1, 4))
-        raw = [draw(st.integers(1, 10)) for _ in range(team_count)]
-        teams = [
-            {"name": PROPERTY_TEAMS[i], "share": round(w / sum(raw) * 0.99, 4)}
-            for i, w in enumerate(raw)
-        ]
-        usage = [
-            {
-                "team": t["name"],
-                "pool": "g",
-                "gpu_seconds": draw(st.sampled_from([0, 1e6, 1e7])),
-                "ago": 3600,
-            }
-            for t in teams
-        ]
-        requests: list[dict[str, Any]] = []
-        for i in range(draw(st.integers(1, 30))):
-            kind = draw(st.sampled_from(["whole", "fraction", "mig", "cpu"]))
-            request: dict[str, Any] = {
-                "id": f"r{i}",
-                "user": "u",
-                "team": draw(st.sampled_from([t["name"] for t in teams])),
-                "submit": draw(st.integers(0, 4000)),
-                "pool": "g",
-                "duration": draw(st.integers(60, 20000)),
-                "min_runtime": draw(st.sampled_from([0, 300, 900, 3600, 28800])),
-                "resumable": draw(st.booleans()),
-                "priority": draw(st.integers(-2, 2)),
-                "class": draw(st.sampled_from(["debug", "interactive", "batch"])),
-                "cpus": draw(st.sampled_from([1, 4, 8])),
-            }
-            if kind == "whole":
-                request["gpus"] = draw(st.sampled_from([1, 2, 4, 8]))
-                request["nodes"] = draw(st.sampled_from([1, 1, 1, 2]))
-            elif kind == "fraction":
-                request["gpu_fraction"] = draw(st.sampled_from([0.25, 0.5, 0.75]))
-            elif kind == "mig":
-                request["mig"] = "1g.10gb"
-            else:
-                request.update(pool="cpu", labels={"storage": "s1"}, **{"class": "dataprep"})
-            requests.append(request)
+        # The parts are drawn in this order, as they always were: the same seeds give
+        # the same scenarios.
+        nodes = _draw_nodes(draw)
+        teams, usage = _draw_teams(draw)
+        requests = [_draw_request(draw, i, teams) for i in range(draw(st.integers(1, 30)))]
         events = []
         if draw(st.booleans()):
             events.append(
@@ -422,6 +372,79 @@ def scenarios() -> SearchStrategy[Scenario]:
         return only_placeable(data)
 
     return draw_scenario()
+
+
+def _draw_nodes(draw: Any) -> list[dict[str, Any]]:
+    """One to four GPU nodes in pool ``g`` (some with MIG instances) and the CPU node."""
+    from hypothesis import strategies as st
+
+    nodes: list[dict[str, Any]] = []
+    for i in range(draw(st.integers(1, 4))):
+        gpus = draw(st.sampled_from([1, 2, 4, 8]))
+        node: dict[str, Any] = {
+            "name": f"g{i}",
+            "pool": "g",
+            "gpus": gpus,
+            "cpus": draw(st.sampled_from([8, 32, 64])),
+            "memory_gib": 256,
+        }
+        if draw(st.booleans()) and gpus >= 2:
+            node["mig"] = {"0": ["1g.10gb"] * draw(st.integers(1, 7))}
+        nodes.append(node)
+    nodes.append({"name": "c0", "pool": "cpu", "cpus": 32, "labels": {"storage": "s1"}})
+    return nodes
+
+
+def _draw_teams(draw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(one to four teams sharing 99 %, their seeded usage of pool ``g``)."""
+    from hypothesis import strategies as st
+
+    team_count = draw(st.integers(1, 4))
+    raw = [draw(st.integers(1, 10)) for _ in range(team_count)]
+    teams = [
+        {"name": PROPERTY_TEAMS[i], "share": round(w / sum(raw) * 0.99, 4)}
+        for i, w in enumerate(raw)
+    ]
+    usage = [
+        {
+            "team": t["name"],
+            "pool": "g",
+            "gpu_seconds": draw(st.sampled_from([0, 1e6, 1e7])),
+            "ago": 3600,
+        }
+        for t in teams
+    ]
+    return teams, usage
+
+
+def _draw_request(draw: Any, i: int, teams: list[dict[str, Any]]) -> dict[str, Any]:
+    """Request ``r{i}``: whole GPUs (on one or two nodes), a fraction, MIG, or CPU only."""
+    from hypothesis import strategies as st
+
+    kind = draw(st.sampled_from(["whole", "fraction", "mig", "cpu"]))
+    request: dict[str, Any] = {
+        "id": f"r{i}",
+        "user": "u",
+        "team": draw(st.sampled_from([t["name"] for t in teams])),
+        "submit": draw(st.integers(0, 4000)),
+        "pool": "g",
+        "duration": draw(st.integers(60, 20000)),
+        "min_runtime": draw(st.sampled_from([0, 300, 900, 3600, 28800])),
+        "resumable": draw(st.booleans()),
+        "priority": draw(st.integers(-2, 2)),
+        "class": draw(st.sampled_from(["debug", "interactive", "batch"])),
+        "cpus": draw(st.sampled_from([1, 4, 8])),
+    }
+    if kind == "whole":
+        request["gpus"] = draw(st.sampled_from([1, 2, 4, 8]))
+        request["nodes"] = draw(st.sampled_from([1, 1, 1, 2]))
+    elif kind == "fraction":
+        request["gpu_fraction"] = draw(st.sampled_from([0.25, 0.5, 0.75]))
+    elif kind == "mig":
+        request["mig"] = "1g.10gb"
+    else:
+        request.update(pool="cpu", labels={"storage": "s1"}, **{"class": "dataprep"})
+    return request
 
 
 def watch_protected_windows(simulation: Simulation, reasons: set[str] | None = None) -> list[str]:
