@@ -573,7 +573,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
     ) -> None:
         """The session ended: stop charging, free its slices and its port."""
         self._waiters.pop(request_id, None)
-        self.actuator.release(request_id, state, reason)
+        self.actuator.booking.release(request_id, state, reason)
         self.kick()
 
     def launch_failed(self, request_id: str, reason: str) -> None:
@@ -582,7 +582,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         self.store.append_event(
             time.time(), "launch-failed", {"request": request_id, "reason": reason}
         )
-        self.actuator.requeue(request_id, reason)
+        self.actuator.booking.requeue(request_id, reason)
         self.kick()
 
     # -- what spawners call: their session ---------------------------------------------------

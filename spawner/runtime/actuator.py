@@ -21,9 +21,10 @@ handed the ones it calls (calls run one way, down this list):
 * `Takedown` (takedown.py): preemption, its messages, the victim's way out;
 * `SnapshotRecording` (snaprecord.py): checkpoints, snapshots recorded and pruned;
 * `Lifecycle` (lifecycle.py): a session's steps on its node's runtime;
-  `IdlePolls` (lifecycle.py): what each session's agent says;
+* `IdlePolls` (idlepolls.py): what each session's agent says, for the core;
 * `NodeWatch` (nodewatch.py): node health, sessions that end by themselves, orphans;
-* `Booking` (booking.py): ports, slices booked and released;
+* `Booking` (booking.py): ports, slices booked and released (`release`, `requeue`: the
+  facade's callers reach them as ``actuator.booking``);
 * below them all `Nodes` and `SessionTable` (context.py), and the values (values.py).
 """
 
@@ -33,13 +34,14 @@ from collections.abc import Callable, Mapping
 
 from scheduler_core.model import Allocation, Health, Node
 from scheduler_core.scheduler import Scheduler
-from scheduler_core.store import RequestState, Store
+from scheduler_core.store import Store
 from spawner.hubapi import HubClient
 from spawner.runtime.booking import Booking
 from spawner.runtime.context import Log, Nodes, SessionTable
 from spawner.runtime.dockernodes import EngineConfig, NodeBackend
+from spawner.runtime.idlepolls import IdlePolls
 from spawner.runtime.interface import NodeConfig, Runtime
-from spawner.runtime.lifecycle import IdlePolls, Lifecycle
+from spawner.runtime.lifecycle import Lifecycle
 from spawner.runtime.nodewatch import NodeWatch, describe_exit
 from spawner.runtime.snaprecord import SnapshotRecording, snapshot_sentence
 from spawner.runtime.snapshots import SnapshotLayout
@@ -104,28 +106,33 @@ class SessionActuator:
         }
         backends.update(given)
         self.nodes = Nodes(
-            backends,
-            {n.name: n.health for n in nodes},
-            hub,
+            backends=backends,
+            configured={n.name: n.health for n in nodes},
+            hub=hub,
             hub_name=hub_name,
             timeouts=timeouts,
             changed=changed,
             log=log,
         )
-        self.table = SessionTable(agents if agents is not None else {}, notices)
-        self.booking = Booking(self.nodes, self.table, port_range=port_range, granted=granted)
-        self.nodewatch = NodeWatch(self.nodes, self.table, self.booking)
-        self.lifecycle = Lifecycle(self.nodes, self.table, self.booking, self.nodewatch, layout)
-        self.idle = IdlePolls(self.nodes, self.table)
+        self.table = SessionTable(agents=agents if agents is not None else {}, notices=notices)
+        ctx, table = self.nodes, self.table
+        self.booking = Booking(nodes=ctx, table=table, port_range=port_range, granted=granted)
+        self.nodewatch = NodeWatch(nodes=ctx, table=table, booking=self.booking)
+        self.lifecycle = Lifecycle(
+            nodes=ctx, table=table, booking=self.booking, watch=self.nodewatch, layout=layout
+        )
+        self.idle = IdlePolls(nodes=ctx, table=table)
         self.recording = SnapshotRecording(
-            self.nodes, layout, snapshots or SnapshotPolicy(enabled=layout is not None)
+            nodes=ctx,
+            layout=layout,
+            policy=snapshots or SnapshotPolicy(enabled=layout is not None),
         )
         self.takedown = Takedown(
-            self.nodes,
-            self.table,
-            self.booking,
-            self.lifecycle,
-            self.recording,
+            nodes=ctx,
+            table=table,
+            booking=self.booking,
+            lifecycle=self.lifecycle,
+            recording=self.recording,
             preempted=preempted,
             respawn=respawn,
         )
@@ -185,17 +192,6 @@ class SessionActuator:
 
     async def stop_session(self, node: str, runtime_id: str, request_id: str = "") -> None:
         await self.lifecycle.stop_session(node, runtime_id, request_id)
-
-    def release(
-        self,
-        request_id: str,
-        state: RequestState = RequestState.FINISHED,
-        reason: str | None = None,
-    ) -> None:
-        self.booking.release(request_id, state, reason)
-
-    def requeue(self, request_id: str, reason: str) -> None:
-        self.booking.requeue(request_id, reason)
 
     def hold_port(self, port: int, request_id: str) -> None:
         self.booking.hold_port(port, request_id)

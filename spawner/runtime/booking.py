@@ -12,30 +12,25 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from scheduler_core.model import Allocation
 from scheduler_core.store import RequestState, SliceConflict, StoreError
 from spawner.runtime.context import Nodes, SessionTable
 
 
+@dataclass(eq=False, kw_only=True)
 class Booking:
     """Ports, and slices booked and released. Owns the ports; calls no other
     collaborator."""
 
-    def __init__(
-        self,
-        nodes: Nodes,
-        table: SessionTable,
-        *,
-        port_range: tuple[int, int],
-        granted: Callable[[Allocation], None],
-    ) -> None:
-        self.nodes = nodes
-        self.table = table
-        self.port_range = port_range
-        self.ports: dict[int, str] = {}
-        """Per port, the request whose session holds it."""
-        self._granted = granted
+    nodes: Nodes
+    table: SessionTable
+    port_range: tuple[int, int]
+    granted: Callable[[Allocation], None]
+    """Hand a booked grant on (to its spawner)."""
+    ports: dict[int, str] = field(default_factory=dict, init=False)
+    """Per port, the request whose session holds it."""
 
     # -- ports ---------------------------------------------------------------------
 
@@ -100,7 +95,7 @@ class Booking:
             (time.time() - allocation.request.submit) * 1e3,
             "funded" if allocation.funded else "unallocated",
         )
-        self._granted(allocation)
+        self.granted(allocation)
 
     def _book_failed(self, request_id: str) -> None:
         if request_id in self.nodes.core.running:

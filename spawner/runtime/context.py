@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler_core.model import Health
@@ -24,33 +25,27 @@ from spawner.runtime.values import Activity, Agent, Teardown, Timeouts
 Log = logging.Logger | logging.LoggerAdapter[Any]
 
 
+@dataclass(eq=False, kw_only=True)
 class Nodes:
     """The nodes' runtimes and what calls to them need."""
 
-    def __init__(
-        self,
-        backends: dict[str, Runtime],
-        configured: dict[str, Health],
-        hub: HubClient,
-        *,
-        hub_name: str,
-        timeouts: Timeouts,
-        changed: Callable[[], None],
-        log: Log,
-    ) -> None:
-        self.backends = backends
-        self.configs: dict[str, NodeConfig] = {n: b.config for n, b in backends.items()}
-        self.configured = configured
-        """Per node, the health its configuration gives it (draining set by an admin)."""
-        self.hub = hub
-        self.hub_name = hub_name
-        self.timeouts = timeouts
-        self.changed = changed
-        """Tell the facade that the queue or the cluster changed (another cycle is due)."""
-        self.log = log
-        self.attached: Scheduler | None = None
-        self._store: Store | None = None
-        self._background: set[asyncio.Task[None]] = set()
+    backends: dict[str, Runtime]
+    configured: dict[str, Health]
+    """Per node, the health its configuration gives it (draining set by an admin)."""
+    hub: HubClient
+    hub_name: str
+    timeouts: Timeouts
+    changed: Callable[[], None]
+    """Tell the facade that the queue or the cluster changed (another cycle is due)."""
+    log: Log
+    attached: Scheduler | None = field(default=None, init=False)
+    _store: Store | None = field(default=None, init=False)
+    _background: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+
+    @property
+    def configs(self) -> dict[str, NodeConfig]:
+        """Per node, its runtime's configuration."""
+        return {name: backend.config for name, backend in self.backends.items()}
 
     def attach(self, core: Scheduler, store: Store) -> None:
         self.attached = core
@@ -79,18 +74,19 @@ class Nodes:
         return health not in (Health.UNREACHABLE, Health.DOWN)
 
 
+@dataclass(eq=False, kw_only=True)
 class SessionTable:
     """Per request, what the collaborators know of its session."""
 
-    def __init__(self, agents: dict[str, Agent], notices: dict[tuple[str, str], str]) -> None:
-        self.live: set[str] = set()
-        """Requests whose server runs (its spawner's start returned, or adopted)."""
-        self.stopping: set[str] = set()
-        """Requests whose session this Hub is removing on purpose."""
-        self.agents = agents
-        """Per request, its session's agent (from the start, or the spawner's state)."""
-        self.activity: dict[str, Activity] = {}
-        self.teardowns: dict[str, Teardown] = {}
-        """Preempted sessions on their way out (launches on their nodes wait for them)."""
-        self.notices = notices
-        """Per (user, server), what its user is told of its last end."""
+    agents: dict[str, Agent]
+    """Per request, its session's agent (from the start, or the spawner's state)."""
+    notices: dict[tuple[str, str], str]
+    """Per (user, server), what its user is told of its last end."""
+    live: set[str] = field(default_factory=set, init=False)
+    """Requests whose server runs (its spawner's start returned, or adopted)."""
+    stopping: set[str] = field(default_factory=set, init=False)
+    """Requests whose session this Hub is removing on purpose."""
+    activity: dict[str, Activity] = field(default_factory=dict, init=False)
+    """Per request, what its agent last said."""
+    teardowns: dict[str, Teardown] = field(default_factory=dict, init=False)
+    """Preempted sessions on their way out (launches on their nodes wait for them)."""

@@ -1,5 +1,5 @@
-"""A session and its agent: build the spec, start, poll and stop, the overridable steps
-of DockerSpawner; and the idle polls of the session's agent.
+"""A session's life on its node's runtime: build the spec, start, poll and stop, the
+overridable steps of DockerSpawner.
 
 Calls to a node's runtime from a request path are bounded by ``engine_timeout``; an
 unreachable node is not called at all.
@@ -8,10 +8,8 @@ unreachable node is not called at all.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from datetime import datetime
-from typing import Any
+from dataclasses import dataclass
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
@@ -29,45 +27,21 @@ from spawner.runtime.snapshots import (
     state_dir_in_home,
 )
 from spawner.runtime.spec import LaunchSpec, build_launch_spec
-from spawner.runtime.values import (
-    AGENT_HEADER,
-    Activity,
-    Agent,
-    LaunchFailed,
-    RunningSession,
-    SessionLaunch,
-)
+from spawner.runtime.values import Agent, LaunchFailed, RunningSession, SessionLaunch
 
 
-def _epoch(value: Any, default: float) -> float:
-    """Seconds since the epoch from an ISO 8601 time (``default`` if it is none)."""
-    if not isinstance(value, str):
-        return default
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return default
-
-
+@dataclass(eq=False, kw_only=True)
 class Lifecycle:
     """A session's steps on its node's runtime. Calls `Booking` for its port and
     `NodeWatch` for a session that ended (or that cannot be removed now); subclass it to
     change a step (`build_spec`, `create_session`, `stop_session`)."""
 
-    def __init__(
-        self,
-        nodes: Nodes,
-        table: SessionTable,
-        booking: Booking,
-        watch: NodeWatch,
-        layout: SnapshotLayout | None,
-    ) -> None:
-        self.nodes = nodes
-        self.table = table
-        self.booking = booking
-        self.watch = watch
-        self.layout = layout
-        """Where homes and snapshots live (None: named volumes, no snapshot store)."""
+    nodes: Nodes
+    table: SessionTable
+    booking: Booking
+    watch: NodeWatch
+    layout: SnapshotLayout | None
+    """Where homes and snapshots live (None: named volumes, no snapshot store)."""
 
     # -- a session: build its spec, start, poll, stop ---------------------------------
 
@@ -260,60 +234,3 @@ class Lifecycle:
                 error or type(error).__name__,
             )
             self.watch.leave_orphan(node, runtime_id)
-
-
-class IdlePolls:
-    """What each session's agent says (busy, or idle since when); writes the table's
-    activity and calls no other collaborator."""
-
-    def __init__(self, nodes: Nodes, table: SessionTable) -> None:
-        self.nodes = nodes
-        self.table = table
-
-    # -- idle sessions ---------------------------------------------------------------
-
-    async def poll_activity(self) -> None:
-        """Ask each running session's agent whether it is busy; tell the core which are
-        idle and since when (idle sessions are the first victims)."""
-        core = self.nodes.core
-        asks = [
-            (request_id, agent)
-            for request_id, agent in list(self.table.agents.items())
-            if request_id in self.table.live
-            and agent.port
-            and request_id not in self.table.teardowns
-        ]
-        answers = await asyncio.gather(*(self._status(agent) for _, agent in asks))
-        now = time.time()
-        for (request_id, _agent), status in zip(asks, answers, strict=True):
-            if status is None or request_id not in core.running:
-                continue
-            busy = bool(status.get("busy"))
-            idle_since = None if busy else _epoch(status.get("last_activity"), now)
-            before = self.table.activity.get(request_id)
-            kernels = list(status.get("kernels") or [])
-            self.table.activity[request_id] = Activity(now, busy, idle_since, kernels)
-            if before is None or before.busy != busy:
-                self.nodes.store.append_event(
-                    now,
-                    "activity",
-                    {"request": request_id, "busy": busy, "idle_since": idle_since},
-                )
-            mark = getattr(core, "mark_activity", None)
-            if mark is not None:
-                mark(request_id, idle_since)
-
-    async def _status(self, agent: Agent) -> dict[str, Any] | None:
-        request = HTTPRequest(
-            agent.url("status"),
-            headers={AGENT_HEADER: agent.secret},
-            connect_timeout=2.0,
-            request_timeout=5.0,
-        )
-        try:
-            response = await AsyncHTTPClient().fetch(request)
-            answer = json.loads(response.body)
-        except (HTTPClientError, OSError, ValueError) as error:
-            self.nodes.log.debug("budgethub: agent at %s: %s", agent.url("status"), error)
-            return None
-        return answer if isinstance(answer, dict) else None

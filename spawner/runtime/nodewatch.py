@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 
 from tornado.httpclient import HTTPClientError
 
@@ -31,18 +32,18 @@ def describe_exit(state: SessionState | None) -> str:
     return f"exited with code {state.exit_code}"
 
 
+@dataclass(eq=False, kw_only=True)
 class NodeWatch:
     """Health, exit events and orphans. Owns each node's absence and the sessions left
     to remove there; calls `Booking` to free the slices of a session that ended."""
 
-    def __init__(self, nodes: Nodes, table: SessionTable, booking: Booking) -> None:
-        self.nodes = nodes
-        self.table = table
-        self.booking = booking
-        self._unreachable_since: dict[str, float] = {}
-        self._orphans: dict[str, set[str]] = {}
-        """Per node, sessions to remove once the node answers again."""
-        self._loop: asyncio.AbstractEventLoop | None = None
+    nodes: Nodes
+    table: SessionTable
+    booking: Booking
+    _unreachable_since: dict[str, float] = field(default_factory=dict, init=False)
+    _orphans: dict[str, set[str]] = field(default_factory=dict, init=False)
+    """Per node, sessions to remove once the node answers again."""
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
 
     def watch(self) -> None:
         """Follow every node's session ends (see `Runtime.watch`)."""

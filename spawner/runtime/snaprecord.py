@@ -9,6 +9,7 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -161,15 +162,15 @@ def kernel_state(
     return "saved", None
 
 
+@dataclass(eq=False, kw_only=True)
 class SnapshotRecording:
     """Checkpoints, snapshots recorded, pruned and deleted. Owns the snapshot store's
     layout and policy; calls no other collaborator."""
 
-    def __init__(self, nodes: Nodes, layout: SnapshotLayout | None, policy: SnapshotPolicy) -> None:
-        self.nodes = nodes
-        self.layout = layout
-        """Where homes and snapshots live (None: named volumes, no snapshot store)."""
-        self.policy = policy
+    nodes: Nodes
+    layout: SnapshotLayout | None
+    """Where homes and snapshots live (None: named volumes, no snapshot store)."""
+    policy: SnapshotPolicy
 
     @property
     def enabled(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tornado.httpclient import HTTPClientError
@@ -27,28 +28,20 @@ from spawner.runtime.spec import LABEL_PREFIX
 from spawner.runtime.values import Agent, Checkpointed, Teardown
 
 
+@dataclass(eq=False, kw_only=True)
 class Takedown:
     """Preemption, its messages and the victim's way out. Calls `Booking` to free its
     port, `Lifecycle` to remove the session, `SnapshotRecording` for its snapshot."""
 
-    def __init__(
-        self,
-        nodes: Nodes,
-        table: SessionTable,
-        booking: Booking,
-        lifecycle: Lifecycle,
-        recording: SnapshotRecording,
-        *,
-        preempted: Callable[[str], None],
-        respawn: Callable[[str], None],
-    ) -> None:
-        self.nodes = nodes
-        self.table = table
-        self.booking = booking
-        self.lifecycle = lifecycle
-        self.recording = recording
-        self._preempted = preempted
-        self._respawn = respawn
+    nodes: Nodes
+    table: SessionTable
+    booking: Booking
+    lifecycle: Lifecycle
+    recording: SnapshotRecording
+    preempted: Callable[[str], None]
+    """Tell the facade that a request was preempted (its spawner stops waiting)."""
+    respawn: Callable[[str], None]
+    """Spawn a resumable request again through the Hub once it is down."""
 
     def preempt(self, allocation: Allocation, reason: str) -> bool:
         """Stop a victim and tell its user; resumable work waits again at its old place
@@ -92,7 +85,7 @@ class Takedown:
         self.table.live.discard(allocation.id)
         self.table.stopping.add(allocation.id)
         self.table.activity.pop(allocation.id, None)
-        self._preempted(allocation.id)
+        self.preempted(allocation.id)
         loop = asyncio.get_running_loop()
         teardown = Teardown(allocation.grants[0].node, loop.create_future(), loop.create_future())
         self.table.teardowns[allocation.id] = teardown
@@ -204,4 +197,4 @@ class Takedown:
             runtime_id = await self._find_session(node, allocation.id)
             await self.lifecycle.stop_session(node, runtime_id)
         if respawn:
-            self._respawn(allocation.id)
+            self.respawn(allocation.id)
