@@ -230,7 +230,7 @@ def capture(
     """Copy the session's kernel state into the snapshot store as snapshot ``key``.
 
     From the shared home (``home``) when there is one, else from ``archive`` (a tar
-    of the state directory fetched from the container). SnapshotError says why it
+    of the state directory fetched from the session). SnapshotError says why it
     failed; nothing is left behind then."""
     final = layout.snapshot_dir(user, server, key)
     try:
