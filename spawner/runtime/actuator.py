@@ -165,10 +165,6 @@ class SessionActuator:
         """Requests whose server runs (its spawner's start returned, or adopted)."""
         return self.table.live
 
-    @property
-    def agents(self) -> dict[str, Agent]:
-        return self.table.agents
-
     def attach(self, core: Scheduler, store: Store) -> None:
         self.nodes.attach(core, store)
 

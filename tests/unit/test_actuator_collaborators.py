@@ -126,7 +126,7 @@ def _take_down(agent_known: bool) -> dict[str, Any]:
             runtime.running["17"] = SessionState("17", True, 0, {f"{LABEL_PREFIX}.request": r1.id})
             actuator.live.add(r1.id)
             if agent_known:
-                actuator.agents[r1.id] = Agent("u1", "s", "secret", "/", runtime_id="17")
+                actuator.table.agents[r1.id] = Agent("u1", "s", "secret", "/", runtime_id="17")
             requeue = actuator.preempt(first, "funded")
             teardown = actuator.table.teardowns[r1.id]
             core.finish(r1.id)
@@ -147,7 +147,7 @@ def _take_down(agent_known: bool) -> dict[str, Any]:
                 "stopped": hub.stopped,
                 "notice": notices.get(("u1", "s"), ""),
                 "live": set(actuator.live),
-                "agents": set(actuator.agents),
+                "agents": set(actuator.table.agents),
                 "teardowns": set(actuator.table.teardowns),
                 "snapshots": store.list_snapshots(user="u1"),
             }

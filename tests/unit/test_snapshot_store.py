@@ -15,8 +15,8 @@ import pytest
 from spawner.profiles import FormError, snapshot_choice
 from spawner.runtime.snaprecord import _kernel_entries, snapshot_sentence
 from spawner.runtime.snapshots import (
-    SnapshotLayout,
     SnapshotError,
+    SnapshotLayout,
     capture,
     ensure_home,
     new_key,
