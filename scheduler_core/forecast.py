@@ -83,39 +83,95 @@ def dry_run(view: ClusterView, now: float, request: Request | None = None) -> De
     return decide(view if request is None else with_request(view, request), now)
 
 
+class Reading:
+    """What one `Decisions` says of the requests it may have looked at, read many times:
+    each pool's order, the admitted and who each entry has ahead of it are worked out
+    once, so reading the whole queue (`standing`) costs one pass over the order, not one
+    per request. ``pools``: request id → pool, for every request the cycle may have
+    looked at."""
+
+    __slots__ = ("admitted", "decisions", "orders")
+
+    def __init__(self, decisions: Decisions, pools: Mapping[str, str]) -> None:
+        self.decisions = decisions
+        self.admitted = {a.request.id: a for a in decisions.admissions}
+        self.orders: dict[str, _PoolOrder] = {}
+        for request_id in decisions.order:
+            pool = pools.get(request_id)
+            if pool is not None:
+                found = self.orders.get(pool)
+                if found is None:
+                    found = self.orders[pool] = _PoolOrder()
+                found.add(request_id, request_id in self.admitted)
+
+    def read(self, request: Request, now: float) -> Forecast:
+        """What the decisions say of ``request``."""
+        decisions = self.decisions
+        order = self.orders.get(request.pool) or _PoolOrder()
+        place = order.first.get(request.id)
+        if place is None:  # not looked at (its pool takes no work now): it comes last
+            place, waiting = order.length, order.length + 1
+        else:
+            waiting = order.length
+        admission = self.admitted.get(request.id)
+        verdict = decisions.verdicts.get(request.id)
+        ground = reason = ""
+        if verdict is not None:  # the policy's own answer
+            funded, ground, reason = verdict.funded, verdict.ground, verdict.reason
+            protected = verdict.protected_s if funded else 0.0
+        elif admission is not None:
+            funded = admission.funded
+            protected = max(0.0, admission.protected_until - now) if funded else 0.0
+        else:
+            funded = bool(decisions.funded.get(request.id, False))
+            protected = request.min_runtime if funded else 0.0
+        return Forecast(
+            request_id=request.id,
+            funded=funded,
+            starts_now=admission is not None,
+            position=place + 1,
+            waiting=waiting,
+            ahead=order.ahead(place),
+            protected_s=protected,
+            ground=ground,
+            reason=reason,
+        )
+
+
+class _PoolOrder:
+    """One pool's entries in the order the cycle used, with what `Reading.read` asks of
+    them kept as they are added."""
+
+    __slots__ = ("before", "first", "left", "length")
+
+    def __init__(self) -> None:
+        self.length = 0
+        """Entries in the order (an id listed twice counts twice)."""
+        self.first: dict[str, int] = {}
+        """Request id → its first place (0-based)."""
+        self.left: list[str] = []
+        """The entries the cycle leaves waiting, in order."""
+        self.before: list[int] = []
+        """Place → how many of ``left`` come before it."""
+
+    def add(self, request_id: str, admitted: bool) -> None:
+        self.first.setdefault(request_id, self.length)
+        self.before.append(len(self.left))
+        if not admitted:
+            self.left.append(request_id)
+        self.length += 1
+
+    def ahead(self, place: int) -> tuple[str, ...]:
+        """The entries before ``place`` that the cycle leaves waiting (``place`` past the
+        end: all of them)."""
+        count = self.before[place] if place < self.length else len(self.left)
+        return tuple(self.left[:count])
+
+
 def read(decisions: Decisions, request: Request, pools: Mapping[str, str], now: float) -> Forecast:
     """What ``decisions`` say of ``request``. ``pools``: request id → pool, for every
-    request the cycle may have looked at."""
-    admitted = {a.request.id: a for a in decisions.admissions}
-    order = [r for r in decisions.order if pools.get(r) == request.pool]
-    if request.id in order:
-        place = order.index(request.id)
-    else:  # not looked at (its pool takes no work now): it comes last
-        place = len(order)
-        order.append(request.id)
-    admission = admitted.get(request.id)
-    verdict = decisions.verdicts.get(request.id)
-    ground = reason = ""
-    if verdict is not None:  # the policy's own answer
-        funded, ground, reason = verdict.funded, verdict.ground, verdict.reason
-        protected = verdict.protected_s if funded else 0.0
-    elif admission is not None:
-        funded = admission.funded
-        protected = max(0.0, admission.protected_until - now) if funded else 0.0
-    else:
-        funded = bool(decisions.funded.get(request.id, False))
-        protected = request.min_runtime if funded else 0.0
-    return Forecast(
-        request_id=request.id,
-        funded=funded,
-        starts_now=admission is not None,
-        position=place + 1,
-        waiting=len(order),
-        ahead=tuple(r for r in order[:place] if r not in admitted),
-        protected_s=protected,
-        ground=ground,
-        reason=reason,
-    )
+    request the cycle may have looked at (`Reading`, to read many)."""
+    return Reading(decisions, pools).read(request, now)
 
 
 def forecast(view: ClusterView, now: float, request: Request) -> Forecast:
@@ -132,8 +188,8 @@ def forecast(view: ClusterView, now: float, request: Request) -> Forecast:
 def standing(view: ClusterView, now: float) -> tuple[Decisions, dict[str, Forecast]]:
     """The next cycle over the waiting requests as they stand, and each one's forecast."""
     decisions = dry_run(view, now)
-    pools = {r.id: r.pool for r in view.pending}
-    return decisions, {r.id: read(decisions, r, pools, now) for r in view.pending}
+    reading = Reading(decisions, {r.id: r.pool for r in view.pending})
+    return decisions, {r.id: reading.read(r, now) for r in view.pending}
 
 
 # -- when: the scheduler run forward -----------------------------------------------

@@ -10,11 +10,12 @@ import pytest
 
 from harness.builders import HOUR, Idle, gpu_request, gpu_scenario, scheduler
 from scheduler_core import model
-from scheduler_core.forecast import History, forecast, run_forward
+from scheduler_core.forecast import History, Reading, forecast, read, run_forward
 from scheduler_core.ledger import UsageLedger
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.simulator import VirtualClock
+from scheduler_core.view import Admission, Decisions
 
 
 def core_of(data: dict, now: float = 0.0) -> tuple[Scheduler, VirtualClock]:
@@ -114,3 +115,32 @@ def test_a_ledger_copy_answers_as_the_ledger_for_windows_after_its_start() -> No
     copy.start_charging("a", "gpu", 3000.0, 2.0)  # the copy moves on alone
     assert copy.charged("a", "gpu", 3000, 3010) == 20.0
     assert ledger.charged("a", "gpu", 3000, 3010) == 0.0
+
+
+def test_one_reading_of_the_whole_queue_says_what_each_request_read_alone_says() -> None:
+    """`standing` reads every waiting request off one `Reading` (built once, so the read
+    model's rebuild is linear in the queue): each answer is the one-request `read`'s, and
+    that is the order re-derived by hand, with an id listed twice, an admitted entry, an
+    entry of no known pool and a request the cycle did not look at."""
+    a, b, c, d, late = (ask(r, "a") for r in ("a", "b", "c", "d", "late"))
+    other = dataclasses.replace(ask("o", "a"), pool="cpu")
+    pools = {"a": "gpu", "b": "gpu", "c": "gpu", "d": "gpu", "late": "gpu", "o": "cpu"}
+    decisions = Decisions(
+        admissions=(Admission(b, (), True, 10.0 + HOUR, 1.0),),
+        order=("a", "o", "b", "ghost", "c", "a", "d"),
+        funded={"a": True, "c": False, "d": True, "o": False},
+    )
+    reading = Reading(decisions, pools)
+    for request in (a, b, c, d, late, other):
+        said = reading.read(request, 10.0)
+        assert said == read(decisions, request, pools, 10.0)
+        order = [r for r in decisions.order if pools.get(r) == request.pool]
+        place = order.index(request.id) if request.id in order else len(order)
+        waiting = len(order) + (request.id not in order)
+        ahead = tuple(r for r in order[:place] if r != "b")
+        assert (said.position, said.waiting, said.ahead) == (place + 1, waiting, ahead)
+        assert said.starts_now is (request is b)
+    assert reading.read(d, 10.0).ahead == ("a", "c", "a")
+    assert (reading.read(late, 10.0).position, reading.read(late, 10.0).waiting) == (6, 6)
+    alone = reading.read(other, 10.0)
+    assert (alone.position, alone.waiting, alone.ahead) == (1, 1, ())
