@@ -37,7 +37,7 @@ class DayUsage:
 
     Such a job is larger than R2's share test allows, and with a week's budget it
     could run on for days and leave its team nothing the rest of the week. So it is
-    admitted while the team's charge over the last day leaves room for its protected
+    admitted while the team's charge over the last day leaves headroom for its protected
     window, with the team's other funded work charged beside it for as long, and, if
     it can be resumed, stopped (`slices_over`) once that charge reaches the day's
     share while other work waits in the pool; it comes back when the day slides on.
@@ -65,11 +65,11 @@ class DayUsage:
             if level != team or tree.has_children(team)
         ]
 
-    def room(self, team: str, pool: str, share_rate: float) -> float:
+    def headroom(self, team: str, pool: str, share_rate: float) -> float:
         """Units the team may still be charged in the pool before its day's share."""
-        return self.subtree_room((team,), pool, share_rate)
+        return self.subtree_headroom((team,), pool, share_rate)
 
-    def subtree_room(self, members: tuple[str, ...], pool: str, share_rate: float) -> float:
+    def subtree_headroom(self, members: tuple[str, ...], pool: str, share_rate: float) -> float:
         """Units the teams in ``members`` (a team's whole subtree, or the team alone) may
         still be charged in the pool before that team's day share (``share_rate``)."""
         if self.usage is None:
@@ -125,8 +125,8 @@ class DayUsage:
                 continue
             # Its own day spent, and the day of every level it may borrow from (none for
             # a top-level team).
-            if self.room(request.team, pool, share_rate) <= 1e-6 and all(
-                self.subtree_room(members, pool, rate) <= 1e-6
+            if self.headroom(request.team, pool, share_rate) <= 1e-6 and all(
+                self.subtree_headroom(members, pool, rate) <= 1e-6
                 for members, rate in self.lenders(request.team, pool)
             ):
                 found.append(Preemption(allocation.id, "time-slice"))

@@ -51,7 +51,7 @@ class Turn:
         "share_rate",
         "share_limit",
         "day_sliced",
-        "day_room",
+        "day_headroom",
         "lenders",
         "afters",
         "known",
@@ -67,7 +67,7 @@ class Turn:
         self.share_limit = oversize_above(self.share_rate, settings)
         """The rate above which an entry is larger than the team's share (S5)."""
         self.day_sliced = settings.guaranteed_share > 0 and cycle.day.usage is not None
-        self.day_room: float | None = None
+        self.day_headroom: float | None = None
         self.lenders: list[tuple[tuple[str, ...], float, float]] | None = None
         self.afters: dict[float, Key] = {}
         """Per units charged, the team's key after them (R4's test)."""
@@ -75,11 +75,11 @@ class Turn:
         """Per entry kind (and age class), the answer an entry of it got while nothing
         changed since (`order.judge_all`): the next such entry gets the same."""
 
-    def room(self, cycle: Cycle) -> float:
+    def day_headroom_of(self, cycle: Cycle) -> float:
         """Units the team may still be charged before its day's share (S5)."""
-        if self.day_room is None:
-            self.day_room = cycle.day.room(self.team, self.rate_key[1], self.share_rate)
-        return self.day_room
+        if self.day_headroom is None:
+            self.day_headroom = cycle.day.headroom(self.team, self.rate_key[1], self.share_rate)
+        return self.day_headroom
 
 
 def window_funding(cycle: Cycle, turn: Turn, entry: Queued, running: float, units: float) -> str:
@@ -134,7 +134,7 @@ def oversize_slice(
     protect, units, rate = entry.min_runtime, entry.units, entry.rate
     others = 0.0 if swap else cycle.rates[turn.rate_key]
     beside = others > 1e-9
-    sliced = turn.room(cycle) / (rate + others)
+    sliced = turn.day_headroom_of(cycle) / (rate + others)
     if turn.lenders is None:
         turn.lenders = lent(cycle, turn.team, team_queues, state)
     if turn.lenders:
@@ -142,7 +142,7 @@ def oversize_slice(
         sliced = max(
             sliced,
             min(
-                day.subtree_room(members, state.name, share) / (rate + others + claimed)
+                day.subtree_headroom(members, state.name, share) / (rate + others + claimed)
                 for members, share, claimed in turn.lenders
             ),
         )
@@ -190,7 +190,7 @@ def fund(
     ):
         # Within the share, but not funded beside the team's work, which is below the
         # share: a day slice too (S5), burst work that holds no nodes.
-        sliced = turn.room(cycle) / (entry.rate + running)
+        sliced = turn.day_headroom_of(cycle) / (entry.rate + running)
         if slice_pays(sliced, protect, cycle.settings):
             if sliced < protect:
                 protect, units = sliced, entry.rate * sliced

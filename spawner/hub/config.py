@@ -278,13 +278,13 @@ class SchedulerConfig(SingletonConfigurable):
     max_queue_wait = Float(
         8 * 3600.0, help="A spawn that waits longer than this in the queue ends, with a message."
     ).tag(config=True)
-    launch_timeout = Float(
-        120.0, help="Seconds from grant to a container whose server answers."
-    ).tag(config=True)
+    launch_timeout = Float(120.0, help="Seconds from grant to a session whose server answers.").tag(
+        config=True
+    )
     launch_attempts = Integer(
         3,
         min=1,
-        help="""Starts a granted session gets: a container that does not start (a bad image,
+        help="""Starts a granted session gets: a start that fails (a bad image,
         an engine error, a server that never answers) hands its slices back and waits again
         at its old place in the queue, until this many have failed; then the spawn ends
         with a message naming the node and the reason.""",
@@ -309,8 +309,9 @@ class SchedulerConfig(SingletonConfigurable):
     ).tag(config=True)
     hub_name = Unicode(
         DEFAULT_HUB,
-        help="""Names and labels every container this Hub starts; Hubs sharing an engine
-        need different names, and never touch each other's containers.""",
+        help="""Names and labels every session this Hub starts (containers, Slurm jobs);
+        Hubs sharing an engine need different names, and never touch each other's
+        sessions.""",
     ).tag(config=True)
     ping_timeout = Float(
         5.0, help="Seconds a health ping waits for an engine before the node is unreachable."

@@ -1,12 +1,13 @@
 """The embedded scheduler: one per Hub process, between the spawners and the core.
 
-A facade over rooms with one purpose each (docs/architecture.md, "The Hub side"):
-its configuration (config.py), the actuator that alone holds the nodes' engines
-(actuator.py), the Hub API client (hubapi.py), restart recovery (recovery.py) and
-the queue/budget read model (readmodel.py). Here: starting (or safe mode), the
-cycle on the Hub's event loop (a cycle is milliseconds; Docker calls run off it),
-and what spawners call: submit, wait for a grant, start, poll and stop a session.
-Admissions are booked in the store before the slow container start; a start that
+The facade the spawners talk to, over parts with one purpose each (docs/architecture.md,
+"The Hub side"): its configuration (``config.py``), the session actuator that alone
+holds the nodes' runtimes (``spawner.runtime.actuator``), the Hub API client
+(``spawner.hubapi``), restart recovery (``recovery.py``) and the read model
+(``spawner.readmodel.status``). Here: starting (or safe mode), the cycle on the Hub's
+event loop (a cycle is milliseconds; runtime calls run off it), and what spawners
+call: submit, wait for a grant, start, poll and stop a session.
+Admissions are booked in the store before the slow session start; a start that
 fails hands the slices back and waits again at its old place in the queue.
 """
 
@@ -375,7 +376,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
     def _respawn(self, request_id: str) -> None:
         """Preempted resumable work waits again: a spawner must wait for it.
 
-        The Hub stopped its server already; when the container was gone by then, the
+        The Hub stopped its server already; when the session was gone by then, the
         Hub never called the spawner's ``stop`` (which detaches its old wait)."""
         self._waiters.pop(request_id, None)
         self._background_task(self._respawn_through_hub(request_id))
@@ -577,7 +578,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         self.kick()
 
     def launch_failed(self, request_id: str, reason: str) -> None:
-        """The container did not start: slices back, the request waits again at its old
+        """The session did not start: slices back, the request waits again at its old
         place in the queue (the spawner waits for the next grant)."""
         self.store.append_event(
             time.time(), "launch-failed", {"request": request_id, "reason": reason}
@@ -609,19 +610,19 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
             )
         return session
 
-    async def poll_session(self, request_id: str, node: str, container_id: str) -> int | None:
+    async def poll_session(self, request_id: str, node: str, runtime_id: str) -> int | None:
         """None while the session runs (or cannot be asked); its exit status once ended."""
         actuator: SessionActuator | None = getattr(self, "actuator", None)
         if actuator is None:
             return None  # not even the configuration could be read: keep every session
         # In safe mode only the engine can say; no core holds slices to release.
-        return await actuator.poll_session(request_id, node, container_id, release=self.started)
+        return await actuator.poll_session(request_id, node, runtime_id, release=self.started)
 
-    async def stop_session(self, request_id: str, node: str, container_id: str) -> None:
-        """Remove the session's container (bounded) and free what it held."""
+    async def stop_session(self, request_id: str, node: str, runtime_id: str) -> None:
+        """End the session on its runtime (bounded) and free what it held."""
         actuator: SessionActuator | None = getattr(self, "actuator", None)
         if actuator is not None:
-            await actuator.stop_session(node, container_id, request_id)
+            await actuator.stop_session(node, runtime_id, request_id)
         if self.started and request_id:
             self.finish(request_id)
 

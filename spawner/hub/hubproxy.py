@@ -3,7 +3,7 @@
 JupyterHub removes a server's route before every stop, also for a spawn that never
 got one (a request that left the queue). The proxy answers 404 and the Hub logs
 ``api_request to proxy failed: 404`` at error level; a subclass that skips the call for
-a BudgetSpawner that never launched a container keeps that out of the log, and keeps
+a BudgetSpawner that never launched a session keeps that out of the log, and keeps
 every other stop exactly as stock.
 """
 
