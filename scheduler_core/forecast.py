@@ -29,6 +29,7 @@ from types import MappingProxyType
 from scheduler_core.model import Allocation, PoolKind, Request
 from scheduler_core.registry import decide
 from scheduler_core.scheduler import Scheduler
+from scheduler_core.verdict import NOT_WEIGHED
 from scheduler_core.view import ClusterView, Decisions
 
 HORIZON_S = 14 * 86400.0
@@ -63,8 +64,9 @@ class Forecast:
     protected_s: float
     """How long it would be protected if funded (0 when it would run unallocated)."""
     ground: str = ""
-    """The verdict's funding ground, or why not funded (`verdict` codes; "" from a
-    policy that gives no verdicts)."""
+    """The verdict's funding ground, or why not funded (`verdict` codes): `NOT_WEIGHED`
+    when the cycle gave it no verdict (its pool takes no work, or a policy that gives
+    none) and it is not funded; "" when funded with no verdict."""
     reason: str = ""
     """The verdict's placement, or why not placed (`verdict` codes)."""
 
@@ -125,6 +127,8 @@ class Reading:
         else:
             funded = bool(decisions.funded.get(request.id, False))
             protected = request.min_runtime if funded else 0.0
+        if verdict is None and not funded:  # why not funded: no cycle weighed it
+            ground = NOT_WEIGHED
         return Forecast(
             request_id=request.id,
             funded=funded,

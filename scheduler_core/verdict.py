@@ -30,6 +30,7 @@ __all__ = [
     "NO_ROOM",
     "NO_SHARE",
     "NO_VICTIMS",
+    "NOT_WEIGHED",
     "OVER_BUDGET",
     "OVER_BURST",
     "OVER_SHARE_BESIDE",
@@ -85,6 +86,12 @@ HOLDING = "holding"
 
 PLACED_REASONS = frozenset({PLACED, BACKFILLED, PREEMPTS})
 
+# -- no verdict: a request the cycle did not weigh
+NOT_WEIGHED = "not-weighed"
+"""No cycle looked at it: no node of its pool takes new work, or the policy gives no
+verdicts (the baselines). Set by the read model in place of a funding ground
+(`forecast.Reading.read`), and what a request with no codes at all is said to be."""
+
 MESSAGES: Mapping[str, str] = {
     SHARE: "funded: within the team's share",
     BUDGET: "funded: the team's only work here, within its window budget",
@@ -103,6 +110,7 @@ MESSAGES: Mapping[str, str] = {
     NO_ROOM: "waiting: no free capacity fits it",
     NO_VICTIMS: "waiting: no free capacity fits it and no preemptible sessions make room",
     HOLDING: "waiting: nodes are held for it until they clear",
+    NOT_WEIGHED: "not weighed yet: no cycle has looked at it (its pool may take no new work)",
 }
 """Every reason code, in words (one map for the Hub's pages, the API and /metrics)."""
 

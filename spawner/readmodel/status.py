@@ -34,7 +34,7 @@ from scheduler_core.model import Health, NodeGrant, PoolKind, Request, RequestCl
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.store import EventRecord, Store
 from scheduler_core.store.models import AllocationRow, RequestRow
-from scheduler_core.verdict import message
+from scheduler_core.verdict import NOT_WEIGHED, message
 from scheduler_core.view import ClusterView, Decisions
 from spawner.hubapi import split_request_id
 
@@ -100,17 +100,13 @@ def plural(n: float, word: str, many: str | None = None) -> str:
     return f"{text} {word if n == 1 else (many or word + 's')}"
 
 
-NO_VERDICT = "not weighed yet: no cycle has looked at it (its pool may take no new work)"
-"""What `verdict_words` says when a request has no verdict codes: the dry run did not
-look at it (no node of its pool takes new work), or the policy gives no verdicts."""
-
-
 def verdict_words(*codes: str) -> str:
     """Why a request waits, or would run unallocated: the words of its verdict codes
     (`verdict.MESSAGES`, through `verdict.message`), joined by ``; ``. The one way every
-    page, the JSON API and the queue message say why; `NO_VERDICT` for no code."""
+    page, the JSON API and the queue message say why; with no code, the words of
+    `verdict.NOT_WEIGHED` (no cycle looked at it)."""
     said = [message(code) for code in codes if code]
-    return "; ".join(said) if said else NO_VERDICT
+    return "; ".join(said) if said else message(NOT_WEIGHED)
 
 
 def not_funded_words(ground: str) -> str:
@@ -307,7 +303,7 @@ def usage_ledger(store: Store, since: float) -> UsageLedger:
 
 def notices_from(events: Iterable[EventRecord]) -> dict[tuple[str, str], str]:
     """The "your session was stopped" notices still to show, per (user, server name),
-    from the event log in order: a preemption (or a container that ended badly) sets
+    from the event log in order: a preemption (or a session that ended badly) sets
     its server's notice, a later submit for that server (the user started again)
     clears it."""
     notices: dict[tuple[str, str], str] = {}

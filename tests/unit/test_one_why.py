@@ -17,7 +17,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from scheduler_core import model, verdict
+from scheduler_core import model, registry, verdict
 from scheduler_core.store import Store
 from spawner.hub import mysessions, pages
 from spawner.hub.spawner import BudgetSpawner
@@ -167,3 +167,27 @@ def test_why_unfunded_comes_from_the_same_map(
         assert SENTINEL in said[page], page
     me = json.loads(said["service api/v1/me"])
     assert me["teams"][0]["pools"][0]["why_unallocated"].startswith(SENTINEL)
+
+
+def test_a_request_no_cycle_weighed_says_so_through_the_same_map(
+    store: Store, header_login: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cycle that gives cy's request no verdict (here a policy that gives none, the
+    `legacy` baseline, in the budget policy's place): the read model sets
+    `verdict.NOT_WEIGHED` as why it is not funded, and every page says so in that code's
+    words from the map, as for any other code."""
+    monkeypatch.setitem(registry.POLICIES, "budget", registry.POLICIES["legacy"])
+    state = build_state(store, StoreModel(store).admin, NOW)
+    status = state.view.queue_status(WAITING) if state.view else None
+    assert isinstance(status, QueueStatus)
+    assert (status.funded, status.ground, status.reason) == (False, verdict.NOT_WEIGHED, "")
+    before = {**hub_pages(state), **service_pages(store)}
+    for page, text in before.items():
+        assert SENTINEL not in text, page
+        assert verdict.MESSAGES[verdict.NOT_WEIGHED] in text, page
+
+    monkeypatch.setitem(verdict.MESSAGES, verdict.NOT_WEIGHED, SENTINEL)
+    after = {**hub_pages(state), **service_pages(store)}
+    for page, text in after.items():
+        assert SENTINEL in text, page
+        assert text != before[page], page

@@ -321,9 +321,9 @@ def test_every_core_setting_is_a_trait_of_the_embedded_scheduler():
 
 
 def test_queue_message_says_why_a_request_would_run_unallocated():
+    from scheduler_core import verdict
     from spawner.hub.embedded import QueueStatus
     from spawner.hub.spawner import BudgetSpawner
-    from spawner.readmodel.status import NO_VERDICT
 
     common = dict(position=2, waiting=3, team_position=1, team_waiting=1, estimated_start=None)
     funded = QueueStatus(funded=True, protected_s=3600, **common)
@@ -340,8 +340,9 @@ def test_queue_message_says_why_a_request_would_run_unallocated():
         **common,
     )
     message = BudgetSpawner._queue_message(None, over)
+    unweighed = verdict.MESSAGES[verdict.NOT_WEIGHED]  # no verdict codes: NOT_WEIGHED's words
     assert message == (
-        f"Queued: position 2 of 3 in the pool, 1 of 1 in your team; {NO_VERDICT} (its funded "
+        f"Queued: position 2 of 3 in the pool, 1 of 1 in your team; {unweighed} (its funded "
         "sessions hold 12 GPU, its share is 8 GPU; 42% of its 7-day budget used): it will run "
         "unallocated (preemptible); no start time can be promised: it starts when running "
         "sessions end"
