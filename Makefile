@@ -108,8 +108,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check scheduler_core spawner tests bench harness
 	$(BIN)/mypy scheduler_core spawner harness
 
+# The 20 slowest tests are listed at the end, so a run's log says where its time went.
 test: setup
-	$(BIN)/pytest -q $(XDIST)
+	$(BIN)/pytest -q $(XDIST) --durations=20
 
 integration: setup
 	$(BIN)/pytest -q $(XDIST) tests/integration
