@@ -7,11 +7,14 @@ while every rule reads no more of an entry than its kind (docs/policy.md, "Addin
 rule"). Here every cycle of random runs is decided with the memo and without it
 (``budget_policy(..., memo=False)``: every entry judged afresh), and the two must
 agree in every field, verdicts included. The runs are drawn so that entries of one
-kind queue together: the memo's own case.
+kind queue together: the memo's own case. Two fields of the kind change an answer only
+in states random runs seldom reach, so each has a built case as well: resumability
+with nodes held (S3) and the class with a team slicing itself (S6).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -24,12 +27,13 @@ from hypothesis import strategies as st
 
 import scheduler_core
 from harness import REPO
-from harness.builders import only_placeable, scenarios, scheduler
+from harness.builders import HOUR, gpu_request, gpu_scenario, only_placeable, scenarios, scheduler
+from scheduler_core import model, verdict
 from scheduler_core import scheduler as scheduler_module
 from scheduler_core.policy import NO_MEMO_ENV, budget_policy
 from scheduler_core.policy import order as order_module
 from scheduler_core.scenario import Scenario, parse_scenario
-from scheduler_core.simulator import Simulation
+from scheduler_core.simulator import Simulation, VirtualClock
 from scheduler_core.view import ClusterView, Decisions
 
 TEAMS = ["a", "b", "c"]
@@ -225,3 +229,105 @@ def test_the_environment_turns_the_memo_off() -> None:
         )
         said[value] = run.stdout.strip()
     assert said == {"1": "False", "0": "True", "": "True"}
+
+
+# Two entries that differ only in a field of their kind, side by side in one turn: the
+# policy's answers differ, so a kind that left the field out would hand the second the
+# first's answer with the memo on. Random runs rarely reach these answers (a field
+# that only counts with nodes held, or with a team slicing itself), so each is built.
+
+NOW = 10 * HOUR
+
+
+def _view_at_now(
+    data: dict[str, Any], running: tuple[str, ...]
+) -> tuple[ClusterView, dict[str, model.Request]]:
+    """The cluster of ``data`` at ``NOW``: the ``running`` requests funded since 0 and
+    protected for 8 h on n-0's GPUs in turn, the others waiting; and the requests."""
+    parsed = parse_scenario(data)
+    core = scheduler(parsed, clock=VirtualClock(NOW))
+    requests = {r.id: r for r in parsed.requests}
+    gpus = iter(core.nodes["n-0"].gpus)
+    for request_id in running:
+        request = requests[request_id]
+        slices = tuple(
+            model.Slice(next(gpus).uuid, model.SliceKind.WHOLE) for _ in range(request.gpus)
+        )
+        core.adopt(
+            model.Allocation(
+                request=request,
+                grants=(model.NodeGrant("n-0", slices, request.cpus, 0.0),),
+                start=0.0,
+                funded=True,
+                protected_until=8 * HOUR,
+                charge_rate=float(request.gpus),
+            )
+        )
+    for request in requests.values():
+        if request.id not in running:
+            core.submit(request)
+    return dataclasses.replace(core.view(NOW), index=None), requests
+
+
+def _answers_alike_with_and_without_memo(view: ClusterView) -> dict[str, tuple[bool, str, str]]:
+    """Each entry's (funded, ground, placement), the memo on and off agreeing."""
+    with_memo = budget_policy(view, NOW, memo=True)
+    without = budget_policy(view, NOW, memo=False)
+    assert _fields(with_memo) == _fields(without)
+    return {r: (v.funded, v.ground, v.reason) for r, v in without.verdicts.items()}
+
+
+def _only_differ_in(first: model.Request, second: model.Request, field: str) -> bool:
+    """The two are alike but for ``field`` (and id, user and submit time, which no kind
+    holds)."""
+    same = {"id": second.id, "user": second.user, "submit": second.submit}
+    return dataclasses.replace(first, **same, **{field: getattr(second, field)}) == second
+
+
+def test_the_memo_tells_resumable_work_from_other_work_beside_held_nodes() -> None:
+    """S3: b (no share of the pool) asks twice for one GPU beside the nodes held for
+    a's starving job, first not resumable, then resumable: the first may not backfill
+    the held node's free GPUs, the second does."""
+    data = gpu_scenario(
+        [
+            gpu_request("busy", "a", 0, 2, "interactive", min_runtime=8 * HOUR),
+            gpu_request("big", "a", 60, 4, "batch"),
+            gpu_request("x", "b", NOW - 200, 1, "batch", resumable=False),
+            gpu_request("y", "b", NOW - 100, 1, "batch", resumable=True),
+        ],
+        nodes=1,
+        gpus=4,
+        teams=[{"name": "a", "share": {"gpu": 1.0}}, {"name": "b", "share": {"gpu": 0.0}}],
+    )
+    view, requests = _view_at_now(data, ("busy",))
+    assert _only_differ_in(requests["x"], requests["y"], "resumable")
+    view = dataclasses.replace(view, reservations={"big": ("n-0",)})
+    said = _answers_alike_with_and_without_memo(view)
+    assert said["big"][2] == verdict.HOLDING
+    assert said["x"] == (False, verdict.NO_SHARE, verdict.NO_ROOM)
+    assert said["y"] == (False, verdict.NO_SHARE, verdict.BACKFILLED)
+
+
+def test_the_memo_tells_batch_work_from_interactive_work_while_a_team_slices_itself() -> None:
+    """S6: a's job larger than its share has waited past ``own_slice_after`` beside a's
+    protected session, so a's batch work is held back this pass; a's interactive
+    request of the same size right after it is funded and placed."""
+    data = gpu_scenario(
+        [
+            gpu_request("busy", "a", 0, 1, "interactive", min_runtime=8 * HOUR),
+            gpu_request("fill", "b", 0, 7, "interactive", min_runtime=8 * HOUR),
+            gpu_request("big", "a", 60, 8, "batch"),
+            gpu_request("x", "a", NOW - 200, 1, "batch"),
+            gpu_request("y", "a", NOW - 100, 1, "interactive"),
+        ],
+        nodes=1,
+        gpus=8,
+        guaranteed_share=1.0,
+        own_slice_after=1200,
+        starvation_bound=100 * HOUR,
+    )
+    view, requests = _view_at_now(data, ("busy", "fill"))
+    assert _only_differ_in(requests["x"], requests["y"], "klass")
+    said = _answers_alike_with_and_without_memo(view)
+    assert said["x"] == (False, verdict.TEAM_SLICING, verdict.NO_ROOM)
+    assert said["y"][:2] == (True, verdict.SHARE) and said["y"][2] in verdict.PLACED_REASONS
