@@ -20,6 +20,8 @@ import pytest
 from harness.browser import ADMIN, ADMIN_PASSWORD, open_hub, shot
 from harness.hub import queue_events, wait_for
 from harness.nodes import ONE_GPU, cpu_node, local_gpu_node
+from scheduler_core.verdict import NO_VICTIMS, SHARE
+from spawner.readmodel.status import verdict_words
 
 
 def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path):
@@ -88,7 +90,9 @@ def test_home_banner_form_outlook_and_admin_queue(make_hub, browser, tmp_path):
     assert re.search(
         r"1 of 1\s+pool gpu\s+bo\s+\(default\)\s+vision\s+1 of 1 in team\s+gpu-notebook", table
     ), table
-    assert "funded; waits for free slices" in table
+    # Why it waits: the verdict's codes in the one map's words (bo's team is under its
+    # share; both GPUs are funded work, so nothing can be preempted for him).
+    assert verdict_words(NO_VICTIMS, SHARE) in table
     shot(admin, "admin-queue.png", tmp_path)
     hub.stop_server("bo")
     hub.stop_server("cy")
