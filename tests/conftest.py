@@ -12,6 +12,9 @@ renames node ids in a way pytest 9.2 no longer reads, so the units are made here
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from typing import Any
 
 import pytest
@@ -75,3 +78,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                     f"{item.nodeid} uses the {defs[-1].scope}-scoped fixture {name}, so its "
                     "file must not be in SPLIT (tests/conftest.py)"
                 )
+
+
+TIMELINE = os.environ.get("BUDGETHUB_TIMELINE")
+"""A file each worker appends one JSON line per test to (worker, test, start, end), so
+that a run's idle workers can be seen: ``BUDGETHUB_TIMELINE=/tmp/t.jsonl make test``."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    start = time.time()
+    yield
+    if TIMELINE:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "master")
+        line = {"worker": worker, "test": item.nodeid, "start": start, "end": time.time()}
+        with open(TIMELINE, "a") as out:
+            out.write(json.dumps(line) + "\n")

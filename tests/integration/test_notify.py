@@ -16,6 +16,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
+from playwright.sync_api import Error as PlaywrightError
+
 from harness.browser import shot
 from harness.hub import PASSWORD, scheduler_lines, wait_for
 from harness.nodes import ONE_GPU, local_gpu_node
@@ -104,7 +106,11 @@ def test_a_queued_session_that_starts_calls_the_hook_and_notifies_the_browser(
         assert facts["waited_s"] >= 1.0 and facts["profile"] == "gpu-notebook", facts
         notes: list[tuple[str, str]] = []
         for _ in range(60):  # Playwright's own wait, so the pages' events are taken in
-            notes = [tuple(n) for n in json.loads(mine.evaluate(READ_NOTES))]
+            try:
+                notes = [tuple(n) for n in json.loads(mine.evaluate(READ_NOTES))]
+            except PlaywrightError:  # My sessions reloads itself once the session runs
+                mine.wait_for_load_state()
+                continue
             if len({body.split(";")[0] for _, body in notes}) >= 2:  # both pages told
                 break
             mine.wait_for_timeout(500)
