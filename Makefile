@@ -13,9 +13,10 @@ NATIVE_SOURCES := $(wildcard scheduler_core/*.py scheduler_core/policy/*.py)
 
 # pytest-xdist workers. The suite mostly waits (on containers, kernels, the Hub), so
 # more workers than cores pay off; each worker has its own Hubs, ports and state folders.
-# Three, not four, on two cores: with four, the run's last minutes had many Hubs and
-# session servers starting at once (load 22) and some missed their timeouts.
-WORKERS ?= 3
+# Four on two cores: pytest took 577 s with four against 656 s with three, at 355fa9e on
+# this 2-core VM after setup (BUDGETHUB_TIMELINE showed every worker busy to the end
+# either way, so the gain is overlap of waits, not balance).
+WORKERS ?= 4
 XDIST := -n $(WORKERS)
 
 # Debian packages for the engine, the image base, the proxy and the Slurm test cluster
