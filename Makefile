@@ -22,11 +22,12 @@ XDIST := -n $(WORKERS)
 # Debian packages for the engine, the image base, the proxy and the Slurm test cluster
 # (slurmctld, slurmd, munge, and Debian's Python for the session environment), in one
 # apt-get call when any is missing. Chromium comes in `browser`, beside the image build
-# (debootstrap does not take apt's lock), so its download is off the longest path.
+# (mmdebstrap and debootstrap do not take the host's apt lock), so its download is off the longest path.
 packages:
 	@missing=""; \
 	  command -v dockerd >/dev/null || missing="$$missing docker.io"; \
 	  command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
+	  command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
 	  { command -v node >/dev/null && command -v npm >/dev/null; } || missing="$$missing nodejs npm"; \
 	  for pair in slurmctld:slurmctld slurmd:slurmd munged:munge; do \
 	    test -x /usr/sbin/$${pair%%:*} || missing="$$missing $${pair#*:}"; done; \
@@ -39,7 +40,7 @@ packages:
 	  fi
 
 # Everything the suite needs, the independent parts at once: the venv and lint, the
-# proxy, PostgreSQL, and the engine with the images (the longest, from a debootstrap).
+# proxy, PostgreSQL, and the engine with the images (the longest, from mmdebstrap's root fs).
 setup: packages
 	$(MAKE) --no-print-directory -j4 --output-sync=target lint $(NATIVE_STAMP) $(PROXY_STAMP) postgres images browser session-env
 
