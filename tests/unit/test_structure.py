@@ -119,9 +119,7 @@ def test_no_product_function_is_over_80_lines() -> None:
 
 def part_of(module: str) -> str:
     parts = module.split(".")
-    if len(parts) > 2 and parts[1] in ("hub", "runtime", "readmodel"):
-        return parts[1]
-    if len(parts) == 2 and parts[1] in ("hub", "runtime", "readmodel"):
+    if len(parts) >= 2 and parts[1] in ("hub", "runtime", "readmodel"):
         return parts[1]
     return "entry" if module in ("spawner", "spawner.hubconfig") else "shared"
 
