@@ -25,6 +25,7 @@ __all__ = [
     "DAY_SLICE",
     "DAY_SPENT",
     "FUNDED_GROUNDS",
+    "HELD_ELSEWHERE",
     "HOLDING",
     "MESSAGES",
     "NO_ROOM",
@@ -83,6 +84,10 @@ NO_VICTIMS = "no-victims"
 """No free slices fit it, and no sessions it may stop would make room (R4, S1, S4-S8)."""
 HOLDING = "holding"
 """Not placed; nodes are held for it until they clear (R7)."""
+HELD_ELSEWHERE = "held-elsewhere"
+"""Not placed: it would fit but for capacity that jobs budgethub did not start hold (on
+Slurm, other users' batch jobs). Set by the Hub's read model in place of NO_ROOM or
+NO_VICTIMS (`spawner.runtime.foreign`); it starts once those jobs end."""
 
 PLACED_REASONS = frozenset({PLACED, BACKFILLED, PREEMPTS})
 
@@ -110,6 +115,7 @@ MESSAGES: Mapping[str, str] = {
     NO_ROOM: "waiting: no free capacity fits it",
     NO_VICTIMS: "waiting: no free capacity fits it and no preemptible sessions make room",
     HOLDING: "waiting: nodes are held for it until they clear",
+    HELD_ELSEWHERE: "waiting: other jobs on the cluster hold the GPUs it needs",
     NOT_WEIGHED: "not weighed yet: no cycle has looked at it (its pool may take no new work)",
 }
 """Every reason code, in words (one map for the Hub's pages, the API and /metrics)."""
