@@ -45,6 +45,7 @@ from typing import Any
 from scheduler_core.model import Gpu, Node, PoolKind
 from spawner.runtime.dockernodes import EngineConfig
 from spawner.runtime.interface import Answer, SessionState
+from spawner.runtime.slurmheld import Held, JobDetails, hostnames
 from spawner.runtime.spec import LABEL_PREFIX, SESSION_USER, LaunchSpec
 
 ACTIVE = frozenset(
@@ -66,6 +67,10 @@ ACTIVE = frozenset(
 )
 """Job states in which the job still holds (or will hold) its node's resources."""
 NODE_KEY = f"{LABEL_PREFIX}.node"
+ROUND = 0.25
+"""Seconds one ``squeue`` listing serves a starting or stopping session's polls."""
+RECONCILE = 10.0
+"""Seconds one listing serves every node's sessions (a restart, a node back)."""
 log = logging.getLogger(__name__)
 
 
@@ -96,6 +101,9 @@ class SlurmSettings:
     pending_timeout: float = 30.0
     timeout: float = 15.0
     watch_interval: float = 2.0
+    accounts: Mapping[str, str] = field(default_factory=dict)
+    """Team → Slurm account (``--account``); a team not here uses its own name."""
+    qos: str = ""
 
 
 def parse_record(line: str) -> dict[str, str]:
@@ -177,13 +185,22 @@ def node_health(state: str) -> Answer:
 class SlurmPartition:
     """One Slurm partition: its nodes, its jobs and the commands that ask for them."""
 
-    def __init__(self, partition: str, settings: SlurmSettings, hub: str) -> None:
+    def __init__(
+        self,
+        partition: str,
+        settings: SlurmSettings,
+        hub: str,
+        details: JobDetails | None = None,
+    ) -> None:
         self.partition = partition
         self.settings = settings
         self.hub = hub
+        self.details = details or JobDetails(self.command, hub)
+        """Every job's allocation in detail, shared by the partitions of one Hub."""
         self._nodes: tuple[float, dict[str, dict[str, str]]] = (0.0, {})
-        self._jobs: tuple[float, list[JobRow]] = (0.0, [])
+        self._jobs: tuple[float, list[JobRow]] = (-1e9, [])
         self._lock = threading.Lock()
+        self._jobs_lock = threading.Lock()
         self._watchers: dict[str, Callable[[SessionState], None]] = {}
         self._watch: threading.Thread | None = None
         self.slurmd_port = 6818
@@ -227,8 +244,8 @@ class SlurmPartition:
         out = self.command("scontrol", "-o", "show", "partition", self.partition)
         return parse_record(out.strip())
 
-    def node_names(self) -> list[str]:
-        nodes = self.describe().get("Nodes", "")
+    def node_names(self, record: Mapping[str, str] | None = None) -> list[str]:
+        nodes = (record if record is not None else self.describe()).get("Nodes", "")
         if not nodes or nodes == "(null)":
             return []
         return self.command("scontrol", "show", "hostnames", nodes).split()
@@ -270,46 +287,50 @@ class SlurmPartition:
             gres=tuple(parse_gres(record.get("Gres", ""))),
         )
 
-    def jobs(self, fresh: bool = False) -> list[JobRow]:
-        """This Hub's jobs in the partition, ended ones included while Slurm keeps them."""
-        with self._lock:
+    def listing(self, max_age: float = 1.0, newer_than: float = -1e9) -> list[JobRow]:
+        """Every job of the partition, this Hub's or not, ended ones included while Slurm
+        keeps them: one ``squeue`` read by every caller within ``max_age`` seconds, or
+        since ``newer_than`` (``time.monotonic``). Callers that ask at once wait for one
+        read: a poll round costs one ``squeue`` per partition, however many sessions."""
+        with self._jobs_lock:
             at, known = self._jobs
-            if fresh or time.monotonic() - at > 1.0:
+            if time.monotonic() - at > max_age or at < newer_than:
+                started = time.monotonic()
                 out = self.command(
                     "squeue", "-h", "-t", "all", "-p", self.partition, "-o", "%i|%T|%r|%n|%N|%k"
                 )
-                known = []
-                for line in out.splitlines():
-                    row = job_row(line)
-                    if row is not None and row.labels.get(f"{LABEL_PREFIX}.hub") == self.hub:
-                        known.append(row)
-                self._jobs = (time.monotonic(), known)
+                known = [row for row in map(job_row, out.splitlines()) if row is not None]
+                self._jobs = (started, known)
             return known
 
-    def job_state(self, job: str) -> SessionState | None:
-        """One job as a session's state; None once Slurm has forgotten it."""
-        try:
-            out = self.command("squeue", "-h", "-t", "all", "-j", job, "-o", "%i|%T|%r|%n|%N|%k")
-        except SlurmError as error:
-            if "Invalid job id" in str(error):
-                return None
-            raise
-        row = job_row(out.strip()) if out.strip() else None
-        if row is None:
-            return None
-        return self._state(row)
+    def jobs(self, fresh: bool = False, max_age: float = 1.0) -> list[JobRow]:
+        """This Hub's jobs in the partition (`listing`)."""
+        rows = self.listing(0.0 if fresh else max_age)
+        return [r for r in rows if r.labels.get(f"{LABEL_PREFIX}.hub") == self.hub]
 
-    def _state(self, row: JobRow) -> SessionState:
+    def row(self, job: str, max_age: float = 1.0, newer_than: float = -1e9) -> JobRow | None:
+        """One job as the partition's listing has it; None when it is not listed."""
+        for row in self.listing(max_age, newer_than):
+            if row.id == job:
+                return row
+        return None
+
+    def job_state(self, job: str, max_age: float = 1.0) -> SessionState | None:
+        """One job as a session's state; None once Slurm has forgotten it."""
+        row = self.row(job, max_age)
+        return None if row is None else self._state(row)
+
+    def _state(self, row: JobRow, seen: float = -1e9) -> SessionState:
+        """``row`` (listed at ``seen``) as a session's state; an ended job's exit code from
+        the round's one ``scontrol -d show job`` (`JobDetails`), read after ``seen``."""
         state = row.state
         if state in ACTIVE:
             return SessionState(row.id, True, 0, row.labels)
-        code = 0
         try:
-            record = parse_record(self.command("scontrol", "-o", "show", "job", row.id))
-            status, _, signal_number = record.get("ExitCode", "0:0").partition(":")
-            code = int(status) or (128 + int(signal_number) if int(signal_number or 0) else 0)
-        except (SlurmError, ValueError):
-            code = 0
+            detail = self.details.job(row.id, newer_than=seen)
+        except SlurmError:
+            detail = None
+        code = detail.exit_status if detail is not None else 0
         if state != "COMPLETED" and code == 0:
             code = 1
         labels = {
@@ -335,6 +356,7 @@ class SlurmPartition:
         running: dict[str, JobRow] = {}
         while True:
             time.sleep(self.settings.watch_interval)
+            seen = time.monotonic()
             try:
                 rows = {r.id: r for r in self.jobs(fresh=True)}
             except SlurmError:
@@ -345,7 +367,9 @@ class SlurmPartition:
                     continue
                 del running[job]
                 ended = (
-                    self._state(now) if now is not None else SessionState(job, False, 0, row.labels)
+                    self._state(now, seen)
+                    if now is not None
+                    else SessionState(job, False, 0, row.labels)
                 )
                 watcher = self._watchers.get(row.labels.get(NODE_KEY, ""))
                 if watcher is not None:
@@ -430,6 +454,11 @@ class SlurmRuntime:
     def watch(self, hub: str, on_exit: Callable[[SessionState], None]) -> None:
         self.partition.follow(self.node, on_exit)
 
+    def held_elsewhere(self) -> Held:
+        """What jobs this Hub did not submit hold on the node now (`spawner.runtime.foreign`
+        counts it as taken); one ``scontrol`` per round for every node. Blocking."""
+        return self.partition.details.held().get(self.node, Held())
+
     # -- a session as a job ------------------------------------------------------------
 
     def job_script(self, spec: LaunchSpec) -> tuple[str, list[str]]:
@@ -448,7 +477,7 @@ class SlurmRuntime:
             return value
 
         slices = json.loads(spec.environment.get("BUDGETHUB_GPU_SLICES", "[]"))
-        gres: list[str] = []
+        counts: dict[str, int] = {}  # gpu:g1 (exact) or gpu:h100 (by count) → how many
         visible: list[str] = []
         for piece in slices:
             gpu = self.gpus.get(str(piece.get("uuid", "")))
@@ -457,7 +486,9 @@ class SlurmRuntime:
             if piece.get("kind") == "fraction" and float(piece.get("weight", 1)) < 1:
                 visible.append(str(gpu.index))
             else:
-                gres.append(gpu.gres or gpu.typed)
+                kind = (gpu.gres or gpu.typed).rsplit(":", 1)[0]
+                counts[kind] = counts.get(kind, 0) + 1
+        gres = [f"{kind}:{n}" for kind, n in counts.items()]
         env = {k: on_node(v) for k, v in spec.environment.items()}
         env.pop("NVIDIA_VISIBLE_DEVICES", None)
         env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -481,7 +512,7 @@ class SlurmRuntime:
         labels = {**spec.labels, NODE_KEY: self.node}
         options = [
             f"--job-name={spec.name}",
-            f"--comment={json.dumps(labels, separators=(',', ':'), sort_keys=True)}",
+            f"--comment={comment(labels)}",
             f"--partition={self.partition.partition}",
             f"--nodelist={self.node}",
             "--nodes=1",
@@ -497,6 +528,12 @@ class SlurmRuntime:
         ]
         if gres:
             options.append(f"--gres={','.join(gres)}")
+        team = spec.labels.get(f"{LABEL_PREFIX}.team", "")
+        account = self.settings.accounts.get(team, team)
+        if account:
+            options.append(f"--account={account}")
+        if self.settings.qos:
+            options.append(f"--qos={self.settings.qos}")
         if os.geteuid() == 0:
             uid, _, gid = SESSION_USER.partition(":")
             options += [f"--uid={uid}", f"--gid={gid}"]
@@ -511,17 +548,18 @@ class SlurmRuntime:
         except SlurmError as error:
             raise RuntimeError(f"Slurm refused the job: {error}") from None
         job = out.strip().split(";")[0]
-        deadline = time.monotonic() + self.settings.pending_timeout
+        submitted = time.monotonic()
+        deadline = submitted + self.settings.pending_timeout
         interval = 0.05
         reason = ""
         while time.monotonic() < deadline:
-            state = await asyncio.to_thread(self._row, job)
+            state = await asyncio.to_thread(self.partition.row, job, ROUND, submitted)
             if state is None:
                 raise RuntimeError(f"Slurm lost job {job}")
             if state.state in ("RUNNING", "CONFIGURING"):
                 return job
             if state.state not in ACTIVE:
-                ended = await asyncio.to_thread(self.partition._state, state)
+                ended = await asyncio.to_thread(self.partition._state, state, submitted)
                 raise RuntimeError(
                     f"Slurm job {job} ended {state.state} before it ran"
                     + (f" ({state.reason})" if state.reason not in ("", "None") else "")
@@ -540,38 +578,36 @@ class SlurmRuntime:
             + (f" ({reason})" if reason and reason != "None" else "")
         )
 
-    def _row(self, job: str) -> JobRow | None:
-        try:
-            out = self.partition.command(
-                "squeue", "-h", "-t", "all", "-j", job, "-o", "%i|%T|%r|%n|%N|%k"
-            )
-        except SlurmError as error:
-            if "Invalid job id" in str(error):
-                return None
-            raise
-        return job_row(out.strip())
-
     async def state(self, runtime_id: str) -> SessionState | None:
+        """From the partition's listing of this round (`SlurmPartition.listing`)."""
         return await asyncio.to_thread(self.partition.job_state, runtime_id)
 
     async def remove(self, runtime_id: str, grace: float = 5.0) -> None:
         """``scancel`` (SIGTERM, then SIGKILL after Slurm's KillWait), and return only once
-        Slurm says the job has ended: its slices are free only then."""
+        Slurm says the job has ended (KillWait and epilog included: COMPLETING still
+        holds the node): its slices are free only then. A job already ended costs no
+        call of its own."""
+        row = await asyncio.to_thread(self.partition.row, runtime_id)
+        if row is None or row.state not in ACTIVE:
+            return
         try:
             await self.partition.acommand("scancel", runtime_id)
         except SlurmError as error:
             if "Invalid job id" not in str(error):
                 raise
+        cancelled = time.monotonic()
         interval = 0.05
         while True:  # bounded by the caller's engine_timeout
-            state = await self.state(runtime_id)
-            if state is None or not state.running:
+            row = await asyncio.to_thread(self.partition.row, runtime_id, ROUND, cancelled)
+            if row is None or row.state not in ACTIVE:
                 return
             await asyncio.sleep(interval)
             interval = min(interval * 1.5, 0.5)
 
     async def sessions(self, hub: str) -> list[SessionState]:
-        rows = await asyncio.to_thread(self.partition.jobs, True)
+        """This Hub's jobs on the node: every node of a partition reads one listing (a
+        restart's reconciliation costs one ``squeue`` per partition)."""
+        rows = await asyncio.to_thread(self.partition.jobs, False, RECONCILE)
         return [
             SessionState(r.id, r.state in ACTIVE, 0, r.labels)
             for r in rows
@@ -579,24 +615,16 @@ class SlurmRuntime:
         ]
 
     async def foreign_jobs(self) -> list[str]:
-        """Jobs on this node of budgethub's partition that this Hub did not start: they hold
-        resources the budget does not see (reported at the Hub's start)."""
-        out = await self.partition.acommand(
-            "squeue",
-            "-h",
-            "-p",
-            self.partition.partition,
-            "-w",
-            self.node,
-            "-o",
-            "%i|%T|%r|%n|%N|%k",
-        )
-        found = []
-        for line in out.splitlines():
-            row = job_row(line)
-            if row is not None and row.labels.get(f"{LABEL_PREFIX}.hub") != self.partition.hub:
-                found.append(f"job {row.id} ({row.state})")
-        return found
+        """Jobs on this node of budgethub's partition that this Hub did not start (reported
+        at the Hub's start; what they hold is counted as taken, `held_elsewhere`)."""
+        rows = await asyncio.to_thread(self.partition.listing, RECONCILE)
+        return [
+            f"job {r.id} ({r.state})"
+            for r in rows
+            if r.state in ACTIVE
+            and r.labels.get(f"{LABEL_PREFIX}.hub") != self.partition.hub
+            and self.node in (*hostnames(r.node), *hostnames(r.asked))
+        ]
 
     async def archive(self, runtime_id: str, path: str) -> bytes | None:
         return None  # homes are on shared storage: the Hub reads the state there
@@ -614,6 +642,12 @@ class SlurmRuntime:
         except OSError as error:
             return f"(no log at {path}: {error.strerror})"
         return "\n".join(lines[-tail:])
+
+
+def comment(labels: Mapping[str, str]) -> str:
+    """The labels as a job's comment: JSON without a space (a space inside a value is
+    escaped), so that ``scontrol -o show job`` prints it as one ``Comment=`` field."""
+    return json.dumps(labels, separators=(",", ":"), sort_keys=True).replace(" ", "\\u0020")
 
 
 def _on_node_option(part: str, on_node: Callable[[str], str]) -> str:
@@ -678,6 +712,18 @@ def parse_partitions(raw: Any, pools: Mapping[str, Any]) -> list[PartitionConfig
     return found
 
 
+def parse_accounts(raw: Any) -> dict[str, str]:
+    """``c.BudgetScheduler.slurm_accounts``: team name → Slurm account name."""
+    if not isinstance(raw, Mapping):
+        raise SlurmConfigError("slurm_accounts", "must map team names to Slurm accounts")
+    for team, account in raw.items():
+        if not isinstance(account, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", account):
+            raise SlurmConfigError(
+                f"slurm_accounts.{team}", f"must be a Slurm account name, not {account!r}"
+            )
+    return {str(team): account for team, account in raw.items()}
+
+
 @dataclass
 class SlurmCluster:
     """The nodes and runtimes of every pool that names a Slurm partition."""
@@ -696,8 +742,12 @@ def read_cluster(
     """Ask Slurm for each partition's nodes, CPUs, memory, GPUs and states; a partition,
     node or GRES that Slurm does not have is a SlurmConfigError naming the key."""
     cluster = SlurmCluster()
+    details: dict[str, JobDetails] = {}  # one scontrol per round, whatever the partitions
     for config in configs:
         partition = SlurmPartition(config.partition, settings, hub)
+        partition.details = details.setdefault(
+            config.gres, JobDetails(partition.command, hub, config.gres)
+        )
         try:
             record = partition.describe()
         except SlurmError as error:
@@ -713,7 +763,7 @@ def read_cluster(
                 "the partition and preempts itself: set PreemptMode=OFF there",
             )
         partition.read_config()
-        names = partition.node_names()
+        names = partition.node_names(record)
         for i, name in enumerate(config.nodes):
             if name not in names:
                 raise SlurmConfigError(

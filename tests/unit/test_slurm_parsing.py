@@ -17,8 +17,10 @@ from spawner.runtime.slurm import (
     SlurmPartition,
     SlurmRuntime,
     SlurmSettings,
+    comment,
     job_row,
     node_health,
+    parse_accounts,
     parse_gres,
     parse_partitions,
     parse_record,
@@ -163,3 +165,40 @@ def test_a_fraction_asks_slurm_for_no_gres_and_names_its_gpu():
 def test_a_gpu_slurm_does_not_have_is_refused():
     with pytest.raises(RuntimeError, match="Slurm has no GPU"):
         runtime().job_script(spec(whole(7)))
+
+
+def test_a_job_carries_its_teams_account_and_the_qos():
+    script, options = runtime().job_script(spec(whole(1)))
+    assert "--account=nlp" in options and not any(o.startswith("--qos") for o in options)
+    settings = SlurmSettings(accounts={"nlp": "nlp-lab"}, qos="interactive")
+    mapped = SlurmRuntime(
+        EngineConfig(node="bhs2", address="10.0.0.6"),
+        SlurmPartition("gpu", settings, "hub"),
+        runtime().gpus,
+    )
+    _, options = mapped.job_script(spec(whole(1)))
+    assert "--account=nlp-lab" in options and "--qos=interactive" in options
+
+
+@pytest.mark.parametrize("raw", [[], {"nlp": 3}, {"nlp": "two words"}])
+def test_bad_accounts_name_their_key(raw):
+    with pytest.raises(SlurmConfigError) as error:
+        parse_accounts(raw)
+    assert error.value.key.startswith("slurm_accounts")
+
+
+def test_gpus_of_a_type_that_counts_several_are_asked_for_by_count():
+    settings = SlurmSettings(session_env="/shared/env")
+    gpus = {f"slurm:bhs2:{i}": SlurmGpu(None, "gpu:h100:1", i) for i in range(2)}
+    counted = SlurmRuntime(
+        EngineConfig(node="bhs2", address="10.0.0.6"), SlurmPartition("gpu", settings, "hub"), gpus
+    )
+    _, options = counted.job_script(spec(whole(0), whole(1)))
+    assert "--gres=gpu:h100:2" in options
+    _, options = runtime().job_script(spec(whole(0), whole(1)))
+    assert "--gres=gpu:g0:1,gpu:g1:1" in options
+
+
+def test_a_comment_is_one_field_whatever_its_labels_hold():
+    text = comment({"org.budgethub.profile": "GPU notebook", "b": 'x"y'})
+    assert " " not in text and json.loads(text)["org.budgethub.profile"] == "GPU notebook"

@@ -1,0 +1,194 @@
+"""Capacity that jobs this Hub did not start hold (other users' Slurm jobs), as taken.
+
+Each poll round asks every runtime that can tell (`SlurmRuntime.held_elsewhere`) what
+other jobs hold on its node, and keeps, per node, one stand-in allocation in the core
+that holds those GPUs (by index), CPUs and memory: the core then never places a session
+there, and when the jobs end the stand-in goes and the next cycle uses the room.
+Stand-ins, not smaller nodes: the core's nodes keep their GPUs for life (its kept
+indexes rest on that), while allocations come and go; a stand-in is unfunded (charges
+no one) and protected for good, so no policy picks it as a victim.
+
+The read model says why a request waits behind them (`spawner.readmodel.elsewhere`,
+which knows a stand-in by its user, `FOREIGN_USER`: the read model imports no runtime).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from scheduler_core.model import (
+    Allocation,
+    Health,
+    Node,
+    NodeGrant,
+    Request,
+    RequestClass,
+    Slice,
+    SliceKind,
+)
+from scheduler_core.scheduler import Scheduler
+
+FOREIGN_USER = "(other jobs)"
+"""The user of every stand-in; its request id is ``(other jobs)/NODE/N``."""
+PROTECTED = 100 * 365 * 86400.0
+"""How long a stand-in is protected: for good (no policy stops other jobs)."""
+
+
+class HeldLike(Protocol):
+    @property
+    def cpus(self) -> int: ...
+    @property
+    def memory_mib(self) -> int: ...
+    @property
+    def gpus(self) -> frozenset[int]: ...
+    @property
+    def jobs(self) -> tuple[str, ...]: ...
+
+
+def is_foreign(request_id: str) -> bool:
+    """Is this running "session" a stand-in for other jobs?"""
+    return request_id.startswith(FOREIGN_USER + "/")
+
+
+def stand_in(
+    node: Node,
+    held: HeldLike,
+    own_gpus: set[str],
+    own_cpus: float,
+    own_memory_gib: float,
+    now: float,
+    serial: int,
+) -> Allocation | None:
+    """The allocation that holds what ``held`` says on ``node``, less what this Hub's own
+    sessions hold there (a GPU Slurm gives to both is this Hub's conflict to find, not
+    capacity to count twice); None when it holds nothing."""
+    by_index = {gpu.index: gpu for gpu in node.whole_gpus}
+    slices = tuple(
+        Slice(by_index[i].uuid, SliceKind.WHOLE)
+        for i in sorted(held.gpus)
+        if i in by_index and by_index[i].uuid not in own_gpus
+    )
+    cpus = max(0.0, min(float(held.cpus), node.cpus - own_cpus))
+    memory = max(0.0, min(held.memory_mib / 1024, node.memory_gib - own_memory_gib))
+    if not slices and cpus <= 0 and memory <= 0:
+        return None
+    request = Request(
+        id=f"{FOREIGN_USER}/{node.name}/{serial}",
+        user=FOREIGN_USER,
+        team="",
+        pool=node.pool,
+        submit=now,
+        gpus=len(slices),
+        cpus=cpus,
+        memory_gib=memory,
+        klass=RequestClass.BATCH,
+        labels={"org.budgethub.jobs": ", ".join(held.jobs)},
+    )
+    grant = NodeGrant(node.name, slices, cpus, memory)
+    return Allocation(request, (grant,), now, False, now + PROTECTED, 0.0)
+
+
+class ForeignHolds:
+    """Keeps the core's stand-ins equal to what Slurm says other jobs hold."""
+
+    def __init__(
+        self,
+        core: Scheduler,
+        backends: Mapping[str, Any],
+        changed: Callable[[], None],
+        log: logging.Logger | logging.LoggerAdapter[Any],
+        interval: float = 2.0,
+    ) -> None:
+        self.core = core
+        self.readers = {
+            name: backend.held_elsewhere
+            for name, backend in backends.items()
+            if callable(getattr(backend, "held_elsewhere", None))
+        }
+        self.changed = changed
+        self.log = log
+        self.interval = interval
+        self.current: dict[str, Allocation] = {}
+        """Per node, its stand-in in the core."""
+        self._serial = 0
+
+    async def follow(self) -> None:
+        """Every ``interval``: read (off the event loop) and bring the stand-ins up to date."""
+        while self.readers:
+            try:
+                held = await asyncio.to_thread(self.read)
+            except Exception as error:  # Slurm did not answer: keep what is known
+                self.log.info("budgethub: reading other jobs' holdings: %s", error)
+            else:
+                self.apply(held, time.time())
+            await asyncio.sleep(self.interval)
+
+    def read(self) -> dict[str, HeldLike | None]:
+        return {name: read() for name, read in self.readers.items()}
+
+    def apply(self, held: Mapping[str, HeldLike | None], now: float) -> bool:
+        """Stand-ins for ``held`` (per node); True if any changed (a cycle is kicked)."""
+        changed = False
+        for name, what in held.items():
+            node = self.core.nodes.get(name)
+            old = self.current.get(name)
+            if old is not None and old.id not in self.core.running:
+                del self.current[name]  # the core let it go (its node went down)
+                old = None
+            new = None
+            if node is not None and what is not None and node.health is not Health.DOWN:
+                new = self._stand_in(node, what, now)
+            if _same(old, new):
+                continue
+            changed = True
+            if old is not None:
+                self.core.finish(old.id)
+                del self.current[name]
+            if new is not None:
+                self.core.adopt(new)
+                self.current[name] = new
+            self.log.info(
+                "budgethub: node %s: other jobs hold %s",
+                name,
+                describe(new) if new is not None else "nothing now",
+            )
+        if changed:
+            self.changed()
+        return changed
+
+    def _stand_in(self, node: Node, held: HeldLike, now: float) -> Allocation | None:
+        own_gpus: set[str] = set()
+        own_cpus = own_memory = 0.0
+        for allocation in self.core.running.values():
+            if is_foreign(allocation.id):
+                continue
+            for grant in allocation.grants:
+                if grant.node == node.name:
+                    own_gpus.update(s.gpu_uuid for s in grant.slices)
+                    own_cpus += math.ceil(grant.cpus)  # Slurm gives whole CPUs
+                    own_memory += grant.memory_gib
+        self._serial += 1
+        return stand_in(node, held, own_gpus, own_cpus, own_memory, now, self._serial)
+
+
+def _same(old: Allocation | None, new: Allocation | None) -> bool:
+    if old is None or new is None:
+        return old is new
+    return old.grants[0].slices == new.grants[0].slices and (
+        (old.grants[0].cpus, old.grants[0].memory_gib, old.request.labels)
+        == (new.grants[0].cpus, new.grants[0].memory_gib, new.request.labels)
+    )
+
+
+def describe(allocation: Allocation) -> str:
+    grant = allocation.grants[0]
+    gpus = ", ".join(s.gpu_uuid.rsplit(":", 1)[-1] for s in grant.slices) or "none"
+    jobs = allocation.request.labels.get("org.budgethub.jobs", "")
+    return f"GPUs {gpus}, {grant.cpus:g} CPUs, {grant.memory_gib:.3g} GiB" + (
+        f" (jobs {jobs})" if jobs else ""
+    )

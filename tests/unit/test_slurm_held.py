@@ -1,0 +1,183 @@
+"""What other jobs hold, read from Slurm and counted as taken (spawner.runtime.slurmheld,
+spawner.runtime.foreign, spawner.readmodel.elsewhere), without a cluster: the Slurm tests
+run the same code against a real one."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from harness import builders
+from scheduler_core.model import Request
+from scheduler_core.verdict import HELD_ELSEWHERE, NO_ROOM, NO_VICTIMS
+from spawner.readmodel.elsewhere import OTHER_JOBS
+from spawner.readmodel.status import QueueView
+from spawner.runtime.foreign import FOREIGN_USER, ForeignHolds, is_foreign
+from spawner.runtime.slurm import comment
+from spawner.runtime.slurmheld import (
+    Held,
+    JobDetails,
+    expand_ids,
+    gres_indices,
+    held_by_others,
+    hostnames,
+    parse_jobs,
+)
+
+HEAD = (
+    "JobId={id} JobName=wrap UserId={user}(1001) GroupId=users(100) MCS_label=N/A Priority=1 "
+    "Nice=0 Account={account} QOS=normal JobState={state} Reason=None Dependency=(null) "
+    "AllocNode:Sid=bhctl:77 ReqNodeList={nodes} NodeList={nodes} NumNodes=1 NumCPUs=2 "
+    "TRES=cpu=2,mem=64M,node=1,billing=2,gres/gpu=1 JOB_GRES=gpu:g1:1 "
+)
+TAIL = " MinCPUsNode=1 Features=(null) Command=(null) WorkDir=/root Comment={comment} StdOut=/x"
+
+
+def line(job: int, state: str = "RUNNING", detail: str = "", **fields: str) -> str:
+    values = {"user": "alice", "account": "physics", "nodes": "bhs2", "comment": "(null)"}
+    values.update(fields)
+    return HEAD.format(id=job, state=state, **values) + detail + TAIL.format(**values)
+
+
+OURS = comment({"org.budgethub.hub": "hub", "org.budgethub.profile": "GPU notebook"})
+
+
+def test_a_jobs_detail_names_what_it_holds_per_node():
+    text = "\n".join(
+        [
+            line(11, detail="Nodes=bhs2 CPU_IDs=0-1 Mem=64 GRES=gpu:g1:1(IDX:1)"),
+            line(12, detail="Nodes=bhs1 CPU_IDs=2 Mem=1024 GRES=gpu:g0:1(IDX:0)", comment=OURS),
+            line(13, state="PENDING"),
+            line(
+                14,
+                user="bob",
+                account="",
+                detail="Nodes=bhs[1-2] CPU_IDs=3 Mem=10 GRES= Nodes=bhs3 CPU_IDs=0,2 Mem=5 "
+                "GRES=gpu:h100:2(IDX:0-1)",
+            ),
+            "No jobs in the system",
+        ]
+    )
+    jobs = {j.id: j for j in parse_jobs(text)}
+    assert set(jobs) == {"11", "12", "13", "14"}
+    assert jobs["11"].user == "alice" and jobs["11"].account == "physics"
+    assert [(u.node, u.cpus, u.memory_mib, u.gpus) for u in jobs["11"].uses] == [
+        ("bhs2", 2, 64, (1,))
+    ]
+    assert jobs["12"].labels["org.budgethub.profile"] == "GPU notebook"  # a space, escaped
+    assert [u.node for u in jobs["14"].uses] == ["bhs1", "bhs2", "bhs3"]
+    held = held_by_others(jobs.values(), "hub")
+    assert held["bhs2"] == Held(3, 74, frozenset({1}), ("11 (alice, account physics)", "14 (bob)"))
+    assert held["bhs1"] == Held(1, 10, frozenset(), ("14 (bob)",))  # job 12 is the Hub's
+    assert held["bhs3"].gpus == {0, 1}
+    assert "13" not in str(held)  # pending: holds nothing yet
+
+
+def test_slurm_lists():
+    assert expand_ids("0-2,5") == [0, 1, 2, 5] and expand_ids("N/A") == []
+    assert hostnames("bhs[1-2,07],gpu-01") == ["bhs1", "bhs2", "bhs07", "gpu-01"]
+    assert gres_indices("gpu:g1:1(IDX:1),gpu:h100:2(IDX:2-3),shard:h100:2(1/2,1/2)") == [1, 2, 3]
+    assert gres_indices("gpu:h100:0(IDX:N/A)") == []
+
+
+def test_one_scontrol_a_round_whatever_asks():
+    calls = []
+
+    def run(*args: str) -> str:
+        calls.append(args)
+        return line(11, detail="Nodes=bhs2 CPU_IDs=0 Mem=64 GRES=gpu:g1:1(IDX:1)")
+
+    details = JobDetails(run, "hub", ttl=60)
+    for _ in range(5):
+        assert details.held()["bhs2"].gpus == {1}
+    assert calls == [("scontrol", "-d", "-o", "show", "job")]
+
+
+@dataclass
+class Reader:
+    """A node's runtime as ForeignHolds reads it."""
+
+    held: Held | None = None
+
+    def held_elsewhere(self) -> Held | None:
+        return self.held
+
+
+def cluster():
+    pools = builders.pools()
+    nodes = [builders.node(n, pool="gpu", gpus=2, cpus=8, memory_gib=32) for n in ("a", "b")]
+    core = builders.scheduler(pools=pools.values(), nodes=nodes, teams=builders.teams("t"))
+    readers = {"a": Reader(), "b": Reader()}
+    kicks: list[int] = []
+    holds = ForeignHolds(core, readers, lambda: kicks.append(1), logging.getLogger("t"))
+    return core, readers, holds, kicks
+
+
+def ask(core, rid: str, gpus: int = 1) -> None:
+    core.submit(Request(rid, "ann", "t", "gpu", 0.0, gpus=gpus, cpus=1, memory_gib=1))
+
+
+def gpus_of(core, rid: str) -> tuple[str, list[int]]:
+    grant = core.running[rid].grants[0]
+    index = {g.uuid: g.index for g in core.nodes[grant.node].gpus}
+    return grant.node, sorted(index[s.gpu_uuid] for s in grant.slices)
+
+
+def test_other_jobs_gpus_are_taken_and_freed_when_they_end():
+    core, readers, holds, kicks = cluster()
+    readers["a"].held = Held(2, 2048, frozenset({0}), ("7 (bob)",))
+    readers["b"].held = Held(1, 1024, frozenset({0, 1}), ("8 (bob)",))
+    assert holds.apply(holds.read(), 0.0) and kicks == [1]
+    assert FOREIGN_USER == OTHER_JOBS and all(is_foreign(r) for r in core.running)
+    builders.check_free_matches_allocations(core)
+    ask(core, "ann//1")
+    core.step()
+    assert gpus_of(core, "ann//1") == ("a", [1])  # never GPU 0 of a, nor b's
+    assert not holds.apply(holds.read(), 1.0)  # nothing changed: no cycle kicked
+    ask(core, "ann/two/2", gpus=2)
+    core.step()
+    assert "ann/two/2" in core.pending
+    status = QueueView(core, clock=core.clock.now).queue_status("ann/two/2")
+    assert status is not None and status.reason == HELD_ELSEWHERE, status
+    readers["b"].held = None  # job 8 ended
+    assert holds.apply(holds.read(), 2.0)
+    core.step()
+    assert gpus_of(core, "ann/two/2") == ("b", [0, 1])
+    builders.check_no_double_booking(core)
+
+
+def test_a_request_that_would_not_fit_anyway_keeps_its_own_reason():
+    core, readers, holds, _ = cluster()
+    readers["a"].held = Held(2, 0, frozenset(), ("7 (bob)",))  # CPUs only
+    holds.apply(holds.read(), 0.0)
+    for rid in ("ann//1", "ann/b/2", "ann/c/3"):
+        ask(core, rid, gpus=2)
+    core.step()  # two of them hold every GPU; the third would not fit without job 7 either
+    [waiting] = list(core.pending)
+    status = QueueView(core, clock=core.clock.now).queue_status(waiting)
+    assert status is not None and status.reason in (NO_ROOM, NO_VICTIMS), status
+
+
+def test_a_gpu_this_hub_holds_is_not_counted_twice():
+    core, readers, holds, _ = cluster()
+    ask(core, "ann//1", gpus=2)
+    core.step()
+    node, _ = gpus_of(core, "ann//1")
+    readers[node].held = Held(1, 512, frozenset({0}), ("9 (bob)",))  # Slurm's conflict
+    holds.apply(holds.read(), 1.0)
+    stand_in = holds.current[node]
+    assert stand_in.grants[0].slices == () and stand_in.grants[0].cpus == 1
+    builders.check_no_double_booking(core)
+
+
+def test_a_stand_in_on_a_node_that_goes_down_is_let_go():
+    from scheduler_core.model import Health
+
+    core, readers, holds, _ = cluster()
+    readers["a"].held = Held(1, 0, frozenset({0}), ("7 (bob)",))
+    holds.apply(holds.read(), 0.0)
+    core.set_health("a", Health.DOWN)
+    core.step()  # the core stops what ran there: the stand-in too
+    assert not any(is_foreign(r) for r in core.running)
+    holds.apply(holds.read(), 1.0)  # and it is not made again while the node is down
+    assert not any(is_foreign(r) for r in core.running)
