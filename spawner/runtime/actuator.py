@@ -39,6 +39,7 @@ from spawner.hubapi import HubClient
 from spawner.runtime.booking import Booking
 from spawner.runtime.context import Log, Nodes, SessionTable
 from spawner.runtime.dockernodes import EngineConfig, NodeBackend
+from spawner.runtime.foreign import ForeignHolds, is_foreign
 from spawner.runtime.idlepolls import IdlePolls
 from spawner.runtime.interface import NodeConfig, Runtime
 from spawner.runtime.lifecycle import Lifecycle
@@ -136,6 +137,8 @@ class SessionActuator:
             preempted=preempted,
             respawn=respawn,
         )
+        self.foreign: ForeignHolds | None = None
+        """What other jobs hold on the nodes, as stand-ins in the core (once attached)."""
 
     # -- what the Hub side reads -----------------------------------------------------
 
@@ -167,6 +170,7 @@ class SessionActuator:
 
     def attach(self, core: Scheduler, store: Store) -> None:
         self.nodes.attach(core, store)
+        self.foreign = ForeignHolds(core, self.nodes.backends, self.nodes.changed, self.log)
 
     # -- the core's Actuator protocol ------------------------------------------------
 
@@ -174,6 +178,8 @@ class SessionActuator:
         self.booking.launch(allocation)
 
     def preempt(self, allocation: Allocation, reason: str) -> bool:
+        if is_foreign(allocation.id):  # other jobs' stand-in: nothing of ours to stop
+            return False
         return self.takedown.preempt(allocation, reason)
 
     # -- the facade's calls (embedded.py, recovery.py) -------------------------------
@@ -193,7 +199,10 @@ class SessionActuator:
         self.booking.hold_port(port, request_id)
 
     def watch(self) -> None:
+        """Follow the sessions' ends, and what other jobs hold (Slurm: `ForeignHolds`)."""
         self.nodewatch.watch()
+        if self.foreign is not None and self.foreign.readers:
+            self.nodes.background(self.foreign.follow())
 
     async def check_health(self) -> None:
         await self.nodewatch.check_health()
