@@ -37,6 +37,7 @@ from scheduler_core.store.models import AllocationRow, RequestRow
 from scheduler_core.verdict import NOT_WEIGHED, message
 from scheduler_core.view import ClusterView, Decisions
 from spawner.hubapi import split_request_id
+from spawner.readmodel.elsewhere import HeldCheck
 
 NOTICE_EVENTS = ("submit", "preempt", "exit")
 HISTORY_TTL = 60.0
@@ -380,6 +381,12 @@ class QueueView:
         pending = self.core.pending
         if self._stale or any(r not in self._forecasts for r in pending):
             self._decisions, self._forecasts = standing(self.core.view(now), now)
+            check = HeldCheck(self.core)  # where other jobs hold the room: say so
+            if check.pools:
+                self._forecasts = {
+                    r: replace(f, reason=check.reason(pending[r], f.reason))
+                    for r, f in self._forecasts.items()
+                }
             self._order = {}
             listed = set()
             for request_id in (*self._decisions.order, *pending):
