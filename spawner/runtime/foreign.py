@@ -19,6 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from scheduler_core.model import (
@@ -48,6 +49,8 @@ class HeldLike(Protocol):
     def gpus(self) -> frozenset[int]: ...
     @property
     def jobs(self) -> tuple[str, ...]: ...
+    @property
+    def own(self) -> tuple[tuple[str, Any], ...]: ...
 
 
 def is_foreign(request_id: str) -> bool:
@@ -129,7 +132,9 @@ class ForeignHolds:
             await asyncio.sleep(self.interval)
 
     def read(self) -> dict[str, HeldLike | None]:
-        return {name: read() for name, read in self.readers.items()}
+        """Every node's holdings as read in this round (one read serves every node)."""
+        started = time.monotonic()
+        return {name: read(started) for name, read in self.readers.items()}
 
     def apply(self, held: Mapping[str, HeldLike | None], now: float) -> bool:
         """Stand-ins for ``held`` (per node); True if any changed (a cycle is kicked)."""
@@ -162,6 +167,7 @@ class ForeignHolds:
         return changed
 
     def _stand_in(self, node: Node, held: HeldLike, now: float) -> Allocation | None:
+        held = _with_unbooked(held, self.core.running)
         own_gpus: set[str] = set()
         own_cpus = own_memory = 0.0
         for allocation in self.core.running.values():
@@ -174,6 +180,30 @@ class ForeignHolds:
                     own_memory += grant.memory_gib
         self._serial += 1
         return stand_in(node, held, own_gpus, own_cpus, own_memory, now, self._serial)
+
+
+@dataclass(frozen=True)
+class _Held:
+    cpus: int
+    memory_mib: int
+    gpus: frozenset[int]
+    jobs: tuple[str, ...]
+    own: tuple[tuple[str, Any], ...] = ()
+
+
+def _with_unbooked(held: HeldLike, running: Mapping[str, Allocation]) -> HeldLike:
+    """``held`` and this Hub's jobs that Slurm still runs while their request is booked
+    no more (a stop that timed out before KillWait and the epilog were over): their
+    slices are free only once Slurm says the job ended."""
+    late = [(request, use) for request, use in held.own if request not in running]
+    if not late:
+        return held
+    return _Held(
+        cpus=held.cpus + sum(use.cpus for _, use in late),
+        memory_mib=held.memory_mib + sum(use.memory_mib for _, use in late),
+        gpus=held.gpus.union(*(use.gpus for _, use in late)),
+        jobs=(*held.jobs, *(f"{request} (ending)" for request, _ in late)),
+    )
 
 
 def _same(old: Allocation | None, new: Allocation | None) -> bool:

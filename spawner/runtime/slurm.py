@@ -454,10 +454,11 @@ class SlurmRuntime:
     def watch(self, hub: str, on_exit: Callable[[SessionState], None]) -> None:
         self.partition.follow(self.node, on_exit)
 
-    def held_elsewhere(self) -> Held:
-        """What jobs this Hub did not submit hold on the node now (`spawner.runtime.foreign`
-        counts it as taken); one ``scontrol`` per round for every node. Blocking."""
-        return self.partition.details.held().get(self.node, Held())
+    def held_elsewhere(self, newer_than: float = -1e9) -> Held:
+        """What jobs this Hub did not submit hold on the node, as read after ``newer_than``
+        (``time.monotonic``: the round's start); `spawner.runtime.foreign` counts it as
+        taken. One ``scontrol`` per round for every node. Blocking."""
+        return self.partition.details.held(newer_than).get(self.node, Held())
 
     # -- a session as a job ------------------------------------------------------------
 
@@ -746,7 +747,7 @@ def read_cluster(
     for config in configs:
         partition = SlurmPartition(config.partition, settings, hub)
         partition.details = details.setdefault(
-            config.gres, JobDetails(partition.command, hub, config.gres)
+            config.gres, JobDetails(partition.command, hub, config.gres, settings.watch_interval)
         )
         try:
             record = partition.describe()

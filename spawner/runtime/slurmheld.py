@@ -15,7 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 HOLDING = frozenset(
     {
@@ -169,19 +169,31 @@ class Held:
     gpus: frozenset[int] = frozenset()
     jobs: tuple[str, ...] = ()
     """``12345 (alice, account physics)`` for each such job, for logs and pages."""
+    own: tuple[tuple[str, NodeUse], ...] = ()
+    """This Hub's jobs that Slurm still runs on the node, by request id: one whose
+    request the Hub no longer books (its stop timed out before KillWait and the epilog
+    were over) holds the node all the same (`spawner.runtime.foreign`)."""
 
 
 def held_by_others(jobs: Iterable[JobDetail], hub: str) -> dict[str, Held]:
-    """Per node, the sum of what jobs holding resources there, not of ``hub``, hold."""
+    """Per node, the sum of what jobs holding resources there, not of ``hub``, hold
+    (and ``hub``'s own jobs there, apart)."""
     found: dict[str, Held] = {}
     for job in jobs:
-        if not job.holds or job.labels.get(HUB_LABEL) == hub:
+        if not job.holds:
+            continue
+        if job.labels.get(HUB_LABEL) == hub:
+            request = job.labels.get("org.budgethub.request", "")
+            for use in job.uses:
+                was = found.get(use.node, Held())
+                found[use.node] = replace(was, own=(*was.own, (request, use)))
             continue
         who = f"{job.id} ({job.user or '?'}"
         who += f", account {job.account})" if job.account else ")"
         for use in job.uses:
             was = found.get(use.node, Held())
-            found[use.node] = Held(
+            found[use.node] = replace(
+                was,
                 cpus=was.cpus + use.cpus,
                 memory_mib=was.memory_mib + use.memory_mib,
                 gpus=was.gpus | frozenset(use.gpus),
@@ -214,9 +226,10 @@ class JobDetails:
                 self._held = held_by_others(jobs, self.hub)
                 self._at = started
 
-    def held(self, fresh: bool = False) -> dict[str, Held]:
-        """Per node, what other jobs hold (SlurmError when Slurm does not answer)."""
-        self._read(0.0 if fresh else self.ttl)
+    def held(self, newer_than: float = -1e9) -> dict[str, Held]:
+        """Per node, what other jobs hold, as read after ``newer_than`` (``time.monotonic``)
+        or within ``ttl`` (SlurmError when Slurm does not answer)."""
+        self._read(self.ttl, newer_than)
         return self._held
 
     def job(self, job: str, newer_than: float = -1e9) -> JobDetail | None:

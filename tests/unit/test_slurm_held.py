@@ -5,6 +5,7 @@ run the same code against a real one."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from harness import builders
@@ -17,6 +18,7 @@ from spawner.runtime.slurm import comment
 from spawner.runtime.slurmheld import (
     Held,
     JobDetails,
+    NodeUse,
     expand_ids,
     gres_indices,
     held_by_others,
@@ -39,7 +41,13 @@ def line(job: int, state: str = "RUNNING", detail: str = "", **fields: str) -> s
     return HEAD.format(id=job, state=state, **values) + detail + TAIL.format(**values)
 
 
-OURS = comment({"org.budgethub.hub": "hub", "org.budgethub.profile": "GPU notebook"})
+OURS = comment(
+    {
+        "org.budgethub.hub": "hub",
+        "org.budgethub.profile": "GPU notebook",
+        "org.budgethub.request": "ann//1",
+    }
+)
 
 
 def test_a_jobs_detail_names_what_it_holds_per_node():
@@ -68,7 +76,8 @@ def test_a_jobs_detail_names_what_it_holds_per_node():
     assert [u.node for u in jobs["14"].uses] == ["bhs1", "bhs2", "bhs3"]
     held = held_by_others(jobs.values(), "hub")
     assert held["bhs2"] == Held(3, 74, frozenset({1}), ("11 (alice, account physics)", "14 (bob)"))
-    assert held["bhs1"] == Held(1, 10, frozenset(), ("14 (bob)",))  # job 12 is the Hub's
+    own = (("ann//1", NodeUse("bhs1", 1, 1024, (0,))),)  # job 12 is the Hub's
+    assert held["bhs1"] == Held(1, 10, frozenset(), ("14 (bob)",), own)
     assert held["bhs3"].gpus == {0, 1}
     assert "13" not in str(held)  # pending: holds nothing yet
 
@@ -91,6 +100,10 @@ def test_one_scontrol_a_round_whatever_asks():
     for _ in range(5):
         assert details.held()["bhs2"].gpus == {1}
     assert calls == [("scontrol", "-d", "-o", "show", "job")]
+    now = time.monotonic()  # a new round: read again, once
+    for _ in range(5):
+        assert details.held(now)["bhs2"].gpus == {1}
+    assert len(calls) == 2
 
 
 @dataclass
@@ -99,7 +112,7 @@ class Reader:
 
     held: Held | None = None
 
-    def held_elsewhere(self) -> Held | None:
+    def held_elsewhere(self, newer_than: float = 0.0) -> Held | None:
         return self.held
 
 
@@ -181,3 +194,22 @@ def test_a_stand_in_on_a_node_that_goes_down_is_let_go():
     assert not any(is_foreign(r) for r in core.running)
     holds.apply(holds.read(), 1.0)  # and it is not made again while the node is down
     assert not any(is_foreign(r) for r in core.running)
+
+
+def test_a_session_slurm_still_ends_holds_its_gpu_after_the_hub_let_it_go():
+    core, readers, holds, _ = cluster()
+    ask(core, "ann//1")
+    core.step()
+    node, [index] = gpus_of(core, "ann//1")
+    use = NodeUse(node, 1, 1024, (index,))
+    readers[node].held = Held(own=(("ann//1", use),))
+    assert not holds.apply(holds.read(), 1.0)  # booked: its own, not counted again
+    core.finish("ann//1")  # the stop gave up waiting; Slurm still runs the epilog
+    assert holds.apply(holds.read(), 2.0)
+    assert "ann//1 (ending)" in holds.current[node].request.labels["org.budgethub.jobs"]
+    ask(core, "bo//2", gpus=2)
+    core.step()
+    assert "bo//2" in core.pending or gpus_of(core, "bo//2")[0] != node
+    readers[node].held = Held()  # Slurm says it ended
+    holds.apply(holds.read(), 3.0)
+    assert node not in holds.current
