@@ -290,6 +290,33 @@ class Store:
         except IntegrityError as error:
             raise self._explain(allocation.id, wanted, error) from error
 
+    def rebind(self, *allocations: model.Allocation) -> None:
+        """Each request's active allocation holds the given allocation's slices from now
+        on, in place of those it booked, all at once (two may swap devices): a runtime
+        bound other devices of the same node (Slurm binds GPUs of a type that counts
+        several by count, and picks which). Raises SliceConflict when an allocation not
+        given holds one of them."""
+        wanted = [Holding(a.id, node, s) for a in allocations for node, s in node_slices(a)]
+        moving = {a.id for a in allocations}
+        gpu_uuids = sorted({holding.slice.gpu_uuid for holding in wanted})
+        with self._write() as session:
+            rows = []
+            for allocation in allocations:
+                row = session.scalar(
+                    select(AllocationRow).where(AllocationRow.request_id == allocation.id, _ACTIVE)
+                )
+                if row is None:
+                    raise StoreError(f"request {allocation.id} holds no allocation")
+                rows.append(row)
+            if gpu_uuids:
+                held = self._lock_gpus(session, gpu_uuids, wanted)
+                check_free([h for h in held if h.holder not in moving], wanted)
+            for row in rows:
+                row.slices.clear()
+            session.flush()  # the old rows go before the new ones take their devices
+            for row, allocation in zip(rows, allocations, strict=True):
+                row.slices.extend(allocation_row(allocation).slices)
+
     @staticmethod
     def _lock_gpus(session: Session, gpu_uuids: list[str], wanted: list[Holding]) -> list[Holding]:
         """Lock the GPU rows (in uuid order, so writers never deadlock); return their bookings."""
