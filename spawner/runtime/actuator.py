@@ -170,7 +170,9 @@ class SessionActuator:
 
     def attach(self, core: Scheduler, store: Store) -> None:
         self.nodes.attach(core, store)
-        self.foreign = ForeignHolds(core, self.nodes.backends, self.nodes.changed, self.log)
+        self.foreign = ForeignHolds(
+            core, self.nodes.backends, self.nodes.changed, self.log, store=store
+        )
 
     # -- the core's Actuator protocol ------------------------------------------------
 
