@@ -18,8 +18,8 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from scheduler_core.model import (
@@ -106,8 +106,11 @@ class ForeignHolds:
         changed: Callable[[], None],
         log: logging.Logger | logging.LoggerAdapter[Any],
         interval: float = 2.0,
+        store: Any = None,
     ) -> None:
         self.core = core
+        self.store = store
+        """Where a session's GPUs are recorded again when Slurm bound others (`rebind`)."""
         self.readers = {
             name: backend.held_elsewhere
             for name, backend in backends.items()
@@ -140,6 +143,8 @@ class ForeignHolds:
         """Stand-ins for ``held`` (per node); True if any changed (a cycle is kicked)."""
         changed = False
         for name, what in held.items():
+            if what is not None and what.own:
+                self.rebind(name, what.own)
             node = self.core.nodes.get(name)
             old = self.current.get(name)
             if old is not None and old.id not in self.core.running:
@@ -165,6 +170,68 @@ class ForeignHolds:
         if changed:
             self.changed()
         return changed
+
+    def rebind(self, name: str, own: Sequence[tuple[str, Any]]) -> None:
+        """This Hub's sessions on node ``name`` hold the GPUs Slurm bound to their jobs
+        (``own``: request id and what its job holds there), in the core and the store:
+        Slurm picks which GPUs of a type that counts several (``gpu:h100:2``) a job gets."""
+        node = self.core.nodes.get(name)
+        if node is None:
+            return
+        by_index = {gpu.index: gpu for gpu in node.whole_gpus}
+        moved = []
+        for request_id, use in own:
+            allocation = self.core.running.get(request_id)
+            if allocation is None or is_foreign(request_id):
+                continue
+            new = rebound(allocation, name, use.gpus, by_index)
+            if new is not None:
+                moved.append((allocation, new))
+        if not moved:
+            return
+        leaving = {a.id for a, _ in moved}
+        taken = {
+            s.gpu_uuid
+            for a in self.core.running.values()
+            if a.id not in leaving
+            for g in a.grants
+            if g.node == name
+            for s in g.slices
+        }
+        clash = [
+            s.gpu_uuid
+            for _, new in moved
+            for g in new.grants
+            for s in g.slices
+            if s.gpu_uuid in taken
+        ]
+        if clash:  # the core holds them for another session: Slurm's word is not taken
+            self.log.warning(
+                "budgethub: node %s: Slurm bound GPUs this Hub books for others: %s",
+                name,
+                ", ".join(sorted(set(clash))),
+            )
+            return
+        for allocation, _ in moved:
+            self.core.finish(allocation.id)
+        for _, new in moved:
+            self.core.adopt(new)
+        for allocation, new in moved:
+            if allocation.funded:  # finish and adopt charged [start, now] twice: once
+                ledger, team, pool = self.core.ledger, allocation.team, allocation.pool
+                ledger.stop_charging(team, pool, allocation.start, allocation.charge_rate)
+                ledger.start_charging(team, pool, self.core.clock.now(), allocation.charge_rate)
+            self.log.info(
+                "budgethub: %s holds the GPUs Slurm bound on %s: %s",
+                new.id,
+                name,
+                ", ".join(s.gpu_uuid for g in new.grants for s in g.slices),
+            )
+        if self.store is not None:
+            try:
+                self.store.rebind(*(new for _, new in moved))
+            except Exception as error:  # the core follows Slurm; the store keeps its booking
+                self.log.warning("budgethub: node %s: recording Slurm's GPUs: %s", name, error)
 
     def _stand_in(self, node: Node, held: HeldLike, now: float) -> Allocation | None:
         held = _with_unbooked(held, self.core.running)
@@ -204,6 +271,29 @@ def _with_unbooked(held: HeldLike, running: Mapping[str, Allocation]) -> HeldLik
         gpus=held.gpus.union(*(use.gpus for _, use in late)),
         jobs=(*held.jobs, *(f"{request} (ending)" for request, _ in late)),
     )
+
+
+def rebound(
+    allocation: Allocation, node: str, bound: Sequence[int], by_index: Mapping[int, Any]
+) -> Allocation | None:
+    """``allocation`` with its whole GPUs on ``node`` those of indices ``bound`` (Slurm's
+    binding), or None when they are the same already or cannot be said so."""
+    for i, grant in enumerate(allocation.grants):
+        if grant.node != node:
+            continue
+        whole = [s for s in grant.slices if s.kind is SliceKind.WHOLE]
+        booked = sorted(
+            gpu.index for gpu in by_index.values() if gpu.uuid in {s.gpu_uuid for s in whole}
+        )
+        wanted = sorted(bound)
+        if booked == wanted or len(wanted) != len(whole) or not all(b in by_index for b in wanted):
+            return None
+        others = tuple(s for s in grant.slices if s.kind is not SliceKind.WHOLE)
+        slices = tuple(Slice(by_index[b].uuid, SliceKind.WHOLE) for b in wanted) + others
+        grants = list(allocation.grants)
+        grants[i] = replace(grant, slices=slices)
+        return replace(allocation, grants=tuple(grants))
+    return None
 
 
 def _same(old: Allocation | None, new: Allocation | None) -> bool:

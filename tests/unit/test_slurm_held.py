@@ -213,3 +213,36 @@ def test_a_session_slurm_still_ends_holds_its_gpu_after_the_hub_let_it_go():
     readers[node].held = Held()  # Slurm says it ended
     holds.apply(holds.read(), 3.0)
     assert node not in holds.current
+
+
+def test_a_session_holds_the_gpus_slurm_bound_in_the_core_and_the_store():
+    core, readers, holds, _ = cluster()
+    pools = builders.pools()
+    with builders.store(
+        pools=pools.values(), teams=core.teams.teams.values(), nodes=core.nodes.values()
+    ) as store:
+        holds.store = store
+        ask(core, "ann//1")
+        ask(core, "bo//2")
+        core.step()
+        for rid in ("ann//1", "bo//2"):
+            store.book(core.running[rid])
+        node, [index] = gpus_of(core, "ann//1")
+        assert gpus_of(core, "bo//2")[0] == node  # best fit: both on one node
+        other = gpus_of(core, "bo//2")[1][0]
+        charged = core.ledger.charged("t", "gpu", -1, 1e9)
+        # Slurm, asked for gpu:h100:1 twice, bound them the other way round: a swap.
+        readers[node].held = Held(
+            own=(
+                ("ann//1", NodeUse(node, 1, 1024, (other,))),
+                ("bo//2", NodeUse(node, 1, 1024, (index,))),
+            )
+        )
+        holds.apply(holds.read(), 1.0)
+        assert gpus_of(core, "ann//1") == (node, [other])
+        assert gpus_of(core, "bo//2") == (node, [index])
+        stored = {a.id: a.grants[0].slices for a in store.active_allocations()}
+        assert stored["ann//1"] == core.running["ann//1"].grants[0].slices
+        assert core.ledger.charged("t", "gpu", -1, 1e9) == charged  # not charged twice
+        builders.check_no_double_booking(core)
+        builders.check_free_matches_allocations(core)
