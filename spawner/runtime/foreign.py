@@ -289,6 +289,8 @@ def rebound(
         if booked == wanted or len(wanted) != len(whole) or not all(b in by_index for b in wanted):
             return None
         others = tuple(s for s in grant.slices if s.kind is not SliceKind.WHOLE)
+        if {by_index[b].uuid for b in wanted} & {s.gpu_uuid for s in others}:
+            return None  # a fraction of its own there: Slurm's shards are not followed yet
         slices = tuple(Slice(by_index[b].uuid, SliceKind.WHOLE) for b in wanted) + others
         grants = list(allocation.grants)
         grants[i] = replace(grant, slices=slices)

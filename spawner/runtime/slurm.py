@@ -157,6 +157,10 @@ class SlurmGpu:
     typed: str
     """``gpu:a100:1``: asks for one GPU of its type (bound by count)."""
     index: int
+    shards: int = 0
+    """``gres/shard`` units of this GPU (0: the node declares none)."""
+    shard: str = "shard"
+    """The shard GRES as a job asks for it (``shard`` or ``shard:a100``)."""
 
 
 @dataclass(frozen=True)
@@ -477,19 +481,7 @@ class SlurmRuntime:
                     return source + value[len(target) :]
             return value
 
-        slices = json.loads(spec.environment.get("BUDGETHUB_GPU_SLICES", "[]"))
-        counts: dict[str, int] = {}  # gpu:g1 (exact) or gpu:h100 (by count) → how many
-        visible: list[str] = []
-        for piece in slices:
-            gpu = self.gpus.get(str(piece.get("uuid", "")))
-            if gpu is None:
-                raise RuntimeError(f"Slurm has no GPU {piece.get('uuid')} on this node")
-            if piece.get("kind") == "fraction" and float(piece.get("weight", 1)) < 1:
-                visible.append(str(gpu.index))
-            else:
-                kind = (gpu.gres or gpu.typed).rsplit(":", 1)[0]
-                counts[kind] = counts.get(kind, 0) + 1
-        gres = [f"{kind}:{n}" for kind, n in counts.items()]
+        gres, visible = self.gres_of(json.loads(spec.environment.get("BUDGETHUB_GPU_SLICES", "[]")))
         env = {k: on_node(v) for k, v in spec.environment.items()}
         env.pop("NVIDIA_VISIBLE_DEVICES", None)
         env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -539,6 +531,28 @@ class SlurmRuntime:
             uid, _, gid = SESSION_USER.partition(":")
             options += [f"--uid={uid}", f"--gid={gid}"]
         return "\n".join(lines) + "\n", options
+
+    def gres_of(self, slices: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+        """(``--gres`` entries, GPU indices to show by ``CUDA_VISIBLE_DEVICES``) for the
+        granted slices: whole GPUs by type or count, fractions as shards where the node
+        has them (else shown, not asked for)."""
+        counts: dict[str, int] = {}  # gpu:g1 (exact), gpu:h100 (by count), shard → how many
+        visible: list[str] = []
+        for piece in slices:
+            gpu = self.gpus.get(str(piece.get("uuid", "")))
+            if gpu is None:
+                raise RuntimeError(f"Slurm has no GPU {piece.get('uuid')} on this node")
+            weight = float(piece.get("weight", 1))
+            if piece.get("kind") == "fraction" and weight < 1 and gpu.shards:
+                # Slurm knows the GPU is shared, gives it whole to no one, and shows it.
+                units = max(1, round(weight * gpu.shards))
+                counts[gpu.shard] = counts.get(gpu.shard, 0) + units
+            elif piece.get("kind") == "fraction" and weight < 1:
+                visible.append(str(gpu.index))
+            else:
+                kind = (gpu.gres or gpu.typed).rsplit(":", 1)[0]
+                counts[kind] = counts.get(kind, 0) + 1
+        return [f"{kind}:{n}" for kind, n in counts.items()], visible
 
     async def launch(self, spec: LaunchSpec) -> str:
         """Submit the session's job; its id once Slurm runs it. A job Slurm refuses,
@@ -725,6 +739,31 @@ def parse_accounts(raw: Any) -> dict[str, str]:
     return {str(team): account for team, account in raw.items()}
 
 
+def node_gpus(
+    name: str, entries: Sequence[GresEntry], gres: Sequence[GresEntry]
+) -> tuple[list[Gpu], dict[str, SlurmGpu]]:
+    """A node's GPUs (``entries``: its GPU GRES) and how each is asked of Slurm; its
+    ``shard`` GRES, if any, split evenly over them."""
+    gpus: list[Gpu] = []
+    binding: dict[str, SlurmGpu] = {}
+    shard_entries = [e for e in gres if e.name == "shard"]
+    shards = sum(e.count for e in shard_entries) // max(1, sum(e.count for e in entries))
+    kind = shard_entries[0].type if shard_entries else ""
+    for entry in entries:
+        for _ in range(entry.count):
+            uuid = f"slurm:{name}:{len(gpus)}"
+            index = len(gpus)
+            gpus.append(Gpu(uuid=uuid, index=index, model=entry.type or "GPU"))
+            binding[uuid] = SlurmGpu(
+                gres=entry.spec if entry.count == 1 else None,
+                typed=f"{entry.name}:{entry.type}:1" if entry.type else f"{entry.name}:1",
+                index=index,
+                shards=shards,
+                shard=f"shard:{kind}" if kind else "shard",
+            )
+    return gpus, binding
+
+
 @dataclass
 class SlurmCluster:
     """The nodes and runtimes of every pool that names a Slurm partition."""
@@ -781,21 +820,7 @@ def read_cluster(
                 raise SlurmConfigError(config.key, f"Slurm does not describe node {name!r}")
             entries = [e for e in info.gres if e.name == config.gres]
             any_gres = any_gres or bool(entries)
-            gpus: list[Gpu] = []
-            binding: dict[str, SlurmGpu] = {}
-            if gpu_pool:
-                for entry in entries:
-                    for _ in range(entry.count):
-                        uuid = f"slurm:{name}:{len(gpus)}"
-                        index = len(gpus)
-                        gpus.append(Gpu(uuid=uuid, index=index, model=entry.type or "GPU"))
-                        binding[uuid] = SlurmGpu(
-                            gres=entry.spec if entry.count == 1 else None,
-                            typed=f"{entry.name}:{entry.type}:1"
-                            if entry.type
-                            else f"{entry.name}:1",
-                            index=index,
-                        )
+            gpus, binding = node_gpus(name, entries, info.gres) if gpu_pool else ([], {})
             # Ready as configured: Slurm's own state (down, drained) comes with the first
             # health check, and goes again when Slurm returns the node.
             cluster.nodes.append(

@@ -19,6 +19,7 @@ from spawner.runtime.slurm import (
     SlurmSettings,
     comment,
     job_row,
+    node_gpus,
     node_health,
     parse_accounts,
     parse_gres,
@@ -202,3 +203,21 @@ def test_gpus_of_a_type_that_counts_several_are_asked_for_by_count():
 def test_a_comment_is_one_field_whatever_its_labels_hold():
     text = comment({"org.budgethub.profile": "GPU notebook", "b": 'x"y'})
     assert " " not in text and json.loads(text)["org.budgethub.profile"] == "GPU notebook"
+
+
+def test_a_fraction_holds_shards_where_the_node_has_them():
+    gpus, binding = node_gpus(
+        "bhs2", parse_gres("gpu:fake:2"), parse_gres("gpu:fake:2,shard:fake:200")
+    )
+    assert [g.index for g in gpus] == [0, 1]
+    assert binding["slurm:bhs2:1"] == SlurmGpu(None, "gpu:fake:1", 1, 100, "shard:fake")
+    settings = SlurmSettings(session_env="/shared/env")
+    sharded = SlurmRuntime(
+        EngineConfig(node="bhs2", address="10.0.0.6"),
+        SlurmPartition("gpu", settings, "hub"),
+        binding,
+    )
+    fraction = Slice("slurm:bhs2:1", SliceKind.FRACTION, 250)
+    script, options = sharded.job_script(spec(fraction, whole(0)))
+    assert "--gres=shard:fake:25,gpu:fake:1" in options
+    assert "CUDA_VISIBLE_DEVICES" not in script  # Slurm names the GPU it shares
