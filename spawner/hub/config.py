@@ -36,6 +36,7 @@ from spawner.runtime.slurm import (
     SlurmError,
     SlurmRuntime,
     SlurmSettings,
+    parse_accounts,
     parse_partitions,
     read_cluster,
 )
@@ -266,6 +267,14 @@ class SchedulerConfig(SingletonConfigurable):
         help="""Seconds a session's job may stay pending before it is cancelled and counts as
         a failed start (with Slurm's reason); it waits again, up to ``launch_attempts``.""",
     ).tag(config=True)
+    slurm_accounts: Dict[str, Any] = Dict(
+        help="""Team -> Slurm account of its sessions' jobs (sbatch --account), so that
+        sacct shows each session under its team's account; a team not listed uses its own
+        name. The accounts must exist where Slurm enforces associations."""
+    ).tag(config=True)
+    slurm_qos = Unicode(
+        "", help="QOS of every session's job (sbatch --qos; empty: the account's default)."
+    ).tag(config=True)
     slurm_runtime_class = Type(
         SlurmRuntime, help="The runtime of Slurm nodes (a site may subclass it)."
     ).tag(config=True)
@@ -438,9 +447,16 @@ class SchedulerConfig(SingletonConfigurable):
                     time_limit=self.slurm_time_limit,
                     pending_timeout=self.slurm_pending_timeout,
                     timeout=self.engine_timeout,
+                    accounts=parse_accounts(self.slurm_accounts),
+                    qos=self.slurm_qos,
                 )
                 read = read_cluster(
-                    configs, pools, settings, self.hub_name, runtime=self.slurm_runtime_class
+                    configs,
+                    pools,
+                    settings,
+                    self.hub_name,
+                    runtime=self.slurm_runtime_class,
+                    protection_cap=self.core_settings().max_min_runtime,
                 )
             except SlurmConfigError as error:
                 raise ConfigError(error.key, error.reason) from None

@@ -51,6 +51,8 @@ class HeldLike(Protocol):
     def jobs(self) -> tuple[str, ...]: ...
     @property
     def own(self) -> tuple[tuple[str, Any], ...]: ...
+    @property
+    def reserved(self) -> str: ...
 
 
 def is_foreign(request_id: str) -> bool:
@@ -71,6 +73,10 @@ def stand_in(
     sessions hold there (a GPU Slurm gives to both is this Hub's conflict to find, not
     capacity to count twice); None when it holds nothing."""
     by_index = {gpu.index: gpu for gpu in node.whole_gpus}
+    if held.reserved:  # Slurm keeps the node for its reservation: all of it is taken
+        held = _Held(
+            int(node.cpus), int(node.memory_gib * 1024), frozenset(by_index), (held.reserved,)
+        )
     slices = tuple(
         Slice(by_index[i].uuid, SliceKind.WHOLE)
         for i in sorted(held.gpus)
@@ -256,6 +262,7 @@ class _Held:
     gpus: frozenset[int]
     jobs: tuple[str, ...]
     own: tuple[tuple[str, Any], ...] = ()
+    reserved: str = ""
 
 
 def _with_unbooked(held: HeldLike, running: Mapping[str, Allocation]) -> HeldLike:
@@ -266,6 +273,7 @@ def _with_unbooked(held: HeldLike, running: Mapping[str, Allocation]) -> HeldLik
     if not late:
         return held
     return _Held(
+        reserved=held.reserved,
         cpus=held.cpus + sum(use.cpus for _, use in late),
         memory_mib=held.memory_mib + sum(use.memory_mib for _, use in late),
         gpus=held.gpus.union(*(use.gpus for _, use in late)),

@@ -106,6 +106,36 @@ class SlurmSettings:
     qos: str = ""
 
 
+def slurm_seconds(text: str) -> float | None:
+    """Slurm's time (``7-00:00:00``, ``1-12``, ``90``, ``01:30:00``) in seconds; None for
+    ``UNLIMITED`` or ``INFINITE``. ValueError for what is none of these."""
+    text = text.strip()
+    if text.upper() in ("UNLIMITED", "INFINITE", "NONE", ""):
+        return None
+    days, dash, rest = text.partition("-")
+    if not dash:
+        days, rest = "0", text
+    parts = [int(p) for p in rest.split(":")] if rest else [0]
+    if dash:  # days-hours[:minutes[:seconds]]
+        parts += [0] * (3 - len(parts))
+        hours, minutes, seconds = parts[:3]
+    elif len(parts) == 1:  # minutes
+        hours, minutes, seconds = 0, parts[0], 0
+    elif len(parts) == 2:  # minutes:seconds
+        hours, (minutes, seconds) = 0, parts
+    else:
+        hours, minutes, seconds = parts[:3]
+    return float(((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def slurm_time(seconds: float) -> str:
+    """Seconds as Slurm's ``D-HH:MM:SS`` (whole minutes, rounded down)."""
+    minutes = int(seconds // 60)
+    days, minutes = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:00"
+
+
 def parse_record(line: str) -> dict[str, str]:
     """One ``scontrol -o show …`` record as a dict; values may hold spaces."""
     fields: dict[str, str] = {}
@@ -208,6 +238,15 @@ class SlurmPartition:
         self._watchers: dict[str, Callable[[SessionState], None]] = {}
         self._watch: threading.Thread | None = None
         self.slurmd_port = 6818
+        self.max_time: float | None = None
+        """The partition's MaxTime in seconds (None: unlimited), read at the Hub's start."""
+
+    def time_limit(self) -> str:
+        """A session's ``--time``: ``slurm_time_limit``, never past the partition's MaxTime."""
+        wanted = slurm_seconds(self.settings.time_limit)
+        if self.max_time is not None and (wanted is None or wanted > self.max_time):
+            return slurm_time(self.max_time)
+        return self.settings.time_limit
 
     # -- commands --------------------------------------------------------------
 
@@ -512,7 +551,7 @@ class SlurmRuntime:
             "--ntasks=1",
             f"--cpus-per-task={max(1, math.ceil(spec.nano_cpus / 1e9))}",
             f"--mem={max(1, spec.mem_limit_bytes // 2**20)}M",
-            f"--time={self.settings.time_limit}",
+            f"--time={self.partition.time_limit()}",
             f"--output={home}/.budgethub-slurm-%j.log",
             f"--chdir={home}",
             "--export=NONE",
@@ -739,6 +778,23 @@ def parse_accounts(raw: Any) -> dict[str, str]:
     return {str(team): account for team, account in raw.items()}
 
 
+def max_time(config: PartitionConfig, record: Mapping[str, str], cap: float) -> float | None:
+    """The partition's MaxTime in seconds; one below ``cap`` is an error: a session could
+    be killed by Slurm within the time budgethub promised it."""
+    try:
+        found = slurm_seconds(record.get("MaxTime", "UNLIMITED"))
+    except ValueError:
+        return None
+    if found is not None and found < cap:
+        raise SlurmConfigError(
+            f"{config.key}.partition",
+            f"partition {config.partition!r} has MaxTime={record.get('MaxTime')}, below "
+            f"max_min_runtime ({slurm_time(cap)}): Slurm would end sessions within their "
+            "protected time; raise the partition's MaxTime or lower max_min_runtime",
+        )
+    return found
+
+
 def node_gpus(
     name: str, entries: Sequence[GresEntry], gres: Sequence[GresEntry]
 ) -> tuple[list[Gpu], dict[str, SlurmGpu]]:
@@ -778,15 +834,24 @@ def read_cluster(
     settings: SlurmSettings,
     hub: str,
     runtime: type[SlurmRuntime] | None = None,
+    protection_cap: float = 0.0,
 ) -> SlurmCluster:
     """Ask Slurm for each partition's nodes, CPUs, memory, GPUs and states; a partition,
-    node or GRES that Slurm does not have is a SlurmConfigError naming the key."""
+    node or GRES that Slurm does not have, or a MaxTime below ``protection_cap`` (the
+    longest protected time a session may get), is a SlurmConfigError naming the key."""
     cluster = SlurmCluster()
     details: dict[str, JobDetails] = {}  # one scontrol per round, whatever the partitions
     for config in configs:
         partition = SlurmPartition(config.partition, settings, hub)
         partition.details = details.setdefault(
-            config.gres, JobDetails(partition.command, hub, config.gres, settings.watch_interval)
+            config.gres,
+            JobDetails(
+                partition.command,
+                hub,
+                config.gres,
+                settings.watch_interval,
+                slurm_seconds(settings.time_limit),
+            ),
         )
         try:
             record = partition.describe()
@@ -802,6 +867,7 @@ def read_cluster(
                 f"partition {config.partition!r} has PreemptMode={preempt}; budgethub owns "
                 "the partition and preempts itself: set PreemptMode=OFF there",
             )
+        partition.max_time = max_time(config, record, protection_cap)
         partition.read_config()
         names = partition.node_names(record)
         for i, name in enumerate(config.nodes):

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 HOLDING = frozenset(
     {
@@ -169,6 +170,10 @@ class Held:
     gpus: frozenset[int] = frozenset()
     jobs: tuple[str, ...] = ()
     """``12345 (alice, account physics)`` for each such job, for logs and pages."""
+    reserved: str = ""
+    """A reservation on the node that is on now or starts within a session's time limit
+    (``maint from 2026-12-06T22:30:00``): the whole node is taken, since Slurm would keep
+    a session's job there pending."""
     own: tuple[tuple[str, NodeUse], ...] = ()
     """This Hub's jobs that Slurm still runs on the node, by request id: one whose
     request the Hub no longer books (its stop timed out before KillWait and the epilog
@@ -202,6 +207,27 @@ def held_by_others(jobs: Iterable[JobDetail], hub: str) -> dict[str, Held]:
     return found
 
 
+def reserved_nodes(text: str, now: float, horizon: float | None) -> dict[str, str]:
+    """Per node, the first reservation of ``scontrol -o show reservation`` that is on at
+    ``now`` or starts within ``horizon`` seconds (None: any time ahead), in words."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = dict(re.findall(r"(?:^|\s)([A-Za-z][A-Za-z0-9/:_]*)=(\S*)", line))
+        if "ReservationName" not in fields:
+            continue
+        try:
+            start = datetime.fromisoformat(fields.get("StartTime", "")).timestamp()
+            end = datetime.fromisoformat(fields.get("EndTime", "")).timestamp()
+        except ValueError:
+            continue
+        if end <= now or (horizon is not None and start > now + horizon):
+            continue
+        words = f"reservation {fields['ReservationName']} from {fields['StartTime']}"
+        for node in hostnames(fields.get("Nodes", "")):
+            found.setdefault(node, words)
+    return found
+
+
 @dataclass
 class JobDetails:
     """Every job of the cluster in detail, read once per ``ttl`` however many partitions
@@ -212,6 +238,8 @@ class JobDetails:
     hub: str
     gres: str = "gpu"
     ttl: float = 1.0
+    horizon: float | None = None
+    """A session's time limit in seconds: reservations starting later do not matter."""
     _at: float = field(default=-1e9, init=False)
     _jobs: dict[str, JobDetail] = field(default_factory=dict, init=False)
     _held: dict[str, Held] = field(default_factory=dict, init=False)
@@ -223,7 +251,11 @@ class JobDetails:
                 started = time.monotonic()
                 jobs = parse_jobs(self.run("scontrol", "-d", "-o", "show", "job"), self.gres)
                 self._jobs = {job.id: job for job in jobs}
-                self._held = held_by_others(jobs, self.hub)
+                held = held_by_others(jobs, self.hub)
+                reservations = self.run("scontrol", "-o", "show", "reservation")
+                for node, words in reserved_nodes(reservations, time.time(), self.horizon).items():
+                    held[node] = replace(held.get(node, Held()), reserved=words)
+                self._held = held
                 self._at = started
 
     def held(self, newer_than: float = -1e9) -> dict[str, Held]:

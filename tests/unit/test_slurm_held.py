@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
 from harness import builders
 from scheduler_core.model import Request
@@ -24,6 +25,7 @@ from spawner.runtime.slurmheld import (
     held_by_others,
     hostnames,
     parse_jobs,
+    reserved_nodes,
 )
 
 HEAD = (
@@ -77,7 +79,7 @@ def test_a_jobs_detail_names_what_it_holds_per_node():
     held = held_by_others(jobs.values(), "hub")
     assert held["bhs2"] == Held(3, 74, frozenset({1}), ("11 (alice, account physics)", "14 (bob)"))
     own = (("ann//1", NodeUse("bhs1", 1, 1024, (0,))),)  # job 12 is the Hub's
-    assert held["bhs1"] == Held(1, 10, frozenset(), ("14 (bob)",), own)
+    assert held["bhs1"] == Held(1, 10, frozenset(), ("14 (bob)",), own=own)
     assert held["bhs3"].gpus == {0, 1}
     assert "13" not in str(held)  # pending: holds nothing yet
 
@@ -99,11 +101,15 @@ def test_one_scontrol_a_round_whatever_asks():
     details = JobDetails(run, "hub", ttl=60)
     for _ in range(5):
         assert details.held()["bhs2"].gpus == {1}
-    assert calls == [("scontrol", "-d", "-o", "show", "job")]
+    round_calls = [
+        ("scontrol", "-d", "-o", "show", "job"),
+        ("scontrol", "-o", "show", "reservation"),
+    ]
+    assert calls == round_calls
     now = time.monotonic()  # a new round: read again, once
     for _ in range(5):
         assert details.held(now)["bhs2"].gpus == {1}
-    assert len(calls) == 2
+    assert calls == round_calls * 2
 
 
 @dataclass
@@ -246,3 +252,27 @@ def test_a_session_holds_the_gpus_slurm_bound_in_the_core_and_the_store():
         assert core.ledger.charged("t", "gpu", -1, 1e9) == charged  # not charged twice
         builders.check_no_double_booking(core)
         builders.check_free_matches_allocations(core)
+
+
+def test_a_reservation_within_a_sessions_time_limit_takes_its_node():
+    now = datetime(2026, 12, 6, 22, 0).timestamp()
+    text = "\n".join(
+        [
+            "ReservationName=maint StartTime=2026-12-06T22:30:00 EndTime=2026-12-06T23:30:00 "
+            "Duration=01:00:00 Nodes=bhs1 NodeCnt=1 Flags=MAINT State=INACTIVE",
+            "ReservationName=later StartTime=2026-12-20T00:00:00 EndTime=2026-12-21T00:00:00 "
+            "Duration=1-00:00:00 Nodes=bhs[2-3] NodeCnt=2 State=INACTIVE",
+            "ReservationName=over StartTime=2026-12-06T10:00:00 EndTime=2026-12-06T11:00:00 "
+            "Nodes=bhs4 State=INACTIVE",
+        ]
+    )
+    day = 86400.0
+    assert reserved_nodes(text, now, day) == {"bhs1": "reservation maint from 2026-12-06T22:30:00"}
+    assert set(reserved_nodes(text, now, None)) == {"bhs1", "bhs2", "bhs3"}
+    assert reserved_nodes("No reservations in the system", now, day) == {}
+    core, readers, holds, _ = cluster()
+    readers["a"].held = Held(reserved="reservation maint from 2026-12-06T22:30:00")
+    holds.apply(holds.read(), 0.0)
+    ask(core, "ann//1")
+    core.step()
+    assert gpus_of(core, "ann//1")[0] == "b"  # a is reserved: all of it is taken

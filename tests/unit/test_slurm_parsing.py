@@ -19,12 +19,15 @@ from spawner.runtime.slurm import (
     SlurmSettings,
     comment,
     job_row,
+    max_time,
     node_gpus,
     node_health,
     parse_accounts,
     parse_gres,
     parse_partitions,
     parse_record,
+    slurm_seconds,
+    slurm_time,
 )
 from spawner.runtime.spec import SessionIdentity, build_launch_spec
 
@@ -221,3 +224,36 @@ def test_a_fraction_holds_shards_where_the_node_has_them():
     script, options = sharded.job_script(spec(fraction, whole(0)))
     assert "--gres=shard:fake:25,gpu:fake:1" in options
     assert "CUDA_VISIBLE_DEVICES" not in script  # Slurm names the GPU it shares
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("UNLIMITED", None),
+        ("INFINITE", None),
+        ("90", 5400.0),
+        ("01:30", 90.0),
+        ("09:00:00", 32400.0),
+        ("7-00:00:00", 604800.0),
+        ("1-12", 129600.0),
+        ("2-01:30", 178200.0),
+    ],
+)
+def test_slurm_times(text, seconds):
+    assert slurm_seconds(text) == seconds
+    if seconds is not None and seconds % 60 == 0:
+        assert slurm_seconds(slurm_time(seconds)) == seconds
+
+
+def test_a_session_never_asks_for_more_than_the_partitions_maxtime():
+    rt = runtime()
+    assert rt.partition.time_limit() == "1-00:00:00"
+    rt.partition.max_time = 9 * 3600.0
+    _, options = rt.job_script(spec(whole(1)))
+    assert "--time=0-09:00:00" in options
+    config = parse_partitions({"gpu": "gpu"}, POOLS)[0]
+    assert max_time(config, {"MaxTime": "UNLIMITED"}, 8 * 3600.0) is None
+    with pytest.raises(SlurmConfigError) as error:
+        max_time(config, {"MaxTime": "01:00:00"}, 8 * 3600.0)
+    assert error.value.key == "slurm_partitions.gpu.partition"
+    assert "below max_min_runtime (0-08:00:00)" in error.value.reason

@@ -40,6 +40,8 @@ elif name == "scontrol" and args[-1] == "node":
     print("\n".join(data["scontrol_nodes"]))
 elif name == "scontrol" and args[-1] == "job":
     print("\n".join(data["scontrol_jobs"]))
+elif name == "scontrol" and args[-1] == "reservation":
+    print("No reservations in the system")
 elif name == "scancel":
     pass
 else:
@@ -169,5 +171,7 @@ def test_500_sessions_on_128_nodes_cost_a_fixed_number_of_calls(fake_slurm: Path
         one_round = calls(fake_slurm)
         # The holdings' read starts a round of its own (ForeignHolds), the ended jobs'
         # exit codes share whichever read is fresh: at most two, however many sessions.
-        assert one_round.pop("scontrol -d -o show job") in (1, 2), one_round
+        reads = one_round.pop("scontrol -d -o show job")
+        assert reads in (1, 2), one_round
+        assert one_round.pop("scontrol -o show reservation") == reads, one_round
         assert one_round == {"squeue -h -t all -p gpu -o": 1}, one_round
