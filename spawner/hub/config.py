@@ -13,7 +13,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from traitlets import Bool, Dict, Float, Integer, List, Tuple, Type, Unicode, default
+from traitlets import (
+    Bool,
+    Callable,
+    Dict,
+    Float,
+    Integer,
+    List,
+    Tuple,
+    Type,
+    Unicode,
+    Union,
+    default,
+)
 from traitlets.config import SingletonConfigurable
 
 from scheduler_core.errors import InputError
@@ -275,6 +287,22 @@ class SchedulerConfig(SingletonConfigurable):
     slurm_qos = Unicode(
         "", help="QOS of every session's job (sbatch --qos; empty: the account's default)."
     ).tag(config=True)
+    slurm_users = Union(
+        [Unicode(), Dict(), Callable()],
+        default_value="{user}",
+        help="""The Unix account each Hub user's Slurm jobs run as: a template
+        ("{user}", the default: the same name), a map (Hub user -> account; others keep
+        their name), a callable (user -> account), or "" for one account for everyone
+        (uid 1000, the images' session user). A user with no such account is refused
+        with a message saying so.""",
+    ).tag(config=True)
+    slurm_exec_prefix = List(
+        Unicode(),
+        help="""Words before sbatch and scancel, to run them as the user's account when
+        the Hub is not root, as batchspawner's exec_prefix: ['sudo', '-n', '-u',
+        '{account}'] (sudoers must let the Hub run sbatch and scancel so). Empty: a root
+        Hub submits with sbatch --uid/--gid.""",
+    ).tag(config=True)
     slurm_runtime_class = Type(
         SlurmRuntime, help="The runtime of Slurm nodes (a site may subclass it)."
     ).tag(config=True)
@@ -449,6 +477,8 @@ class SchedulerConfig(SingletonConfigurable):
                     timeout=self.engine_timeout,
                     accounts=parse_accounts(self.slurm_accounts),
                     qos=self.slurm_qos,
+                    users=self.slurm_users,
+                    exec_prefix=tuple(self.slurm_exec_prefix),
                 )
                 read = read_cluster(
                     configs,

@@ -46,7 +46,14 @@ from scheduler_core.model import Gpu, Node, PoolKind
 from spawner.runtime.dockernodes import EngineConfig
 from spawner.runtime.interface import Answer, SessionState
 from spawner.runtime.slurmheld import Held, JobDetails, hostnames
-from spawner.runtime.spec import LABEL_PREFIX, SESSION_USER, LaunchSpec
+from spawner.runtime.slurmusers import Account, give, lookup, submit_prefix
+from spawner.runtime.spec import (
+    LABEL_PREFIX,
+    RESTORE_PATH,
+    SESSION_USER,
+    WORKSPACE_PATH,
+    LaunchSpec,
+)
 
 ACTIVE = frozenset(
     {
@@ -104,6 +111,12 @@ class SlurmSettings:
     accounts: Mapping[str, str] = field(default_factory=dict)
     """Team → Slurm account (``--account``); a team not here uses its own name."""
     qos: str = ""
+    users: Any = ""
+    """Hub user → Unix account its jobs run as (`spawner.runtime.slurmusers`); "": every
+    job as the images' session user, 1000:100."""
+    exec_prefix: tuple[str, ...] = ()
+    """Words before ``sbatch`` and ``scancel`` to run them as the account
+    (``sudo -n -u {account}``); empty: ``--uid/--gid`` where the Hub is root."""
 
 
 def slurm_seconds(text: str) -> float | None:
@@ -256,12 +269,17 @@ class SlurmPartition:
             env["SLURM_CONF"] = self.settings.conf
         return env
 
-    def command(self, *args: str, input: str | None = None) -> str:
-        """Run one of Slurm's commands; its output, or SlurmError with Slurm's words."""
+    def command(self, *args: str, input: str | None = None, prefix: Sequence[str] = ()) -> str:
+        """Run one of Slurm's commands (after ``prefix``: ``sudo -n -u ACCOUNT``, with
+        ``SLURM_CONF`` passed through it); its output, or SlurmError with Slurm's words."""
         exe = os.path.join(self.settings.bin_dir, args[0]) if self.settings.bin_dir else args[0]
+        argv = [exe, *args[1:]]
+        if prefix:
+            conf = [f"SLURM_CONF={self.settings.conf}"] if self.settings.conf else []
+            argv = [*prefix, "env", *conf, *argv]
         try:
             done = subprocess.run(
-                [exe, *args[1:]],
+                argv,
                 env=self.env(),
                 input=input,
                 capture_output=True,
@@ -277,8 +295,10 @@ class SlurmPartition:
             raise SlurmError(said or f"{args[0]} exited with {done.returncode}")
         return done.stdout
 
-    async def acommand(self, *args: str, input: str | None = None) -> str:
-        return await asyncio.to_thread(self.command, *args, input=input)
+    async def acommand(
+        self, *args: str, input: str | None = None, prefix: Sequence[str] = ()
+    ) -> str:
+        return await asyncio.to_thread(self.command, *args, input=input, prefix=prefix)
 
     # -- what Slurm has ---------------------------------------------------------
 
@@ -463,6 +483,9 @@ class SlurmRuntime:
         self.gpus = dict(gpus)
         """budgethub's GPU uuid on this node → how Slurm is asked for it."""
         self.settings = partition.settings
+        self.accounts: dict[str, Account] = {}
+        """Per request, the Unix account its job runs as (for ``scancel`` through the
+        exec prefix; after a Hub restart, root's ``scancel`` or the prefix of no one)."""
 
     @property
     def node(self) -> str:
@@ -561,14 +584,17 @@ class SlurmRuntime:
         if gres:
             options.append(f"--gres={','.join(gres)}")
         team = spec.labels.get(f"{LABEL_PREFIX}.team", "")
-        account = self.settings.accounts.get(team, team)
-        if account:
-            options.append(f"--account={account}")
+        slurm_account = self.settings.accounts.get(team, team)
+        if slurm_account:
+            options.append(f"--account={slurm_account}")
         if self.settings.qos:
             options.append(f"--qos={self.settings.qos}")
-        if os.geteuid() == 0:
+        account = lookup(self.settings.users, spec.labels.get(f"{LABEL_PREFIX}.user", ""))
+        if account is None and os.geteuid() == 0:  # everyone as the images' session user
             uid, _, gid = SESSION_USER.partition(":")
             options += [f"--uid={uid}", f"--gid={gid}"]
+        elif account is not None and os.geteuid() == 0 and not self.settings.exec_prefix:
+            options += [f"--uid={account.uid}", f"--gid={account.gid}"]
         return "\n".join(lines) + "\n", options
 
     def gres_of(self, slices: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
@@ -596,9 +622,15 @@ class SlurmRuntime:
     async def launch(self, spec: LaunchSpec) -> str:
         """Submit the session's job; its id once Slurm runs it. A job Slurm refuses,
         fails, or keeps pending past ``pending_timeout`` is cancelled, with Slurm's reason."""
-        script, options = self.job_script(spec)
+        script, options = self.job_script(spec)  # NoAccount: the user has no account here
+        account = lookup(self.settings.users, spec.labels.get(f"{LABEL_PREFIX}.user", ""))
+        prefix = submit_prefix(self.settings.exec_prefix, account)
+        if account is not None:
+            home, restore = node_paths(spec)
+            await asyncio.to_thread(give, home, restore, account)
+            self.accounts[spec.labels.get(f"{LABEL_PREFIX}.request", "")] = account
         try:
-            out = await self.partition.acommand("sbatch", *options, input=script)
+            out = await self.partition.acommand("sbatch", *options, input=script, prefix=prefix)
         except SlurmError as error:
             raise RuntimeError(f"Slurm refused the job: {error}") from None
         job = out.strip().split(";")[0]
@@ -645,7 +677,9 @@ class SlurmRuntime:
         if row is None or row.state not in ACTIVE:
             return
         try:
-            await self.partition.acommand("scancel", runtime_id)
+            account = self.accounts.get(row.labels.get(f"{LABEL_PREFIX}.request", ""))
+            prefix = submit_prefix(self.settings.exec_prefix, account)
+            await self.partition.acommand("scancel", runtime_id, prefix=prefix)
         except SlurmError as error:
             if "Invalid job id" not in str(error):
                 raise
@@ -696,6 +730,15 @@ class SlurmRuntime:
         except OSError as error:
             return f"(no log at {path}: {error.strerror})"
         return "\n".join(lines[-tail:])
+
+
+def node_paths(spec: LaunchSpec) -> tuple[Path, Path | None]:
+    """The session's home and the snapshot it restores, as the node sees them."""
+    home = next(
+        (Path(m.source) for m in spec.mounts if m.target == WORKSPACE_PATH), Path("/nonexistent")
+    )
+    restore = next((Path(m.source) for m in spec.mounts if m.target == RESTORE_PATH), None)
+    return home, restore
 
 
 def comment(labels: Mapping[str, str]) -> str:
