@@ -27,14 +27,14 @@ asks for each had its per-node part free (GPU-equivalents count, whatever kind
 of slice is free). ``stranded_share`` is that over all GPU time in the horizon.
 
 Lost work (``lost_gpu_seconds``, ``lost_gpu_h_by_class``, ``lost_share``) is GPU time
-that a preemption throws away, so that it is run again: for every run of a request in
-a GPU pool that ends in a preemption, if the request is not resumable, the whole run,
-(preemption - start) x its GPU-equivalents. The simulator knows of no checkpoint
-inside a run: a request that is not resumable restarts with its whole duration, and a
-resumable one (batch work; notebooks where the scenario says they are restorable) is
-snapshotted at the preemption and loses nothing, since taking and restoring a snapshot
-costs no GPU time there (a lower bound for real snapshots). A gang's lost place and
-the wait to start again are not GPU time run and are not counted. A run still going
+that preemptions throw away, counted by the simulator (scheduler_core.simulator): of a
+run in a GPU pool that ends in a preemption, the time that left no progress (a run
+that checkpoints keeps its work up to its last checkpoint, a snapshotted one all of
+it, any other none), and a snapshot's taking; of a run after a preemption, its restart
+(``restart_cost``, and a snapshot's restore) once it finishes. Snapshot times scale
+with the session's memory (model.SNAPSHOT_TAKE_S_PER_GIB and the restore's figures,
+from `python -m bench.snapshot`), at the GPU-equivalents of the request. A gang's lost place
+and the wait to start again are not GPU time run and are not counted. A run still going
 at the horizon is not lost. ``lost_share`` is lost GPU time over all GPU time in the
 horizon (the denominator of ``occupancy``), and ``goodput = occupancy - lost_share``:
 the share of the GPU time that went to work that was not thrown away. Idle time in a
@@ -215,18 +215,9 @@ def goodput(used: float, lost: float, capacity: float) -> dict[str, float | None
 
 
 def lost_by_class(run: SimRun) -> dict[str, float]:
-    """GPU-hours lost per request class (module docstring), from the records: a request's
-    runs end in order and only its last can end otherwise than in a preemption (it
-    finished, or the horizon came), so its first ``preemptions`` runs are the preempted
-    ones. The classes sum to ``lost_gpu_seconds``, which the simulator counts itself."""
-    kinds = {p.name: p.kind for p in run.scenario.pools}
-    lost: dict[str, float] = {klass: 0.0 for klass in CLASSES}
-    for request in run.scenario.requests:
-        if request.resumable or kinds[request.pool] is not PoolKind.GPU:
-            continue
-        record = run.records[request.id]
-        for start, end in zip(record.starts[: record.preemptions], record.ends, strict=False):
-            lost[record.klass] = lost.get(record.klass, 0.0) + (end - start) * record.weight
+    """GPU-hours lost per request class (module docstring), as the simulator counted them
+    at each preemption: the classes sum to ``lost_gpu_seconds``."""
+    lost = dict.fromkeys(CLASSES, 0.0) | run.lost_by_class
     return {klass: _round(seconds / HOUR, 2) for klass, seconds in lost.items()}
 
 

@@ -21,6 +21,22 @@ MILLI = 1000
 MIG_SLICES = 7
 """Compute slices of a full MIG-capable GPU (A100/H100/H200/B200): `1g` is 1/7."""
 
+SNAPSHOT_TAKE_FIXED_S = 1.58
+"""Seconds a preemption takes with the snapshot already on disk: decision -> slices free,
+settled, 1.58 s (`python -m bench.snapshot`, docs/benchmarks/snapshot.md)."""
+SNAPSHOT_TAKE_S_PER_GIB = 3.02
+"""Seconds per GiB of state to flush at a preemption: decision -> slices free hot (1.07
+GiB of kernel state unflushed) 4.81 s less settled 1.58 s, over 1.07 GiB
+(`python -m bench.snapshot`)."""
+SNAPSHOT_RESTORE_FIXED_S = 5.33
+"""Seconds a restore takes whatever the session's size: its server starting again
+(restore, settled: server ready 5.33 s; `python -m bench.snapshot`)."""
+SNAPSHOT_RESTORE_S_PER_GIB = 2.22
+"""Seconds a restore takes per GiB of state: variables available 7.55 s less the
+server's 5.33 s, for 1 GiB (`python -m bench.snapshot`). A session's memory limit
+stands for its state in the simulator: an upper bound where the kernel holds less."""
+
+
 _MIG_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb$")
 
 
@@ -184,6 +200,12 @@ class Request:
     priority: int = 0
     klass: RequestClass = RequestClass.INTERACTIVE
     profile: str | None = None
+    checkpoint_every: float = 0.0
+    """Seconds between the checkpoints a resumable run writes itself (a batch job); 0: it
+    is snapshotted at the preemption instead (a notebook), if resumable."""
+    restart_cost: float = 0.0
+    """Seconds a run spends starting again after a preemption before it does new work
+    (loading a checkpoint, warming up)."""
 
     @property
     def gpu_weight(self) -> float:
@@ -197,6 +219,47 @@ class Request:
     def charge_rate(self, kind: PoolKind) -> float:
         """Budget units per second: GPU-equivalents in GPU pools, cores in CPU pools."""
         return self.gpu_weight if kind is PoolKind.GPU else self.cpus * self.nodes
+
+    def lost_seconds(self, elapsed: float) -> float:
+        """Seconds of its size a preemption throws away after ``elapsed`` seconds of a run
+        (the price the policy weighs a victim by): the run since its last checkpoint
+        (`kept_seconds`), the snapshot's taking, and the next run's start (its
+        ``restart_cost``, and a snapshot's restore: `restart_seconds`)."""
+        elapsed = max(0.0, elapsed)
+        return elapsed - self.kept_seconds(elapsed) + self.take_seconds + self.restart_seconds
+
+    def kept_seconds(self, progress: float) -> float:
+        """Of ``progress`` seconds of work in a run, what a preemption keeps: all of it if
+        snapshotted, up to its last checkpoint if it checkpoints, else nothing."""
+        if not self.resumable:
+            return 0.0
+        if self.checkpoint_every > 0:
+            return progress - progress % self.checkpoint_every
+        return progress
+
+    @property
+    def snapshotted(self) -> bool:
+        """Resumable with no checkpoints of its own: its session is snapshotted."""
+        return self.resumable and self.checkpoint_every <= 0
+
+    @property
+    def take_seconds(self) -> float:
+        """Taking its snapshot at a preemption, scaled by its memory per node (a gang's
+        nodes take theirs side by side); 0 unless `snapshotted`."""
+        if not self.snapshotted:
+            return 0.0
+        return SNAPSHOT_TAKE_FIXED_S + SNAPSHOT_TAKE_S_PER_GIB * self.memory_gib
+
+    @property
+    def restart_seconds(self) -> float:
+        """The start of a run after a preemption that does no new work: its
+        ``restart_cost``, and restoring its snapshot if `snapshotted`."""
+        restore = (
+            SNAPSHOT_RESTORE_FIXED_S + SNAPSHOT_RESTORE_S_PER_GIB * self.memory_gib
+            if self.snapshotted
+            else 0.0
+        )
+        return self.restart_cost + restore
 
 
 @dataclass(frozen=True, slots=True)

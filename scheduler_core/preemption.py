@@ -34,6 +34,9 @@ from scheduler_core.kept import ExposedSessions, Tally, gpu_totals, held_gpus
 from scheduler_core.model import MILLI, Allocation, Request, RequestClass, Slice
 from scheduler_core.nodefree import NodeFree
 
+Cost = tuple[float, float, float, float]
+"""What stopping a set of victims costs (`set_cost`), compared as a tuple."""
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
@@ -42,23 +45,22 @@ class Target:
     node: str
     victims: tuple[Allocation, ...]
     slices: tuple[Slice, ...]
-    cost: tuple[float, float, float, float]
+    cost: Cost
     """Funded (and not releasable) victims at all, busy victims (when any is idle), work
     lost (`lost_work`, a gang's place included), victims."""
 
 
 def lost_work(allocation: Allocation, now: float, gang_wait: float = 0.0) -> float:
-    """GPU- or core-seconds a preemption costs: the work it throws away, and for a
-    session over several nodes (a gang), ``gang_wait`` seconds of its size as well.
+    """GPU- or core-seconds a preemption costs: the work it throws away
+    (`Request.lost_seconds`: since its last checkpoint, or its snapshot's taking and
+    restoring, or its whole run, and its restart cost, at its size), and for a session
+    over several nodes (a gang), ``gang_wait`` seconds of its size as well.
 
-    Resumable work is snapshotted and keeps its progress; anything else starts over.
     A gang keeps its progress too but loses its place: to start again it needs as many
     whole nodes free at once, which may take until the protected windows on them end.
     """
     place = allocation.charge_rate * gang_wait if allocation.request.nodes > 1 else 0.0
-    if allocation.request.resumable:
-        return place
-    return max(0.0, now - allocation.start) * allocation.charge_rate + place
+    return allocation.request.lost_seconds(now - allocation.start) * allocation.charge_rate + place
 
 
 def victim_order(
@@ -107,6 +109,66 @@ def _freed(node_free: NodeFree, victims: Sequence[Allocation]) -> NodeFree:
     return trial
 
 
+EXACT_CANDIDATES = 12
+"""`_cheapest_set` looks at every set of a node's victims only where it has at most this
+many; beyond, it improves on the greedy set for at most `EXACT_TRIES` fit checks."""
+EXACT_TRIES = 256
+PRICE_CAP = 900.0
+"""R10: funded work whose preemption would throw away more than this many seconds of its
+size is not stopped by the rank rule (R4) or a day slice's end (S5). Why 900 s and not
+a setting: docs/policy.md (R10) has the runs that chose it."""
+LANE_PRICE_CAP = 4 * PRICE_CAP
+"""R10 for the debug fast lane (S1)."""
+
+
+def set_cost(chosen: Sequence[Allocation], now: float, victims: Victims) -> Cost:
+    """What stopping ``chosen`` costs, compared as a tuple (`Target.cost`): funded victims
+    at all, busy victims (when any is idle), work lost, victims."""
+    return (
+        float(max(victims.tier(v) for v in chosen)),
+        float(sum(1 for v in chosen if victims.is_busy(v))),
+        sum(lost_work(v, now, victims.gang_wait) for v in chosen),
+        float(len(chosen)),
+    )
+
+
+def _cheapest_set(
+    node_free: NodeFree,
+    request: Request,
+    candidates: Sequence[Allocation],
+    best: list[Allocation],
+    now: float,
+    victims: Victims,
+) -> list[Allocation]:
+    """The cheapest set of ``candidates`` whose stopping makes room, starting from a set
+    that does (``best``): a depth-first search in the candidates' order that drops any
+    branch costing no less than the best found (a set's cost only grows as it grows),
+    and a branch that fits is not grown (so no victim of the answer is unneeded)."""
+    name = node_free.node.name
+    best_cost = set_cost(best, now, victims)
+    tries = 0 if len(candidates) <= EXACT_CANDIDATES else EXACT_TRIES
+    stack: list[tuple[int, list[Allocation], NodeFree]] = [(0, [], node_free)]
+    while stack:
+        start, chosen, free = stack.pop()
+        for i in range(len(candidates) - 1, start - 1, -1):
+            grown = [*chosen, candidates[i]]
+            if set_cost(grown, now, victims) >= best_cost:
+                continue
+            trial = free.copy()
+            for grant in candidates[i].grants:
+                if grant.node == name:
+                    trial.give(grant)
+            if trial.fits(request):
+                best, best_cost = grown, set_cost(grown, now, victims)
+            else:
+                stack.append((i + 1, grown, trial))
+        if tries:
+            tries -= 1
+            if not tries:
+                break
+    return best
+
+
 def _node_target(
     node_free: NodeFree,
     request: Request,
@@ -114,7 +176,9 @@ def _node_target(
     now: float,
     victims: Victims,
 ) -> Target | None:
-    """The cheapest victims on one node; ``candidates`` come cheapest first."""
+    """The cheapest victims on one node; ``candidates`` come cheapest first. Taken
+    cheapest first until the request fits, less any that turn out not to be needed;
+    where that took more than one, the cheapest set of all (`_cheapest_set`)."""
     if not _could_fit(node_free, request, candidates):
         return None
     trial = node_free.copy()
@@ -129,20 +193,26 @@ def _node_target(
             break
     else:
         return None
-    # Drop any victim that turned out not to be needed, latest-added first.
+    if len(chosen) > 1:
+        chosen = _needed(node_free, request, chosen)
+    if len(chosen) > 1:
+        # Cheapest first is not cheapest overall: two small victims may cost more than
+        # one larger one that frees as much.
+        chosen = _needed(
+            node_free, request, _cheapest_set(node_free, request, candidates, chosen, now, victims)
+        )
+    slices = _freed(node_free, chosen).slices_for(request)
+    assert slices is not None
+    return Target(name, tuple(chosen), slices, set_cost(chosen, now, victims))
+
+
+def _needed(node_free: NodeFree, request: Request, chosen: list[Allocation]) -> list[Allocation]:
+    """``chosen`` less any victim the request fits without, latest-added first."""
     for victim in reversed(chosen[:-1]):
         rest = [v for v in chosen if v is not victim]
         if _freed(node_free, rest).fits(request):
             chosen = rest
-    slices = _freed(node_free, chosen).slices_for(request)
-    assert slices is not None
-    cost = (
-        float(max(victims.tier(v) for v in chosen)),
-        float(sum(1 for v in chosen if victims.is_busy(v))),
-        sum(lost_work(v, now, victims.gang_wait) for v in chosen),
-        float(len(chosen)),
-    )
-    return Target(name, tuple(chosen), slices, cost)
+    return chosen
 
 
 class _Roomy:
@@ -276,6 +346,16 @@ class Victims:
             not allocation.funded
             or allocation.request.team in allowed
             or allocation.id in self._releasable
+        )
+
+    def worth(self, allocation: Allocation, cap: float = PRICE_CAP) -> bool:
+        """R10: may it be stopped at its price? Unallocated work and idle sessions past
+        ``idle_release`` always; funded work only while a preemption throws away at most
+        ``cap`` seconds of its size (`Request.lost_seconds`)."""
+        return (
+            not allocation.funded
+            or allocation.id in self._releasable
+            or allocation.request.lost_seconds(self._now - allocation.start) <= cap
         )
 
     def _released_beyond(self, held: Mapping[str, int] | None, allowed: frozenset[str]) -> int:
@@ -441,10 +521,24 @@ class Lane:
 
 
 def _permits(
-    victims: Victims, allocation: Allocation, allowed: frozenset[str], lane: Lane | None
+    victims: Victims,
+    allocation: Allocation,
+    allowed: frozenset[str],
+    lane: Lane | None,
+    spare: str | None = None,
 ) -> bool:
-    return victims.permits(allocation, allowed) and (
-        lane is None or lane.may_stop(victims, allocation)
+    if allocation.id == spare:
+        return False  # S10: the session that stopped the requester is not stopped in return
+    if lane is None or lane.resumable:
+        return victims.permits(allocation, allowed) and (
+            (lane is None or lane.may_stop(victims, allocation)) and victims.worth(allocation)
+        )
+    # The fast lane (S1) may pay more: a debug session waits seconds, not until a long
+    # run reaches its next checkpoint.
+    return (
+        victims.permits(allocation, allowed)
+        and lane.may_stop(victims, allocation)
+        and victims.worth(allocation, LANE_PRICE_CAP)
     )
 
 
@@ -463,6 +557,7 @@ def offers(
     allowed: frozenset[str],
     node_free: NodeFree,
     lane: Lane | None = None,
+    spare: str | None = None,
 ) -> bool:
     """Could the node be one of `find_targets`'s answers for the request?
 
@@ -474,7 +569,9 @@ def offers(
         return False
     if request.nodes > 1 and node_free.tightness(request) is not None:
         return True
-    candidates = [a for a in victims.on(node_free.node.name) if _permits(victims, a, allowed, lane)]
+    candidates = [
+        a for a in victims.on(node_free.node.name) if _permits(victims, a, allowed, lane, spare)
+    ]
     return bool(candidates) and _freed(node_free, candidates).fits(request)
 
 
@@ -530,11 +627,13 @@ def search_targets(
     allowed: frozenset[str],
     now: float,
     lane: Lane | None = None,
+    spare: str | None = None,
 ) -> tuple[tuple[Target, ...] | None, bool]:
     """`find_targets`, and whether a failure was for want of nodes that `offers`
     (fewer than the request needs): then it fails again until one of them grows.
     ``lane``: the fast lane's limit on victims, for a debug request (bounds stay
-    upper bounds: they count every session ``allowed`` permits)."""
+    upper bounds: they count every session ``allowed`` permits). ``spare``: a session
+    that is no victim of this request (S10)."""
     whole = request.mig is None and not request.gpu_milli and request.gpus > 0
     if whole:
         roomy = _roomy_nodes(request, capacity, victims, allowed)
@@ -560,7 +659,7 @@ def search_targets(
                 free_options += 1
                 continue
         for first in victims.on(name):
-            if _permits(victims, first, allowed, lane):
+            if _permits(victims, first, allowed, lane, spare):
                 bound = (
                     float(victims.tier(first)),
                     float(victims.is_busy(first)),
@@ -579,7 +678,7 @@ def search_targets(
             options.sort(key=lambda t: (t.cost, t.node))
             if options[request.nodes - 1].cost <= bound:
                 break
-        candidates = [a for a in victims.on(name) if _permits(victims, a, allowed, lane)]
+        candidates = [a for a in victims.on(name) if _permits(victims, a, allowed, lane, spare)]
         target = _node_target(node_free, request, candidates, now, victims)
         if target is not None:
             options.append(target)

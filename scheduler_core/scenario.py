@@ -3,7 +3,9 @@
 Every rule a scenario can break is checked here, before anything runs: the
 simulator may then trust its input. Defaults (docs/architecture.md): request ``gpus`` 0,
 ``nodes`` 1, ``cpus`` 1, ``memory_gib`` 4, ``resumable`` false, ``priority`` 0,
-``class`` interactive, ``min_runtime`` the policy's default. A node without
+``class`` interactive, ``min_runtime`` the policy's default, ``checkpoint_every`` 0
+(none), ``restart_cost`` 0; a request that checkpoints is resumable (from its
+checkpoint) unless it says otherwise. A node without
 ``cpus``/``memory_gib`` gets 64 CPUs and 512 GiB. Seeded ``usage`` is charged
 all at once, ``ago`` seconds before the start. A top-level team with a plain
 number as ``share`` holds that share of every pool.
@@ -145,7 +147,7 @@ _NODE_KEYS = frozenset(
 _REQUEST_KEYS = frozenset(
     {"id", "user", "team", "submit", "pool", "gpus", "nodes", "gpu_fraction", "mig", "cpus"}
     | {"memory_gib", "labels", "min_runtime", "duration", "resumable", "priority", "class"}
-    | {"profile", "idle_after"}
+    | {"profile", "idle_after", "checkpoint_every", "restart_cost"}
 )
 
 
@@ -386,12 +388,29 @@ def _request(
         memory_gib=_num(data.get("memory_gib", 4), f"{where}.memory_gib", strict=True),
         labels=_labels(data.get("labels", {}), f"{where}.labels"),
         min_runtime=settings.capped_min_runtime(min_runtime, klass),
-        resumable=_bool(data.get("resumable", False), f"{where}.resumable"),
         priority=_int(data.get("priority", 0), f"{where}.priority", minimum=None),
         klass=RequestClass(klass),
         profile=data.get("profile"),
+        **_price(data, where),
     )
     return request, duration
+
+
+def _price(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """What a preemption of the request costs (`Request.lost_seconds`): resumability, the
+    checkpoint interval and the restart cost."""
+    every = _num(data.get("checkpoint_every", 0), f"{where}.checkpoint_every")
+    resumable = _bool(data.get("resumable", every > 0), f"{where}.resumable")
+    if every > 0 and not resumable:
+        raise InputError(
+            f"{where}.checkpoint_every",
+            "a request that checkpoints resumes from its checkpoint: drop resumable false",
+        )
+    return {
+        "resumable": resumable,
+        "checkpoint_every": every,
+        "restart_cost": _num(data.get("restart_cost", 0), f"{where}.restart_cost"),
+    }
 
 
 def why_unplaceable(request: Request, nodes: list[Node]) -> str | None:

@@ -146,6 +146,10 @@ class Scheduler:
         from the event log after a restart (`submit`'s ``stops``)."""
         self._idle_due: list[tuple[float, str]] = []
         """When idle sessions become free to release (``idle_release``)."""
+        self.stopped_by: dict[str, str] = {}
+        """Waiting request id → the request whose admission stopped it (S10,
+        `ClusterView.stopped_by`); forgotten when it ends or is cancelled. Not kept over
+        a restart: at worst one more turn."""
 
     def _pool_capacity(self) -> dict[str, float]:
         capacity = dict.fromkeys(self.pools, 0.0)
@@ -183,6 +187,7 @@ class Scheduler:
         self._fresh.discard(request_id)
         self._funded.pop(request_id, None)
         self.stops.pop(request_id, None)
+        self.stopped_by.pop(request_id, None)
         request = self.pending.pop(request_id, None)
         if request is None:
             return False
@@ -194,6 +199,7 @@ class Scheduler:
         allocation = self.running.pop(request_id)
         self._release(allocation)
         self.stops.pop(request_id, None)
+        self.stopped_by.pop(request_id, None)
         return allocation
 
     def launch_failed(self, request_id: str) -> None:
@@ -405,6 +411,7 @@ class Scheduler:
             index=index,
             funded_rates=kept.rates_view(),
             stops=MappingProxyType(self.stops.copy()),
+            stopped_by=MappingProxyType(self.stopped_by.copy()),
             idle=tuple((self.running[r], since) for r, since in self.idle.items()),
         )
 
@@ -456,8 +463,11 @@ class Scheduler:
                 self._kept.enqueue(allocation.request)
                 if allocation.request.klass is RequestClass.DEBUG:
                     self.stops[allocation.id] = self.stops.get(allocation.id, 0) + 1
+                if preemption.for_request is not None:
+                    self.stopped_by[allocation.id] = preemption.for_request
             else:
                 self.stops.pop(allocation.id, None)  # not queued again: it has ended
+                self.stopped_by.pop(allocation.id, None)
         for admission in decisions.admissions:
             request = self.pending.pop(admission.request.id)
             self._kept.dequeue(request)

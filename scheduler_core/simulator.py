@@ -4,9 +4,14 @@ It jumps from one schedulable moment to the next: submissions, sessions
 ending, node events, the end of a protected window or grace (a pending funded
 request may now preempt), a request reaching the starvation bound, and the
 policy's cycle tick while requests wait; at each it settles the scheduler
-(`Scheduler.settle`: the step, then any follow-up cycles, as live). A resumable
-request keeps the work it did before a preemption; any other starts over, and
-that work counts as lost.
+(`Scheduler.settle`: the step, then any follow-up cycles, as live).
+
+A preemption keeps what `Request.kept_seconds` says of the run's progress: all of it
+for a snapshotted session, up to the last checkpoint for a run that checkpoints,
+nothing for any other. The next run first spends `Request.restart_seconds` (restart
+cost, restore) doing no new work. Lost GPU time is the run time that left no progress
+(the part not kept, and a finished run's restart), and a snapshot's taking, which the
+simulator does not hold GPUs for.
 """
 
 from __future__ import annotations
@@ -81,6 +86,8 @@ class SimRun:
     lost_units: float
     cycles: int
     wall_s: float
+    lost_by_class: dict[str, float] = field(default_factory=dict)
+    """GPU-seconds lost to preemption per request class (they sum to ``lost_units``)."""
 
 
 class SimActuator:
@@ -99,7 +106,7 @@ class SimActuator:
         sim.generation[allocation.id] += 1
         sim.run_start[allocation.id] = now
         token = (allocation.id, sim.generation[allocation.id])
-        sim.push(now + sim.remaining[allocation.id], _FINISH, token)
+        sim.push(now + sim.restart[allocation.id] + sim.remaining[allocation.id], _FINISH, token)
         idle_after = sim.scenario.idle_after.get(allocation.id)
         if idle_after is not None and idle_after < sim.remaining[allocation.id]:
             sim.push(now + idle_after, _IDLE, token)
@@ -113,10 +120,12 @@ class SimActuator:
         record.ends.append(now)
         record.preemptions += 1
         sim.close_segment(allocation, now)
-        if allocation.request.resumable:
-            sim.remaining[allocation.id] = max(0.0, sim.remaining[allocation.id] - elapsed)
-        elif sim.kinds[allocation.pool] is PoolKind.GPU:
-            sim.lost_units += elapsed * allocation.charge_rate
+        request = allocation.request
+        restart = sim.restart[allocation.id]
+        kept = request.kept_seconds(max(0.0, elapsed - restart))
+        sim.remaining[allocation.id] = max(0.0, sim.remaining[allocation.id] - kept)
+        sim.restart[allocation.id] = request.restart_seconds
+        sim.lose(allocation, elapsed - kept + request.take_seconds)
         return True
 
 
@@ -156,12 +165,23 @@ class Simulation:
         self.run_start: dict[str, float] = {}
         self.segments: list[Segment] = []
         self.lost_units = 0.0
+        self.lost_by_class: dict[str, float] = {}
+        self.restart = dict.fromkeys(self.remaining, 0.0)
+        """Per request, the seconds its next run starts with doing no new work."""
         self._events: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._by_id = {r.id: r for r in scenario.requests}
 
     def push(self, when: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._events, (when, kind, next(self._seq), payload))
+
+    def lose(self, allocation: Allocation, seconds: float) -> None:
+        """Count ``seconds`` of the allocation's size as lost (GPU pools only)."""
+        if self.kinds[allocation.pool] is PoolKind.GPU and seconds > 0:
+            units = seconds * allocation.charge_rate
+            self.lost_units += units
+            klass = allocation.request.klass.value
+            self.lost_by_class[klass] = self.lost_by_class.get(klass, 0.0) + units
 
     def close_segment(self, allocation: Allocation, now: float) -> None:
         self.segments.append(
@@ -237,12 +257,14 @@ class Simulation:
             self.lost_units,
             scheduler.stats.cycles,
             time.perf_counter() - started,
+            dict(self.lost_by_class),
         )
 
     def _finish(self, request_id: str, now: float) -> None:
         allocation = self.scheduler.finish(request_id)
         del self.run_start[request_id]
         self.remaining[request_id] = 0.0
+        self.lose(allocation, self.restart[request_id])
         record = self.records[request_id]
         record.ends.append(now)
         record.finished = True

@@ -40,7 +40,13 @@ __all__ = [
     "PREEMPTS",
     "SHARE",
     "TEAM_SLICING",
+    "VICTIM_BELOW",
+    "VICTIM_BORROWED",
+    "VICTIM_CODES",
+    "VICTIM_IDLE",
+    "VICTIM_OWN",
     "Verdict",
+    "Victim",
     "Verdicts",
     "message",
 ]
@@ -91,6 +97,19 @@ NO_VICTIMS (`spawner.runtime.foreign`); it starts once those jobs end."""
 
 PLACED_REASONS = frozenset({PLACED, BACKFILLED, PREEMPTS})
 
+# -- victims: why a session was stopped for a request (R4, S1, S6), each with its cost
+VICTIM_BORROWED = "victim-borrowed"
+"""Unallocated work past its grace: it ran on capacity it borrowed (R4)."""
+VICTIM_IDLE = "victim-idle"
+"""A funded session idle longer than ``idle_release``: any funded request may stop it."""
+VICTIM_BELOW = "victim-below"
+"""Funded work of a team that ranks below the requester's, or holds more than its share
+(the fast lane, S1), past its protected window (R4)."""
+VICTIM_OWN = "victim-own-team"
+"""The requester's own team's work past its protected window (S1, S6)."""
+
+VICTIM_CODES = frozenset({VICTIM_BORROWED, VICTIM_IDLE, VICTIM_BELOW, VICTIM_OWN})
+
 # -- no verdict: a request the cycle did not weigh
 NOT_WEIGHED = "not-weighed"
 """No cycle looked at it: no node of its pool takes new work, or the policy gives no
@@ -115,6 +134,11 @@ MESSAGES: Mapping[str, str] = {
     NO_ROOM: "waiting: no free capacity fits it",
     NO_VICTIMS: "waiting: no free capacity fits it and no preemptible sessions make room",
     HOLDING: "waiting: nodes are held for it until they clear",
+    VICTIM_BORROWED: "stopped: it ran unallocated on borrowed capacity, and was the cheapest"
+    " to stop",
+    VICTIM_IDLE: "stopped: it was idle past the release time, and was the cheapest to stop",
+    VICTIM_BELOW: "stopped: its team ranks below the requester's, and it was the cheapest to stop",
+    VICTIM_OWN: "stopped: the requester's own team's work, and the cheapest to stop",
     HELD_ELSEWHERE: "waiting: other jobs on the cluster hold the GPUs it needs",
     NOT_WEIGHED: "not weighed yet: no cycle has looked at it (its pool may take no new work)",
 }
@@ -124,6 +148,17 @@ MESSAGES: Mapping[str, str] = {
 def message(code: str) -> str:
     """The words for a reason code (the code itself if unknown)."""
     return MESSAGES.get(code, code)
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """One session stopped for a request: why it (a `VICTIM_CODES` code), and what its
+    stopping throws away (GPU- or core-seconds; the set chosen is the cheapest that
+    makes room)."""
+
+    allocation_id: str
+    code: str
+    cost: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +179,8 @@ class Verdict:
     """Its node grants if placed."""
     preempts: tuple[str, ...] = ()
     """Allocations stopped to make room for it."""
+    victims: tuple[Victim, ...] = ()
+    """The same, each with why it was chosen and its cost."""
 
     @property
     def placed(self) -> bool:

@@ -64,6 +64,9 @@ class ClusterView:
     stops: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     """Per waiting debug request, the times it was preempted before it ran its course
     (the policy protects its next start longer: `policy.cycle.Cycle.protection`)."""
+    stopped_by: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Per waiting request that a preemption put back in the queue, the request whose
+    admission stopped it: while that one runs, it is not stopped in return (S10)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,11 @@ class Preemption:
     allocation_id: str
     reason: str
     for_request: str | None = None
+    code: str = ""
+    """Why this session was the one stopped for ``for_request`` (a verdict.VICTIM_*
+    code; empty for stops no request asked for)."""
+    cost: float = 0.0
+    """The work its stopping throws away, GPU- or core-seconds (`preemption.lost_work`)."""
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ from scheduler_core.policy.failures import Failures
 from scheduler_core.preemption import Victims
 from scheduler_core.ranking import Key, PoolRanking
 from scheduler_core.rules import funded_rates, health_preemptions, kept_reservations
-from scheduler_core.verdict import Verdict, Verdicts
+from scheduler_core.verdict import Verdict, Verdicts, Victim
 from scheduler_core.view import Admission, ClusterView, Decisions, Preemption
 
-__all__ = ["Cycle", "Pass", "Result"]
+__all__ = ["Cycle", "Pass", "Result", "spared"]
 
 Result = tuple[bool, str, float, str]
 """An entry's answer: funded, its funding ground (`verdict`), the protection it gets if
@@ -115,6 +115,9 @@ class Cycle:
                 capacity.give(self._by_id[allocation_id].grants)
         self.rates = funded_rates(view, self.stopped)
         self.funded_victims: set[str] = set()
+        self.spared = spared(view)
+        """S10: per waiting request, the running session that stopped it (not stopped in
+        return)."""
         self._victims: Victims | None = None
         kept_reservations(view, capacity, index.waiting if index is not None else None)
         self.known_failures = KnownFailures(index, capacity.free, capacity.grown)
@@ -212,6 +215,8 @@ class Cycle:
         else the unallocated grace; longer for a debug session stopped before (S2)."""
         settings = self.settings
         protected = protect if funded else settings.unallocated_grace
+        request = entry.request
+        protected = max(protected, request.restart_seconds + request.take_seconds)
         if not funded and entry.debug and not self.funded_victims.isdisjoint(preempts):
             # An unfunded debug session that stopped funded work keeps its place for its
             # protected window: else the next funded request took it back, and the lane
@@ -267,6 +272,11 @@ class Cycle:
             outcome,
             admission.grants,
             admission.preempts,
+            tuple(
+                Victim(p.allocation_id, p.code, p.cost)
+                for p in (self.preemptions if admission.preempts else ())
+                if p.for_request == request_id and p.code
+            ),
         )
 
     def verdicts(self) -> Verdicts:
@@ -290,6 +300,16 @@ class Cycle:
             searches=MappingProxyType(self.known_failures.found),
             verdicts=self.verdicts(),
         )
+
+
+def spared(view: ClusterView) -> dict[str, str]:
+    """S10, no turns: per waiting request a preemption put back, the request whose
+    admission stopped it, where that one still runs (it is not stopped in return)."""
+    stopped_by = view.stopped_by
+    if not stopped_by:
+        return {}
+    running = {a.id for a in view.allocations}
+    return {waiting: stopper for waiting, stopper in stopped_by.items() if stopper in running}
 
 
 class _Builder:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from scheduler_core.kept import Queued
 from scheduler_core.ledger import WindowUsage
 from scheduler_core.model import Allocation
+from scheduler_core.preemption import PRICE_CAP
 from scheduler_core.rules import oversize_above
 from scheduler_core.settings import Settings
 from scheduler_core.teams import TeamTree
@@ -108,6 +109,7 @@ class DayUsage:
                 or allocation.start >= now
                 or not request.resumable
                 or request.id in stopped
+                or request.lost_seconds(now - allocation.start) > PRICE_CAP
             ):
                 continue
             pool_limits = limits.get(pool)

@@ -93,6 +93,7 @@ def judge_all(
     known = turn.known
     memo = cycle.memo
     held = state.held
+    spared = cycle.spared
     now = cycle.now
     starving_after = cycle.settings.starvation_bound
     slicing_after = cycle.settings.own_slice_after
@@ -108,7 +109,9 @@ def judge_all(
         request_id = request.id
         order.append(request_id)
         charged = False
-        if held and request_id in held:
+        if (held and request_id in held) or (spared and request_id in spared):
+            # A holder, or an entry that may not stop its stopper (S10): its answer is
+            # its own, and no other entry's.
             result, _, charged = judge(cycle, state, turn, entry, team_queues)
             known.clear()
         elif not memo:

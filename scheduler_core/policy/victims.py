@@ -10,11 +10,12 @@ from __future__ import annotations
 from scheduler_core.kept import Queued, SearchKey
 from scheduler_core.model import Allocation, NodeGrant
 from scheduler_core.policy.cycle import Cycle, Pass
-from scheduler_core.preemption import Lane, offers, search_targets
+from scheduler_core.preemption import Lane, Victims, lost_work, offers, search_targets
 from scheduler_core.ranking import Key
+from scheduler_core.verdict import VICTIM_BELOW, VICTIM_BORROWED, VICTIM_IDLE, VICTIM_OWN
 from scheduler_core.view import Preemption
 
-__all__ = ["evict", "lane", "over_share", "own_swappable", "stop_for"]
+__all__ = ["evict", "lane", "over_share", "own_swappable", "stop_for", "victim_code"]
 
 Found = tuple[tuple[NodeGrant, ...], tuple[str, ...]]
 """An entry's grants and the ids of the sessions stopped for them."""
@@ -151,27 +152,31 @@ def stop_for(
     held nodes are its alone). A lane search is remembered under its lane's teams as
     well: its answer depends on them."""
     request = entry.request
-    # A holder's search also counts its held nodes, so it is remembered apart.
+    spare = cycle.spared.get(request.id) if cycle.spared else None
+    # A holder's search also counts its held nodes, and one that spares its stopper
+    # (S10) leaves a victim out, so each is remembered apart.
     search: SearchKey = (
         entry.shape_id,
         below,
         None if limit is None else limit.normal,
         "" if limit is None else "resumable" if limit.resumable else "lane",
-        request.id if holder else "",
+        request.id if holder or spare is not None else "",
     )
     capacity = cycle.capacity
     victims = cycle.victims()
     known_failures = cycle.known_failures
     if known_failures.fails(
-        request, search, lambda nf: offers(capacity, victims, request, below, nf, limit)
+        request, search, lambda nf: offers(capacity, victims, request, below, nf, limit, spare)
     ):
         targets, for_want = None, True
     else:
-        targets, for_want = search_targets(request, capacity, victims, below, cycle.now, limit)
+        targets, for_want = search_targets(
+            request, capacity, victims, below, cycle.now, limit, spare
+        )
     if targets is None:
         if for_want:
             known_failures.failed(search)
-        if after is not None and not entry.debug and not holder:
+        if after is not None and not entry.debug and not holder and spare is None:
             state.no_victims.add(entry.shape, after, entry.shape_id)
         return None
     chosen: dict[str, Allocation] = {}
@@ -179,16 +184,28 @@ def stop_for(
         for victim in target.victims:
             chosen[victim.id] = victim
     rates = cycle.rates
+    reason = "funded" if cycle.funded.get(request.id) else "debug"
     for victim in chosen.values():
         if victim.funded:
             rates[(victim.team, victim.pool)] -= victim.charge_rate
             cycle.funded_victims.add(victim.id)
         capacity.give(victim.grants)
         cycle.stopped.add(victim.id)
-        reason = "funded" if cycle.funded.get(request.id) else "debug"
-        cycle.preemptions.append(Preemption(victim.id, reason, request.id))
+        cost = lost_work(victim, cycle.now, victims.gang_wait)
+        code = victim_code(victims, victim, request.team)
+        cycle.preemptions.append(Preemption(victim.id, reason, request.id, code, cost))
         victims.remove(victim)
     grants = tuple(NodeGrant(t.node, t.slices, request.cpus, request.memory_gib) for t in targets)
     capacity.take(grants)
     state.room_grew()
     return grants, tuple(chosen)
+
+
+def victim_code(victims: Victims, victim: Allocation, team: str) -> str:
+    """Why the victim could be stopped for a request of ``team`` (a verdict.VICTIM_* code);
+    among those that could, it was chosen for its cost."""
+    if not victim.funded:
+        return VICTIM_BORROWED
+    if victims.tier(victim) == 0:
+        return VICTIM_IDLE
+    return VICTIM_OWN if victim.team == team else VICTIM_BELOW

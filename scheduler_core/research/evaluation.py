@@ -223,6 +223,7 @@ def headline(outcome: RunOutcome) -> dict[str, Any]:
         "preemptions": metrics["preemptions"],
         "lost_gpu_h": round(metrics["lost_gpu_seconds"] / 3600, 1),
         "lost_share": metrics["lost_share"],
+        "lost_gpu_h_by_class": metrics["lost_gpu_h_by_class"],
         "goodput": metrics["goodput"],
         "stranded_gpu_h": metrics["stranded_gpu_h"],
         "sim_wall_s": outcome.sim_wall_s,
@@ -243,6 +244,11 @@ def fmt_share(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
+def lost_by_class(lost: dict[str, float]) -> str:
+    """GPU-h lost to preemption of batch, interactive and debug work."""
+    return "/".join(f"{lost.get(k, 0.0):.0f}" for k in ("batch", "interactive", "debug"))
+
+
 HEADLINE_COLUMNS: tuple[tuple[str, int, Callable[[dict[str, Any]], str]], ...] = (
     ("debug p90", 10, lambda h: fmt_wait(h["debug_p90_s"])),
     ("all p50", 9, lambda h: fmt_wait(h["all_p50_s"])),
@@ -250,6 +256,7 @@ HEADLINE_COLUMNS: tuple[tuple[str, int, Callable[[dict[str, Any]], str]], ...] =
     ("occup.", 8, lambda h: fmt_share(h["occupancy"])),
     ("lost h", 8, lambda h: f"{h['lost_gpu_h']:.0f}"),
     ("lost %", 7, lambda h: fmt_share(h["lost_share"])),
+    ("lost h b/i/d", 16, lambda h: lost_by_class(h["lost_gpu_h_by_class"])),
     ("goodput", 8, lambda h: fmt_share(h["goodput"])),
     ("unalloc.", 9, lambda h: fmt_share(h["unallocated_share"])),
     ("fulfil", 8, lambda h: fmt_share(h["fulfilment"])),

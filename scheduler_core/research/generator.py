@@ -43,9 +43,12 @@ class       shape
 batch       pool h100, ``gpus`` 8 per node on 1, 2, 4 or 8 nodes (8-64 GPUs, weights
             .4/.3/.2/.1; at most a quarter of the whole nodes, so 64 GPUs from 256 on),
             88 CPUs and 960 GiB per node, duration log-uniform 30 min-36 h,
-            min_runtime 1, 2, 4 or 8 h (at most the duration), resumable, priority 0-3
+            min_runtime 1, 2, 4 or 8 h (at most the duration), priority 0-3; a share
+            ``checkpointing`` resumable from a checkpoint every 15-60 min with a
+            ``restart_cost`` of 1-5 min (drawn from their own generator), the rest not
 interactive pool h100, 1, 2, 4 or 8 GPUs on 1 node, duration 1-6 h, min_runtime 1-4 h (at
-            most the duration), not resumable; submitted Mon-Fri 9:00-18:00 local time
+            most the duration), resumable (snapshotted) with ``restorable``;
+            submitted Mon-Fri 9:00-18:00 local time
 debug       pool h100, 1 or 2 GPUs, a ``gpu_fraction`` of 0.25 or 0.5, or one ``mig``
             instance; duration 5-40 min, min_runtime 5, 10 or 15 min (at most the
             duration); a share ``off_hours`` of them outside working hours
@@ -134,7 +137,9 @@ backlog             2.5           GPUs of batch backlog submitted in the first h
 interactive_per_day 170           notebooks per weekday per 1024 GPUs
 interactive_share   None          notebooks' share of the work after the backlog (over the rate)
 idle_share          None          share of each notebook's run, at its end, spent idle
-restorable          False         notebooks are restorable (resumable): preempted, they resume
+restorable          True          notebooks are restorable (snapshotted, as in the product)
+checkpointing       0.8           share of batch jobs that checkpoint every 15-60 min (the rest
+                                  never do; none: all batch is snapshotted, as before issue 49)
 debug_per_day       260           debug sessions per weekday per 1024 GPUs
 debug_rate          None          debug sessions per user per weekday (overrides debug_per_day)
 dataprep_per_day    60            data-prep sessions per weekday per 1024 GPUs
@@ -190,6 +195,10 @@ BATCH_MIN_DURATION = 30 * MINUTE
 BATCH_MAX_DURATION = 36 * HOUR
 BATCH_MIN_RUNTIMES = (1 * HOUR, 2 * HOUR, 4 * HOUR, 8 * HOUR)
 BATCH_PRIORITIES = ((0, 0.55), (1, 0.25), (2, 0.15), (3, 0.05))
+CHECKPOINT_EVERY = (15 * MINUTE, 60 * MINUTE)
+"""A checkpointing batch job writes one every this many seconds (uniform, whole minutes)."""
+RESTART_COST = (1 * MINUTE, 5 * MINUTE)
+"""What it takes such a job to load its checkpoint and start again (uniform)."""
 BATCH_IN_HOURS = 0.35
 """Share of batch arrival work submitted in working hours; the rest falls outside them."""
 BATCH_JITTER = 6 * HOUR
@@ -276,7 +285,14 @@ class SeedLikeOptions:
     idle_share: float | None = _knob(
         None, "share of each notebook's run, at its end, spent idle (field idle_after)"
     )
-    restorable: bool = _knob(False, "notebooks are restorable: preempted, they resume later")
+    restorable: bool = _knob(
+        True, "notebooks are restorable: snapshotted at a preemption, they resume later"
+    )
+    checkpointing: float | None = _knob(
+        0.8,
+        "share of batch jobs that checkpoint every 15-60 min, the rest never do"
+        " (none: every batch job is snapshotted, as before issue 49)",
+    )
     debug_per_day: float = _knob(260.0, "debug sessions per weekday per 1024 GPUs")
     debug_rate: float | None = _knob(
         None, "debug sessions per user per weekday (overrides --debug-per-day)"
@@ -406,6 +422,8 @@ def _validate_work(options: SeedLikeOptions) -> None:
             raise _bad(rate, f"{value} is negative")
     if not 0 <= options.off_hours <= 1:
         raise _bad("off_hours", f"{options.off_hours} is not a share in 0..1")
+    if options.checkpointing is not None and not 0 <= options.checkpointing <= 1:
+        raise _bad("checkpointing", f"{options.checkpointing} is not a share in 0..1")
     if not -12 <= options.tz_offset <= 14:
         raise _bad("tz_offset", f"{options.tz_offset} is not an offset in -12..14 hours")
     for policy_knob in ("lookback", "max_min_runtime"):
@@ -616,6 +634,8 @@ class _SeedLike:
     def __init__(self, options: SeedLikeOptions) -> None:
         self.options = options
         self.rng = random.Random(options.seed)
+        # Checkpoints are drawn apart, so every other draw is as it was before them.
+        self.price_rng = random.Random(f"checkpoints-{options.seed}")
         self.horizon = options.days * DAY
         self.scale = options.gpus / REFERENCE_GPUS
         self.capacity = float(options.gpus)
@@ -830,9 +850,23 @@ class _SeedLike:
                 "duration": duration,
                 "resumable": True,
                 "priority": _weighted(rng, BATCH_PRIORITIES),
-            },
+            }
+            | self.checkpoints(),
             float(GPUS_PER_NODE * nodes_wanted * duration),
         )
+
+    def checkpoints(self) -> dict[str, Any]:
+        """A batch job's price of a preemption: most checkpoint every 15-60 min and take
+        1-5 min to start again from one; the rest never checkpoint (whole run lost)."""
+        rng, share = self.price_rng, self.options.checkpointing
+        if share is None:
+            return {}
+        if rng.random() >= share:
+            return {"resumable": False}
+        return {
+            "checkpoint_every": _minutes(rng.uniform(*CHECKPOINT_EVERY)),
+            "restart_cost": _minutes(rng.uniform(*RESTART_COST)),
+        }
 
     def draw_backlog(self) -> None:
         """Batch work submitted in the first hour. With arrivals below what a busy pool

@@ -11,10 +11,19 @@ from typing import Any
 
 import pytest
 
-from harness.builders import HOUR, debug_request, gpu_request, gpu_scenario, records_of, simulation
+from harness.builders import (
+    HOUR,
+    debug_request,
+    gpu_request,
+    gpu_scenario,
+    records_of,
+    scheduler,
+    simulation,
+)
 from scheduler_core.errors import InputError
 from scheduler_core.kept import queue_key
 from scheduler_core.model import Request, RequestClass
+from scheduler_core.registry import decide
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.simulator import RequestRecord
 
@@ -139,28 +148,40 @@ def test_a_debug_session_may_take_from_a_team_above_its_share_that_ranks_above()
     assert records["a1"].preemptions == 0
 
 
-def test_a_debug_session_stopped_before_its_end_is_protected_twice_as_long_each_start() -> None:
+def test_a_debug_session_that_stopped_a_job_is_not_stopped_by_it_in_return() -> None:
     # One node. b has used little and ranks above a; its 4-GPU job is larger than b's
     # share (2 GPUs), so it is a day slice that may stop a's sessions past protection.
-    # a's funded 30-min debug session at 2 h stops the job (b is above its share) and
-    # runs its 10 min of protection; the job comes back after its 1 h and stops it.
-    # Each start after a stop is protected twice as long (20, then 40 min), so the
-    # session runs 10 min, 20 min, then its whole 30 min (it is not resumable, so
-    # each start begins again). Without the rule the two take
-    # turns until the job ends: 11 starts, the last at 13.7 h.
+    # a's funded 30-min debug session at 2 h stops the job (b is above its share). Once
+    # its 10 min of protection end, the job may not stop it in return (S10): it runs its
+    # whole 30 min, and the job resumes after it. Without S10 the job came back after
+    # its 1 h and stopped it, and S2's doubled protection alone took three starts.
     requests = [
         gpu_request("b1", "b", 0, 4, "batch", resumable=True),
         gpu_request("d", "a", 2 * HOUR, 1, "debug", min_runtime=600, duration=1800),
     ]
     records = records_of(gpu_scenario(requests, nodes=1, usage={"a": 2 * WEEK_GPU_S}))
-    d = records["d"]
-    assert d.funded == [True, True, True]
-    assert [end - start for start, end in zip(d.starts, d.ends, strict=True)] == [
-        pytest.approx(600, abs=1),
-        pytest.approx(1200, abs=1),
-        pytest.approx(1800, abs=1),
-    ]
-    assert d.finish_time == pytest.approx(d.starts[2] + 1800, abs=1)
+    d, job = records["d"], records["b1"]
+    assert d.funded == [True] and d.preemptions == 0
+    assert d.starts == [2 * HOUR] and d.finish_time == pytest.approx(2 * HOUR + 1800)
+    assert job.preemptions == 1 and job.starts[1] == pytest.approx(2 * HOUR + 1800)
+
+
+@pytest.mark.parametrize("stops", [0, 1, 2])
+def test_a_debug_session_stopped_before_its_end_is_protected_twice_as_long_each_start(
+    stops: int,
+) -> None:
+    """S2: funded, a debug request stopped ``stops`` times before it ran its course is
+    protected for its 10 min x 2^stops on its next start."""
+    data = gpu_scenario([], nodes=1)
+    core = scheduler(data)
+    request = parse_scenario(
+        gpu_scenario([gpu_request("d", "a", 0, 1, "debug", min_runtime=600)], nodes=1)
+    ).requests[0]
+    core.submit(request, stops=stops)
+    decisions = decide(core.view(60.0), 60.0)
+    verdict = decisions.verdicts["d"]
+    assert verdict.funded and verdict.placed
+    assert verdict.protected_s == pytest.approx(600 * 2**stops)
 
 
 def test_held_nodes_are_backfilled_with_resumable_work_that_yields_to_the_holder() -> None:
@@ -211,16 +232,40 @@ def test_a_debug_session_takes_a_held_nodes_free_slices() -> None:
 def test_a_debug_session_on_a_held_node_yields_to_the_holder_past_its_protection() -> None:
     # The debug session runs past its 10-minute protection when the notebook ends at
     # 5 h: b, over its share with it, ranks below a (it has used more), so the holder
-    # stops it then rather than wait for it to end at 8 h.
+    # stops it then rather than wait for it to end at 8 h. It checkpoints every 10 min,
+    # so stopping it throws away at most 10 min of its GPU (R10 allows 15).
+    requests = [
+        gpu_request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
+        gpu_request("a1", "a", 60, 8, "batch", resumable=True),
+        gpu_request(
+            "b1",
+            "b",
+            3 * HOUR,
+            1,
+            "debug",
+            min_runtime=600,
+            duration=5 * HOUR,
+            checkpoint_every=600,
+        ),
+    ]
+    records = records_of(gpu_scenario(requests, nodes=1, gpus=8))
+    assert records["b1"].starts[0] == pytest.approx(3 * HOUR, abs=60)
+    assert records["b1"].ends[0] == pytest.approx(5 * HOUR, abs=60)
+    assert records["a1"].starts[0] == pytest.approx(5 * HOUR, abs=60)
+
+
+def test_a_holder_waits_for_a_session_whose_stop_costs_more_than_it_is_worth() -> None:
+    # As above, but the debug session keeps no checkpoint: at 5 h it has run 2 h, and
+    # stopping it throws them away, more than R10's 15 min of its size. The holder waits
+    # for it to end at 8 h.
     requests = [
         gpu_request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
         gpu_request("a1", "a", 60, 8, "batch", resumable=True),
         gpu_request("b1", "b", 3 * HOUR, 1, "debug", min_runtime=600, duration=5 * HOUR),
     ]
     records = records_of(gpu_scenario(requests, nodes=1, gpus=8))
-    assert records["b1"].starts[0] == pytest.approx(3 * HOUR, abs=60)
-    assert records["b1"].ends[0] == pytest.approx(5 * HOUR, abs=60)
-    assert records["a1"].starts[0] == pytest.approx(5 * HOUR, abs=60)
+    assert records["b1"].preemptions == 0 and records["b1"].finished
+    assert records["a1"].starts[0] == pytest.approx(8 * HOUR, abs=60)
 
 
 def _slice_scenario(b_gpus: int, charged: dict[str, float]) -> dict[str, Any]:
@@ -326,10 +371,11 @@ def test_a_held_request_ranks_as_its_team_stands_before_its_own_charge() -> None
     # protected for 4 h (16 GPU-h) at 1 min. Counted with that charge, a ranks behind
     # b until 5 h, and may stop none of b's work before then; but from 2 h (the
     # starvation bound) it holds nodes, and a holder ranks as its team stands now,
-    # which is ahead of b from 3 h: it stops one of b's jobs then.
+    # which is ahead of b from 3 h: it stops one of b's jobs then (they checkpoint every
+    # 10 min, so the stop throws away less than R10's 15 min).
     requests = [
-        gpu_request("b1", "b", 0, 4, "batch"),
-        gpu_request("b2", "b", 1, 4, "batch"),
+        gpu_request("b1", "b", 0, 4, "batch", checkpoint_every=600),
+        gpu_request("b2", "b", 1, 4, "batch", checkpoint_every=600),
         gpu_request("a1", "a", 60, 4, "batch", min_runtime=4 * HOUR, duration=HOUR),
     ]
     records = records_of(gpu_scenario(requests, usage={"a": 24 * HOUR}, funded_burst=0))

@@ -51,6 +51,8 @@ REQUEST_KEYS = {
     "resumable",
     "priority",
     "class",
+    "checkpoint_every",
+    "restart_cost",
 }
 REQUIRED_REQUEST_KEYS = {"id", "user", "team", "submit", "pool", "class", "duration", "min_runtime"}
 CLASSES = {"batch", "interactive", "debug", "dataprep"}
@@ -133,12 +135,15 @@ UNCHANGED_OUTPUT = [
     ),
 ]
 """SHA-256 of `dumps` output, recorded from the generator before the load, mix, team and
-user knobs were added: with those knobs unset the same options give the same bytes."""
+user knobs were added: with those knobs unset the same options give the same bytes
+(and issue 49's two at their old values: notebooks not restorable, batch snapshotted)."""
+
+BEFORE_ISSUE_49 = {"restorable": False, "checkpointing": None}
 
 
 @pytest.mark.parametrize(("changes", "digest"), UNCHANGED_OUTPUT)
 def test_without_the_new_knobs_output_is_what_it_was(changes: dict[str, Any], digest: str) -> None:
-    text = dumps(seed_like(SeedLikeOptions(**changes)))
+    text = dumps(seed_like(SeedLikeOptions(**changes, **BEFORE_ISSUE_49)))
     assert hashlib.sha256(text.encode()).hexdigest() == digest
 
 
@@ -309,13 +314,17 @@ def test_every_request_is_valid(default_scenario: dict[str, Any]) -> None:
         elif klass == "batch":
             assert request["pool"] == "h100"
             assert request["gpus"] == 8 and 1 <= request["nodes"] <= 8
-            assert request["resumable"] is True
+            if request["resumable"]:
+                assert 15 * 60 <= request["checkpoint_every"] <= 60 * 60
+                assert 60 <= request["restart_cost"] <= 5 * 60
+            else:
+                assert "checkpoint_every" not in request
             assert request["priority"] in (0, 1, 2, 3)
             assert 30 * 60 <= request["duration"] <= 36 * 3600
         elif klass == "interactive":
             assert request["pool"] == "h100"
             assert 1 <= request["gpus"] <= 8 and request["nodes"] == 1
-            assert request["resumable"] is False
+            assert request["resumable"] is True  # snapshotted, as the product does
             assert 3600 <= request["duration"] <= 6 * 3600
             assert request["min_runtime"] <= 4 * 3600
         else:
@@ -693,3 +702,19 @@ def test_idle_share_and_restorable_change_only_the_notebooks() -> None:
     with pytest.raises(InputError) as error:
         seed_like(SeedLikeOptions(**small, idle_share=1.0))
     assert error.value.where == "--idle-share"
+
+
+def test_most_batch_work_checkpoints_and_the_rest_never_does() -> None:
+    """Issue 49's mix: about 80 % of batch jobs checkpoint every 15-60 min, the rest not
+    at all; drawn apart, so the rest of the scenario is the one with no checkpoints."""
+    options = SeedLikeOptions(gpus=256, days=7, seed=3)
+    batch = [r for r in seed_like(options)["requests"] if r["class"] == "batch"]
+    share = sum(1 for r in batch if r["resumable"]) / len(batch)
+    assert 0.75 <= share <= 0.85
+    every = {r["checkpoint_every"] for r in batch if r["resumable"]}
+    assert min(every) >= 15 * 60 and max(every) <= 60 * 60 and len(every) > 10
+    bare = seed_like(dataclasses.replace(options, checkpointing=None))["requests"]
+    keys = ("id", "submit", "team", "nodes", "duration")
+    assert [tuple(r[k] for k in keys) for r in bare if r["class"] == "batch"] == [
+        tuple(r[k] for k in keys) for r in batch
+    ]

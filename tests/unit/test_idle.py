@@ -82,17 +82,20 @@ def test_idle_release_waits_for_the_protected_window() -> None:
 
 
 def test_a_session_is_idle_again_only_after_idle_after_of_its_new_run() -> None:
-    # Preempted, a1 waits again and comes back (the simulator requeues it); its new run
-    # is busy at first, so it is released again no sooner than 1 h + 30 min into it.
+    # Idle, a1 is stopped for b1 at 1.5 h. It does not stop b1 in return (S10): it comes
+    # back when a2 ends at 20 h (the simulator requeues it). Its new run is busy at
+    # first, so b2, waiting for 4 GPUs from 20.25 h, stops it no sooner than 1 h + 30
+    # min into it.
     requests = [
         _notebook("a1", "a", 0, 4, idle_after=HOUR),
         _notebook("a2", "a", 0, 4),
-        _notebook("b1", "b", 1.25 * HOUR, 2),
+        _notebook("b1", "b", 1.25 * HOUR, 2, duration=30 * HOUR),
+        _notebook("b2", "b", 20.25 * HOUR, 4),
     ]
-    # guaranteed_share 2: a1 comes back within a's guaranteed room, so it may stop b1
-    # (work funded beyond that may stop only unallocated sessions).
+    # guaranteed_share 2: a1 comes back within a's guaranteed room.
     records = records_of(_scenario(requests, idle_release=1800, funded_burst=2, guaranteed_share=2))
     a1 = records["a1"]
+    assert records["b1"].preemptions == 0
     assert a1.preemptions >= 2
     for start, end in zip(a1.starts[: a1.preemptions], a1.ends, strict=False):
         assert end - start >= 1.5 * HOUR - 1e-6

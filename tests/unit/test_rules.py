@@ -20,6 +20,7 @@ from harness.builders import (
     scheduler,
     simulation,
 )
+from scheduler_core import model
 from scheduler_core.capacity import Capacity
 from scheduler_core.errors import InputError
 from scheduler_core.model import Pool, PoolKind, Request, SliceKind, Team
@@ -321,9 +322,11 @@ def test_lower_ranked_funded_session_past_protection_is_preempted() -> None:
     )
     assert out["b1"]["starts"][0] == 700
     assert out["a1"]["preemptions"] == 1
-    # Resumable: it keeps the 700 s it did and finishes 6500 s after it restarts.
+    # Snapshotted: it keeps the 700 s it did, restores its 4 GiB and finishes 6500 s of
+    # work after that (model.SNAPSHOT_RESTORE_*).
     assert out["a1"]["finished"]
-    assert out["a1"]["ends"][-1] - out["a1"]["starts"][-1] == pytest.approx(6500)
+    restore = model.SNAPSHOT_RESTORE_FIXED_S + model.SNAPSHOT_RESTORE_S_PER_GIB * 4
+    assert out["a1"]["ends"][-1] - out["a1"]["starts"][-1] == pytest.approx(6500 + restore)
 
 
 def short_today(weight: float) -> dict[str, dict[str, Any]]:

@@ -71,7 +71,10 @@ def print_summary(outcome: dict[str, Any]) -> None:
     print(f"occupancy          {'-' if occupancy is None else f'{occupancy:.1%}'}")
     print(f"unallocated share  {metrics['unallocated_share']:.1%}")
     print(f"preemptions        {metrics['preemptions']}")
-    print(f"lost GPU-hours     {metrics['lost_gpu_seconds'] / 3600:.1f}")
+    by_class = ", ".join(
+        f"{klass} {hours:,.1f}" for klass, hours in metrics["lost_gpu_h_by_class"].items()
+    )
+    print(f"lost GPU-hours     {metrics['lost_gpu_seconds'] / 3600:.1f} ({by_class})")
     if metrics["goodput"] is not None:
         print(
             f"goodput            {metrics['goodput']:.1%} (occupancy less the"
