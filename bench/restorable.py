@@ -36,7 +36,7 @@ from scheduler_core.simulator import Simulation
 
 HOUR = 3600.0
 VARIANTS: tuple[tuple[str, dict[str, Any], float], ...] = (
-    ("today", {}, 0.0),
+    ("today", {"restorable": False}, 0.0),
     ("restorable", {"restorable": True}, 0.0),
     ("idle 25% release 30m", {"restorable": True, "idle_share": 0.25}, 1800.0),
     ("idle 50% release 30m", {"restorable": True, "idle_share": 0.5}, 1800.0),
