@@ -1,0 +1,298 @@
+"""Issue 49: what a preemption costs, and victims chosen by it.
+
+`Request.lost_seconds` is the one price: the policy weighs victims by it (R4, R10) and
+the simulator counts it as lost work. Each case is worked out by hand; the property
+test checks the victim search against every other set of victims on a node.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.builders import HOUR, gpu_request, gpu_scenario, outcome_of, records_of
+from scheduler_core import model, verdict
+from scheduler_core.capacity import Capacity
+from scheduler_core.errors import InputError
+from scheduler_core.preemption import PRICE_CAP, Victims, find_targets, lost_work, set_cost
+from scheduler_core.scenario import parse_scenario
+from scheduler_core.simulator import Simulation
+from scheduler_core.view import Decisions
+
+# --- the price ------------------------------------------------------------------
+
+
+def _request(**fields: Any) -> model.Request:
+    return model.Request(id="r", user="u", team="a", pool="g", submit=0.0, **{"gpus": 1, **fields})
+
+
+def test_a_run_that_starts_over_loses_all_of_it_and_its_restart() -> None:
+    assert _request().lost_seconds(5000) == 5000
+    assert _request(restart_cost=120).lost_seconds(5000) == 5120
+
+
+def test_a_run_that_checkpoints_loses_the_time_since_its_last_checkpoint() -> None:
+    every = _request(resumable=True, checkpoint_every=900, restart_cost=120)
+    assert every.lost_seconds(5000) == 5000 - 5 * 900 + 120
+    assert every.lost_seconds(1800) == 120  # just checkpointed
+    assert every.kept_seconds(5000) == 4500
+
+
+def test_a_snapshotted_session_loses_its_snapshot_scaled_by_its_memory() -> None:
+    # What bench.snapshot measured: 4.81 s to take 1.07 GiB (hot), 7.55 s to restore 1 GiB.
+    assert _request(resumable=True, memory_gib=1.07).take_seconds == pytest.approx(4.81, abs=0.01)
+    assert _request(resumable=True, memory_gib=1).restart_seconds == pytest.approx(7.55)
+    large = _request(resumable=True, memory_gib=100)
+    take = model.SNAPSHOT_TAKE_FIXED_S + model.SNAPSHOT_TAKE_S_PER_GIB * 100
+    restore = model.SNAPSHOT_RESTORE_FIXED_S + model.SNAPSHOT_RESTORE_S_PER_GIB * 100
+    assert large.lost_seconds(10) == pytest.approx(take + restore)
+    assert large.kept_seconds(10) == 10
+
+
+def _one_request(**fields: Any) -> dict[str, Any]:
+    return gpu_scenario([gpu_request("r", "a", 0, 1, "batch", **fields)], nodes=1)
+
+
+def test_a_request_that_checkpoints_is_resumable_unless_it_says_otherwise() -> None:
+    parsed = parse_scenario(_one_request(checkpoint_every=900, restart_cost=60)).requests[0]
+    assert parsed.resumable and parsed.checkpoint_every == 900 and parsed.restart_cost == 60
+    with pytest.raises(InputError) as error:
+        parse_scenario(_one_request(checkpoint_every=900, resumable=False))
+    assert error.value.where == "requests[0].checkpoint_every"
+    with pytest.raises(InputError) as error:
+        parse_scenario(_one_request(restart_cost=-1))
+    assert error.value.where == "requests[0].restart_cost"
+
+
+def _guest_and_owner(**guest: Any) -> dict[str, Any]:
+    """One 8-GPU node. guest (no share) runs an 8-GPU batch job of 10 h from 0,
+    unallocated; at 2 h 10 min owner (all of the share) needs the node for 1 h."""
+    data = gpu_scenario(
+        [
+            gpu_request("job", "guest", 0, 8, "batch", duration=10 * HOUR, **guest),
+            gpu_request("own", "owner", 7800, 8, "batch", duration=HOUR),
+        ],
+        nodes=1,
+        gpus=8,
+        teams=[{"name": "owner", "share": {"gpu": 1.0}}, {"name": "guest", "share": {}}],
+    )
+    data["horizon"] = 24 * HOUR
+    return data
+
+
+def test_the_simulator_runs_again_what_a_checkpointing_job_threw_away() -> None:
+    """Stopped at 7,800 s, the job keeps 7,200 s (8 checkpoints of 900 s), loses 600 s,
+    and its second run starts with its 120 s restart: 720 s x 8 GPUs lost in all."""
+    out = outcome_of(_guest_and_owner(checkpoint_every=900, restart_cost=120))
+    job = next(r for r in out["requests"] if r["id"] == "job")
+    assert job["starts"] == [0.0, 7800 + HOUR]
+    assert job["ends"] == [7800, pytest.approx(7800 + HOUR + 120 + 10 * HOUR - 7200)]
+    metrics = out["metrics"]
+    assert metrics["lost_gpu_seconds"] == pytest.approx(720 * 8)
+    assert metrics["lost_gpu_h_by_class"]["batch"] == round(720 * 8 / HOUR, 2)
+
+
+def test_a_job_with_no_checkpoint_loses_its_whole_run() -> None:
+    out = outcome_of(_guest_and_owner(resumable=False))
+    job = next(r for r in out["requests"] if r["id"] == "job")
+    assert job["ends"][-1] == pytest.approx(7800 + HOUR + 10 * HOUR)
+    assert out["metrics"]["lost_gpu_seconds"] == pytest.approx(7800 * 8)
+
+
+# --- victims by their price ----------------------------------------------------
+
+NODE = model.Node("n", "g", cpus=256, memory_gib=4096, gpus=model.virtual_gpus("n", 8))
+NOW = 20000.0
+
+
+@st.composite
+def _node_state(draw: st.DrawFn) -> tuple[list[model.Allocation], int]:
+    """Sessions of teams b (funded) and c (unallocated) on one 8-GPU node, each of 1, 2
+    or 4 GPUs, started at some time before ``NOW`` and priced three ways; and the GPUs a
+    request of team a asks for, more than are free."""
+    gpus = iter(NODE.gpus)
+    left = 8
+    allocations = []
+    for i in range(draw(st.integers(1, 8))):
+        size = draw(st.sampled_from([1, 1, 2, 4]))
+        if size > left:
+            break
+        left -= size
+        price = draw(st.sampled_from(["none", "checkpoint", "snapshot"]))
+        funded = draw(st.booleans())
+        request = model.Request(
+            id=f"v{i}",
+            user="u",
+            team="b" if funded else "c",
+            pool="g",
+            submit=0.0,
+            gpus=size,
+            memory_gib=draw(st.sampled_from([1.0, 16.0, 64.0])),
+            resumable=price != "none",
+            checkpoint_every=900.0 if price == "checkpoint" else 0.0,
+            restart_cost=draw(st.sampled_from([0.0, 60.0, 300.0])),
+        )
+        slices = tuple(model.Slice(next(gpus).uuid, model.SliceKind.WHOLE) for _ in range(size))
+        start = NOW - draw(st.integers(1, 5000))
+        allocations.append(
+            model.Allocation(
+                request, (model.NodeGrant("n", slices, 1.0, 1.0),), start, funded, start, size
+            )
+        )
+    want = draw(st.integers(left + 1, 8)) if left < 8 else 8
+    return allocations, want
+
+
+def _rounded(cost: tuple[float, float, float, float]) -> tuple[float, ...]:
+    """A set's cost with its lost work rounded: sums in another order differ in the last
+    bits."""
+    return (cost[0], cost[1], round(cost[2], 6), cost[3])
+
+
+def _fits(free: int, chosen: tuple[model.Allocation, ...], want: int) -> bool:
+    return free + sum(a.request.gpus for a in chosen) >= want
+
+
+@settings(max_examples=300, deadline=None)
+@given(_node_state())
+def test_the_victims_chosen_are_the_cheapest_set_that_makes_room_and_none_is_unneeded(
+    state: tuple[list[model.Allocation], int],
+) -> None:
+    """R4: against every other set of the sessions a's request may stop (b's funded ones
+    within R10's price, c's unallocated ones), the chosen set costs no more, and each
+    of its victims is needed."""
+    allocations, want = state
+    free = 8 - sum(a.request.gpus for a in allocations)
+    request = model.Request(id="q", user="u", team="a", pool="g", submit=0.0, gpus=want)
+    capacity = Capacity([NODE], allocations)
+    victims = Victims(allocations, NOW)
+    targets = find_targets(request, capacity, victims, frozenset({"b"}), NOW)
+    may_stop = [
+        a for a in allocations if not a.funded or a.request.lost_seconds(NOW - a.start) <= PRICE_CAP
+    ]
+    others = [
+        chosen
+        for size in range(1, len(may_stop) + 1)
+        for chosen in itertools.combinations(may_stop, size)
+        if _fits(free, chosen, want)
+    ]
+    if targets is None:
+        assert not others
+        return
+    (target,) = targets
+    chosen = target.victims
+    assert {a.id for a in chosen} <= {a.id for a in may_stop} and _fits(free, chosen, want)
+    cost = _rounded(set_cost(chosen, NOW, victims))
+    assert all(cost <= _rounded(set_cost(other, NOW, victims)) for other in others)
+    for victim in chosen:
+        assert not _fits(free, tuple(v for v in chosen if v is not victim), want)
+
+
+def _decisions(data: dict[str, Any]) -> list[Decisions]:
+    seen: list[Decisions] = []
+    Simulation(parse_scenario(data), lambda _s, d, _t: seen.append(d)).run()
+    return seen
+
+
+def test_the_verdict_says_why_each_victim_was_chosen_and_what_it_cost() -> None:
+    """One 4-GPU node, a with no usage. b's funded job (checkpointing, 2 GPUs) and c's
+    unallocated notebook (1 GPU, snapshotted) run; at 2 h a's 3-GPU request stops the
+    cheapest set that makes room: both, one a borrower, one of a team ranking below."""
+    data = gpu_scenario(
+        [
+            gpu_request("bj", "b", 0, 2, "batch", checkpoint_every=600, restart_cost=60),
+            gpu_request("cn", "c", 0, 1, "interactive", resumable=True, memory_gib=8),
+            gpu_request("fill", "b", 0, 1, "batch", min_runtime=20 * HOUR),
+            gpu_request("a1", "a", 2 * HOUR + 300, 3, "batch"),
+        ],
+        nodes=1,
+        usage={"b": 4 * 24 * HOUR},
+        teams=[
+            {"name": "a", "share": {"gpu": 0.5}},
+            {"name": "b", "share": {"gpu": 0.5}},
+            {"name": "c", "share": {}},
+        ],
+    )
+    verdicts = [d.verdicts["a1"] for d in _decisions(data) if "a1" in d.verdicts]
+    placed = next(v for v in verdicts if v.placed)
+    assert placed.reason == verdict.PREEMPTS
+    why = {v.allocation_id: v for v in placed.victims}
+    assert set(why) == {"bj", "cn"} == set(placed.preempts)
+    assert why["cn"].code == verdict.VICTIM_BORROWED
+    assert why["bj"].code == verdict.VICTIM_BELOW
+    # bj: 300 s since its checkpoint at 2 h and its 60 s restart, on 2 GPUs.
+    assert why["bj"].cost == pytest.approx((300 + 60) * 2)
+    cn = parse_scenario(data).requests[1]
+    assert why["cn"].cost == pytest.approx(cn.lost_seconds(0))
+    for code in (why["bj"].code, why["cn"].code):
+        assert code in verdict.VICTIM_CODES and verdict.message(code) != code
+
+
+def test_lost_work_is_the_price_at_the_victims_size() -> None:
+    request = _request(resumable=True, checkpoint_every=600, gpus=4)
+    allocation = model.Allocation(request, (), 0.0, True, 0.0, 4.0)
+    assert lost_work(allocation, 1000.0) == 400 * 4
+
+
+# --- no turns (S10) and a session kept for its price (R11) ---------------------
+
+
+def test_two_requests_do_not_take_turns_stopping_each_other() -> None:
+    """Issue 38's case: one 4-GPU node; teams with shares 0.06, 0.31 and 0.62; a's
+    0.25-GPU debug session and b's 4-GPU notebook, both at 0, no grace and no minimum
+    runtime. Each may stop the other (a and b are both above their shares); once one
+    has stopped the other, it is not stopped by it in return (S10)."""
+    for resumable in (False, True):
+        data = gpu_scenario(
+            [
+                gpu_request(
+                    "dbg", "a", 0, 0, "debug", gpu_fraction=0.25, min_runtime=0, duration=1200
+                ),
+                gpu_request(
+                    "big",
+                    "b",
+                    0,
+                    4,
+                    "interactive",
+                    min_runtime=0,
+                    duration=30000,
+                    resumable=resumable,
+                ),
+            ],
+            nodes=1,
+            unallocated_grace=0,
+            teams=[
+                {"name": "a", "share": {"gpu": 0.06}},
+                {"name": "b", "share": {"gpu": 0.31}},
+                {"name": "c", "share": {"gpu": 0.62}},
+            ],
+        )
+        del data["requests"][0]["gpus"]
+        records = records_of(data)
+        assert records["dbg"].finished and records["big"].finished
+        stopped = [p for d in _decisions(data) for p in d.preemptions if p.for_request]
+        pairs = {(p.allocation_id, p.for_request) for p in stopped}
+        assert not {("dbg", "big"), ("big", "dbg")} <= pairs, stopped
+
+
+def test_a_snapshotted_borrower_is_kept_for_its_own_restart_price() -> None:
+    """R11: c's unallocated 1-GPU notebook of 64 GiB costs its snapshot to stop; it is
+    protected that long (not only the 60 s grace), and stopped once it has run it."""
+    data = gpu_scenario(
+        [
+            gpu_request("cn", "c", 0, 4, "interactive", resumable=True, memory_gib=64),
+            gpu_request("a1", "a", 30, 4, "batch"),
+        ],
+        nodes=1,
+        teams=[{"name": "a", "share": {"gpu": 1.0}}, {"name": "c", "share": {}}],
+    )
+    cn = parse_scenario(data).requests[0]
+    price = cn.restart_seconds + cn.take_seconds
+    assert price > 300
+    records = records_of(data)
+    assert records["cn"].ends[0] == pytest.approx(price)
+    assert records["a1"].starts[0] == pytest.approx(price)
