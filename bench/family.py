@@ -122,6 +122,8 @@ class Outcome:
     """``lost_gpu_h`` over all GPU time in the week (NaN in runs saved before it was kept)."""
     goodput: float = math.nan
     """Occupancy less ``lost_share``: the GPU time that went to work not thrown away."""
+    lost_by_class: tuple[float, float, float] = (math.nan, math.nan, math.nan)
+    """``lost_gpu_h`` of batch, interactive and debug work (NaN in runs saved before)."""
 
 
 def options(job: Job) -> SeedLikeOptions:
@@ -175,6 +177,9 @@ def run(job: Job) -> Outcome:
         preemptions=int(metrics["preemptions"]),
         lost_share=float(metrics["lost_share"]),
         goodput=float(metrics["goodput"]),
+        lost_by_class=tuple(
+            float(metrics["lost_gpu_h_by_class"][k]) for k in ("batch", "interactive", "debug")
+        ),
     )
 
 
@@ -340,7 +345,21 @@ def lost_table(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
             )
         gap = gaps(runs["budget"], runs["legacy"])
         lines.append(row + f" | {point_spread(gap) if gap else '-':>13}")
+        lines.append(f"{'':>15} | by class, GPU-h (batch/interactive/debug): {by_class(runs)}")
     return lines
+
+
+def by_class(runs: dict[str, list[Outcome]]) -> str:
+    """Each policy's lost GPU-h per class, each its spread over the seeds."""
+    parts = []
+    for policy in ("budget", "legacy"):
+        mine = runs[policy]
+        if mine:
+            classes = "/".join(
+                spread([o.lost_by_class[k] for o in mine], lambda h: f"{h:,.0f}") for k in range(3)
+            )
+            parts.append(f"{policy} {classes}")
+    return "; ".join(parts) or "-"
 
 
 def three(values: Sequence[float], fmt: Callable[[float], str]) -> str:
@@ -468,6 +487,8 @@ def outcome_from(record: dict[str, Any]) -> Outcome:
     job = dict(record["job"])
     job["cell"] = Cell(**job["cell"])
     job["settings"] = tuple((str(k), v) for k, v in job["settings"])
+    if "lost_by_class" in record:
+        record = {**record, "lost_by_class": tuple(record["lost_by_class"])}
     return Outcome(**{**record, "job": Job(**job)})
 
 

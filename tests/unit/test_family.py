@@ -265,7 +265,7 @@ def test_lost_work_and_goodput_per_cell_beside_legacy_with_the_gap_run_by_run() 
         outcome("legacy", 2, occupancy=0.96, lost_share=0.01),
     ]
     lines = family.lost_table([CELL], outcomes)
-    header, rule, row = lines[-3:]
+    header, rule, row, classes = lines[-4:]
     assert "budget lost h" in header and "legacy lost h" in header and len(rule) == len(header)
     budget, legacy, gap = (part.split() for part in row.split("|")[1:])
     # Seed 1 lost 10 % of 88 GPUs x 7 days = 1,478 GPU-h, seed 2 2 % = 296.
@@ -273,6 +273,19 @@ def test_lost_work_and_goodput_per_cell_beside_legacy_with_the_gap_run_by_run() 
     assert legacy == ["0-148", "0.0%-1.0%", "95.0%"]
     # Run by run: seed 1 88 - 95 = -7 points, seed 2 95 - 95 = 0.
     assert gap == ["-7.0..+0.0"]
+    # Runs saved before the classes were kept have none to show.
+    assert "by class, GPU-h (batch/interactive/debug): budget nan/nan/nan" in classes
+
+
+def test_the_lost_work_by_class_is_each_policys_spread_over_the_seeds() -> None:
+    outcomes = [
+        replace(outcome("budget", 1), lost_by_class=(120.0, 30.0, 1.0)),
+        replace(outcome("budget", 2), lost_by_class=(80.0, 30.0, 2.0)),
+        replace(outcome("legacy", 1), lost_by_class=(5.0, 0.0, 0.0)),
+        replace(outcome("legacy", 2), lost_by_class=(5.0, 0.0, 0.0)),
+    ]
+    classes = family.lost_table([CELL], outcomes)[-1]
+    assert classes.endswith("budget 80-120/30/1-2; legacy 5/0/0")
 
 
 def test_the_summary_gives_min_median_max_across_workloads() -> None:
