@@ -6,12 +6,16 @@ which sessions to stop so a funded request fits; the policy applies the answer
 and the actuator carries it out. Victims come from one node (or, for a
 multi-node request, a set of nodes): unallocated sessions past their grace
 first, then funded sessions past their protected window whose team ranks below
-the requester's once the requester's protected time is counted. Among the sets
-that work, the one that loses the least work wins. A gang (a session over
-several nodes) also counts ``gang_wait`` at its size (the policy passes
-``max_min_runtime``; S8 of docs/architecture.md, with its evidence): resumable, it
-would otherwise look free to stop, yet to start again it must find as many whole
-nodes free together.
+the requester's once the requester's protected time is counted, only while their
+stop is worth its price (R8, `Victims.worth`). Among the sets that work, the one
+that loses the least work wins (`lost_work`: the price of a preemption,
+`Request.lost_seconds`, at the victim's size); per node the cheapest set of all
+(`_cheapest_set`, an exact search over a node's few victims), with no victim it
+does not need. The session that stopped the requester is spared (S10, ``spare``).
+A gang (a session over several nodes) also counts ``gang_wait`` at its size (the
+policy passes ``max_min_runtime``; S8 of docs/architecture.md, with its evidence):
+resumable, it would otherwise look cheap to stop, yet to start again it must find
+as many whole nodes free together.
 Idle sessions (the actuator's or the simulator's `Scheduler.mark_activity`) go
 before busy ones, and with ``idle_release`` a funded session idle that long counts
 like an unallocated one: any funded request may stop it (it is snapshotted). With
@@ -114,11 +118,11 @@ EXACT_CANDIDATES = 12
 many; beyond, it improves on the greedy set for at most `EXACT_TRIES` fit checks."""
 EXACT_TRIES = 256
 PRICE_CAP = 900.0
-"""R10: funded work whose preemption would throw away more than this many seconds of its
+"""R8: funded work whose preemption would throw away more than this many seconds of its
 size is not stopped by the rank rule (R4) or a day slice's end (S5). Why 900 s and not
-a setting: docs/policy.md (R10) has the runs that chose it."""
+a setting: docs/policy.md (R8) has the runs that chose it."""
 LANE_PRICE_CAP = 4 * PRICE_CAP
-"""R10 for the debug fast lane (S1)."""
+"""R8 for the debug fast lane (S1)."""
 
 
 def set_cost(chosen: Sequence[Allocation], now: float, victims: Victims) -> Cost:
@@ -349,7 +353,7 @@ class Victims:
         )
 
     def worth(self, allocation: Allocation, cap: float = PRICE_CAP) -> bool:
-        """R10: may it be stopped at its price? Unallocated work and idle sessions past
+        """R8: may it be stopped at its price? Unallocated work and idle sessions past
         ``idle_release`` always; funded work only while a preemption throws away at most
         ``cap`` seconds of its size (`Request.lost_seconds`)."""
         return (

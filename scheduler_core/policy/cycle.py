@@ -212,9 +212,12 @@ class Cycle:
     ) -> float:
         """Seconds the entry is protected if admitted now (after ``preempts`` stop): its
         minimum runtime (``protect``, cut to a day slice where S5 cuts it) if funded,
-        else the unallocated grace; longer for a debug session stopped before (S2)."""
+        else the unallocated grace; at least its restart price (R9); longer for a
+        debug session stopped before (S2)."""
         settings = self.settings
         protected = protect if funded else settings.unallocated_grace
+        # R9: kept at least as long as stopping it would cost (a snapshot, a restart):
+        # else a borrower is stopped before it has paid back its own start.
         request = entry.request
         protected = max(protected, request.restart_seconds + request.take_seconds)
         if not funded and entry.debug and not self.funded_victims.isdisjoint(preempts):

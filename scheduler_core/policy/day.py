@@ -109,6 +109,7 @@ class DayUsage:
                 or allocation.start >= now
                 or not request.resumable
                 or request.id in stopped
+                # R8: not worth its price (a run far from its last checkpoint).
                 or request.lost_seconds(now - allocation.start) > PRICE_CAP
             ):
                 continue

@@ -2,8 +2,9 @@
 stops the sessions that lose the least work, within the rules at saturation that
 limit whom it may stop: the debug fast lane (S1), burst work that yields (S4), a day
 slice shorter than an hour (S5), a team slicing itself (S6), a holder ranked as its
-team stands (S7). The search itself is preemption.py's; here are who may be stopped,
-and what the cycle does with the answer."""
+team stands (S7), no stop worth less than its price (R8), no turns (S10). The search
+itself is preemption.py's; here are who may be stopped, and what the cycle does with
+the answer: each victim's code and cost (`victim_code`) for the verdict."""
 
 from __future__ import annotations
 

@@ -233,7 +233,7 @@ def test_a_debug_session_on_a_held_node_yields_to_the_holder_past_its_protection
     # The debug session runs past its 10-minute protection when the notebook ends at
     # 5 h: b, over its share with it, ranks below a (it has used more), so the holder
     # stops it then rather than wait for it to end at 8 h. It checkpoints every 10 min,
-    # so stopping it throws away at most 10 min of its GPU (R10 allows 15).
+    # so stopping it throws away at most 10 min of its GPU (R8 allows 15).
     requests = [
         gpu_request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
         gpu_request("a1", "a", 60, 8, "batch", resumable=True),
@@ -256,7 +256,7 @@ def test_a_debug_session_on_a_held_node_yields_to_the_holder_past_its_protection
 
 def test_a_holder_waits_for_a_session_whose_stop_costs_more_than_it_is_worth() -> None:
     # As above, but the debug session keeps no checkpoint: at 5 h it has run 2 h, and
-    # stopping it throws them away, more than R10's 15 min of its size. The holder waits
+    # stopping it throws them away, more than R8's 15 min of its size. The holder waits
     # for it to end at 8 h.
     requests = [
         gpu_request("b0", "b", 0, 4, "interactive", min_runtime=5 * HOUR, duration=5 * HOUR),
@@ -372,7 +372,7 @@ def test_a_held_request_ranks_as_its_team_stands_before_its_own_charge() -> None
     # b until 5 h, and may stop none of b's work before then; but from 2 h (the
     # starvation bound) it holds nodes, and a holder ranks as its team stands now,
     # which is ahead of b from 3 h: it stops one of b's jobs then (they checkpoint every
-    # 10 min, so the stop throws away less than R10's 15 min).
+    # 10 min, so the stop throws away less than R8's 15 min).
     requests = [
         gpu_request("b1", "b", 0, 4, "batch", checkpoint_every=600),
         gpu_request("b2", "b", 1, 4, "batch", checkpoint_every=600),

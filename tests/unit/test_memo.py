@@ -7,7 +7,7 @@ while every rule reads no more of an entry than its kind (docs/policy.md, "Addin
 rule"). Here every cycle of random runs is decided with the memo and without it
 (``budget_policy(..., memo=False)``: every entry judged afresh), and the two must
 agree in every field, verdicts included. The runs are drawn so that entries of one
-kind queue together: the memo's own case. A restart cost (R11: a session is protected
+kind queue together: the memo's own case. A restart cost (R9: a session is protected
 for its price) is drawn too: it is not in the kind, since it changes only the
 protection given at admission, never the answer the memo hands on. Two fields of the
 kind change an answer only in states random runs seldom reach, so each has a built
@@ -319,7 +319,7 @@ def test_the_memo_tells_batch_work_from_interactive_work_while_a_team_slices_its
     data = gpu_scenario(
         [
             gpu_request("busy", "a", 0, 1, "interactive", min_runtime=8 * HOUR),
-            # It checkpoints: stopping it throws away less than R10 allows.
+            # It checkpoints: stopping it throws away less than R8 allows.
             gpu_request(
                 "fill", "b", 0, 7, "interactive", min_runtime=8 * HOUR, checkpoint_every=600
             ),

@@ -1,6 +1,6 @@
 """Issue 49: what a preemption costs, and victims chosen by it.
 
-`Request.lost_seconds` is the one price: the policy weighs victims by it (R4, R10) and
+`Request.lost_seconds` is the one price: the policy weighs victims by it (R4, R8) and
 the simulator counts it as lost work. Each case is worked out by hand; the property
 test checks the victim search against every other set of victims on a node.
 """
@@ -163,7 +163,7 @@ def test_the_victims_chosen_are_the_cheapest_set_that_makes_room_and_none_is_unn
     state: tuple[list[model.Allocation], int],
 ) -> None:
     """R4: against every other set of the sessions a's request may stop (b's funded ones
-    within R10's price, c's unallocated ones), the chosen set costs no more, and each
+    within R8's price, c's unallocated ones), the chosen set costs no more, and each
     of its victims is needed."""
     allocations, want = state
     free = 8 - sum(a.request.gpus for a in allocations)
@@ -238,7 +238,7 @@ def test_lost_work_is_the_price_at_the_victims_size() -> None:
     assert lost_work(allocation, 1000.0) == 400 * 4
 
 
-# --- no turns (S10) and a session kept for its price (R11) ---------------------
+# --- no turns (S10) and a session kept for its price (R9) ---------------------
 
 
 def test_two_requests_do_not_take_turns_stopping_each_other() -> None:
@@ -280,7 +280,7 @@ def test_two_requests_do_not_take_turns_stopping_each_other() -> None:
 
 
 def test_a_snapshotted_borrower_is_kept_for_its_own_restart_price() -> None:
-    """R11: c's unallocated 1-GPU notebook of 64 GiB costs its snapshot to stop; it is
+    """R9: c's unallocated 1-GPU notebook of 64 GiB costs its snapshot to stop; it is
     protected that long (not only the 60 s grace), and stopped once it has run it."""
     data = gpu_scenario(
         [
