@@ -205,7 +205,10 @@ class Hub:
             try:
                 if self.http.get(f"{self.api}/", timeout=2).status_code == 200:
                     return
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):
+                # Not listening yet, or listening but too busy to answer in 2 s (a
+                # loaded machine, a Hub that restarts with 40 sessions to find): the
+                # deadline above bounds the wait, not one slow answer.
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"JupyterHub did not answer in {timeout} s:\n{self.log_tail()}")
