@@ -322,7 +322,7 @@ def lost_table(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
     in points, each as its spread over the seeds."""
     lines = [
         "family: work lost to preemption and goodput (occupancy less the lost share), budget"
-        " beside legacy; lost: GPU time of preempted runs that start over"
+        " beside legacy; lost: the price of each preemption, run again"
         " (scheduler_core.metrics)",
         LOST_HEADER,
         "-" * len(LOST_HEADER),
