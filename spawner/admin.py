@@ -8,6 +8,7 @@ is exactly what the scheduler will run. Pure: no I/O.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -109,6 +110,62 @@ def change_team(
         elif parent is not _MISSING and (share is _MISSING or field.endswith("parent")):
             field = "parent"  # the new place in the tree is what does not fit
         raise AdminError(field, error.reason) from None
+
+
+class _Constant(float):
+    """A NaN or an infinity in a JSON body (Python's json reads them; JSON has none)."""
+
+    def __new__(cls, text: str) -> _Constant:
+        made = super().__new__(cls, text)
+        made.text = text
+        return made
+
+    text: str
+
+
+def _constant_at(value: Any, where: str) -> tuple[str, str] | None:
+    """(where, its text) of the first NaN or infinity in a parsed body."""
+    if isinstance(value, _Constant):
+        return where, value.text
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, item in items:
+        found = _constant_at(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def json_body(raw: bytes | str) -> Any:
+    """A request's JSON body, as JSON has it: ``NaN``, ``Infinity`` and ``-Infinity``
+    (which Python's json would read as numbers) are refused, naming where they are
+    (``share.gpu``; ``body`` for the whole body). AdminError; ValueError if not JSON."""
+    parsed = json.loads(raw, parse_constant=_Constant)
+    found = _constant_at(parsed, "")
+    if found is not None:
+        where, text = found
+        raise AdminError(
+            where or "body",
+            f"must be a number, not {text} (JSON has no NaN or Infinity)"
+            if where
+            else f"must be a JSON object, not {text} (JSON has no NaN or Infinity)",
+        )
+    return parsed
+
+
+def form_number(raw: str) -> int | float:
+    """A number typed into a form, as it was typed: ``-1`` stays an int, so an error says
+    "-1", not "-1.0" (the API's JSON keeps it so too). ValueError if it is none."""
+    text = raw.strip()
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def check_share(field: str, value: Any) -> float:

@@ -34,12 +34,12 @@ from scheduler_core.model import Health, NodeGrant, PoolKind, Request, RequestCl
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.store import EventRecord, Store
 from scheduler_core.store.models import AllocationRow, RequestRow
-from scheduler_core.verdict import NOT_WEIGHED, message
+from scheduler_core.verdict import NO_SHARE, NOT_WEIGHED, message
 from scheduler_core.view import ClusterView, Decisions
 from spawner.hubapi import split_request_id
 from spawner.readmodel.elsewhere import HeldCheck
 
-NOTICE_EVENTS = ("submit", "preempt", "exit")
+NOTICE_EVENTS = ("submit", "preempt", "exit", "notice-seen")
 HISTORY_TTL = 60.0
 """Seconds past sessions' lengths are kept before the store is asked again."""
 HISTORY_DAYS = 30
@@ -229,10 +229,11 @@ class TeamStatus:
     def line(self) -> str:
         """One line: ``gpu: holds 2 GPU funded (+1 unallocated) of a 2 GPU share (bursts to
         2.5 GPU); 1% of its 7-day budget used``."""
-        extra = f" (+{amount(self.unallocated)} unallocated)" if self.unallocated > 0 else ""
-        if self.share <= 0:
-            held = f"holds {amount(self.unallocated)} {self.unit} unallocated" if extra else ""
-            return f"{self.pool}: no share here (its work runs unallocated){held and '; '}{held}"
+        unallocated = f"{amount(self.unallocated)} {self.unit} unallocated"
+        extra = f" (+{unallocated})" if self.unallocated > 0 else ""
+        if self.share <= 0:  # the verdict's words (NO_SHARE), as the queue says them
+            held = f"; it holds {unallocated}" if extra else ""
+            return f"{self.pool}: {not_funded_words(NO_SHARE)}, so its work runs unallocated{held}"
         burst = f" (bursts to {amount(self.burst)} {self.unit})" if self.burst else ""
         used = (
             f"; {percent(self.budget_used)} of its {self.window_days:g}-day budget used"
@@ -306,7 +307,8 @@ def notices_from(events: Iterable[EventRecord]) -> dict[tuple[str, str], str]:
     """The "your session was stopped" notices still to show, per (user, server name),
     from the event log in order: a preemption (or a session that ended badly) sets
     its server's notice, a later submit for that server (the user started again)
-    clears it."""
+    clears it, and so does a ``notice-seen`` (a notice shown once, as an admin's cancel,
+    that its user has seen)."""
     notices: dict[tuple[str, str], str] = {}
     for event in events:
         if event.kind not in NOTICE_EVENTS:
@@ -315,7 +317,7 @@ def notices_from(events: Iterable[EventRecord]) -> dict[tuple[str, str], str]:
             session = split_request_id(str(event.payload.get("request", "")))
         except ValueError:
             continue
-        if event.kind == "submit":
+        if event.kind in ("submit", "notice-seen"):
             notices.pop(session, None)
         elif event.kind == "exit" and not event.payload.get("notify"):
             continue
@@ -550,10 +552,21 @@ class QueueView:
         )
         return found
 
-    def free_count(self, request: Request, view: ClusterView | None = None, most: int = 99) -> int:
+    def free_count(
+        self,
+        request: Request,
+        view: ClusterView | None = None,
+        most: int = 99,
+        *,
+        slices_only: bool = False,
+    ) -> int:
         """How many sessions shaped like ``request`` the pool's free slices hold now, on
-        nodes that take new work (held nodes count too: a hint, not a promise)."""
+        nodes that take new work (held nodes count too: a hint, not a promise). With
+        ``slices_only``, a GPU request counts its free GPU slices alone (the form's "7
+        free now" of MIG instances), not the CPU and memory beside them."""
         view = view if view is not None else self.core.view(self.clock())
+        if slices_only and request.gpu_weight > 0:
+            request = replace(request, cpus=0.0, memory_gib=0.0)
         free = view.free or {}
         count = 0
         for node in self.core.nodes.values():

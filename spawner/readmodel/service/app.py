@@ -25,12 +25,13 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.ioloop import IOLoop
 from tornado.web import Application, HTTPError, RedirectHandler, RequestHandler
 
+from scheduler_core.verdict import NO_SHARE
 from spawner import admin as checks
 from spawner.profiles import rounded_duration
 from spawner.readmodel.service import charts, openapi, views
 from spawner.readmodel.service.metrics import registry
 from spawner.readmodel.service.views import Viewer
-from spawner.readmodel.status import amount, number, percent, plural
+from spawner.readmodel.status import amount, not_funded_words, number, percent, plural
 from spawner.readmodel.storeview import State, StoreModel
 
 log = logging.getLogger("budgethub.service")
@@ -67,21 +68,27 @@ def days_of(daily: list[dict[str, float]]) -> list[tuple[float, float, float]]:
 
 
 def ratio_rows(data: dict[str, Any], pool: str) -> list[tuple[str, float, float]]:
+    """Every team of the pool, one with no share included (its bar says "no share")."""
     rows = []
     for team in data["teams"]:
         for p in team["pools"]:
-            if p["pool"] == pool and p["share"] > 0:
+            if p["pool"] == pool:
                 ratio = p["ratio"] if p["ratio"] is not None else float("inf")
                 rows.append((team["name"], ratio, p["share"]))
     return rows
 
 
 def usage_series(data: dict[str, Any], pool: str) -> list[tuple[str, list[tuple[float, float]]]]:
+    """Per team of the pool, what was delivered of what it was owed; a team with no share
+    is owed nothing, and its legend says so."""
     return [
-        (team["name"], [(d["day"], d["delivered_units"]) for d in p["daily"]])
+        (
+            team["name"] + ("" if p["share"] > 0 else " (no share)"),
+            [(d["day"], d["delivered_units"]) for d in p["daily"]],
+        )
         for team in data["teams"]
         for p in team["pools"]
-        if p["pool"] == pool and p["share"] > 0
+        if p["pool"] == pool
     ]
 
 
@@ -196,6 +203,7 @@ class Base(HubOAuthenticated, RequestHandler):  # type: ignore[misc]
             percent=percent,
             number=number,
             plural=plural,
+            no_share=not_funded_words(NO_SHARE),  # the one map's words, for the charts
             stale=self.stale,
             age=lambda state: duration(time.time() - state.now) if state else "",
             **context,
@@ -361,7 +369,7 @@ class AdminPage(Base):
                 pool = form.get("pool", "")
                 raw = form.get("share", "").strip()
                 try:
-                    value: Any = float(raw)
+                    value: Any = checks.form_number(raw)  # "-1" is said back as -1
                 except ValueError:
                     raise checks.AdminError(
                         f"share.{pool}", f"must be a number, not {raw!r}"
@@ -387,7 +395,7 @@ class AdminPage(Base):
 
 def _number_or_text(raw: str) -> float | str:
     try:
-        return float(raw)
+        return checks.form_number(raw)
     except ValueError:
         return raw.strip()
 
@@ -472,7 +480,9 @@ class Api(Base):
 
     def body(self) -> Any:
         try:
-            return json.loads(self.request.body or b"")
+            return checks.json_body(self.request.body or b"")
+        except checks.AdminError as error:  # a NaN or an infinity, named where it is
+            raise ApiError(400, error.field, error.reason) from None
         except (ValueError, UnicodeDecodeError) as error:
             raise ApiError(400, "body", f"is not JSON: {error}") from None
 

@@ -103,14 +103,19 @@ def ratio_bars(items: Sequence[tuple[str, float, float]], title: str, width: int
 
 
 def owed_delivered(
-    days: Sequence[tuple[float, float, float]], unit: str, title: str, width: int = 620
+    days: Sequence[tuple[float, float, float]],
+    unit: str,
+    title: str,
+    width: int = 620,
+    *,
+    empty: str = "no usage yet",
 ) -> Markup:
-    """Per day: delivered (bars) against owed (line), in unit-hours, with a legend; "no
-    usage yet" instead of an empty axis."""
+    """Per day: delivered (bars) against owed (line), in unit-hours, with a legend;
+    ``empty`` (by default "no usage yet") instead of an empty axis."""
     hours = [(t, o / 3600, d / 3600) for t, o, d in days]
     peak = max([0.0, *[max(o, d) for _, o, d in hours]])
     if peak < 0.005:  # nothing a 2-decimal axis could show
-        return _empty(width, title, "owed-delivered")
+        return _empty(width, title, "owed-delivered", empty)
     height, left, bottom = 166, 44, 38
     inner_w, inner_h = width - left - 8, height - bottom - 8
     top = peak * 1.1
@@ -158,9 +163,9 @@ def owed_delivered(
     return _svg(width, height, title, body, "owed-delivered")
 
 
-def _empty(width: int, title: str, css: str) -> Markup:
-    """A chart with nothing to show yet: a line saying so, no axis."""
-    text = f'<text class="empty" x="0" y="17" fill="{MUTED}">no usage yet</text>'
+def _empty(width: int, title: str, css: str, words: str = "no usage yet") -> Markup:
+    """A chart with nothing to show: a line saying why, no axis."""
+    text = f'<text class="empty" x="0" y="17" fill="{MUTED}">{escape(words)}</text>'
     return _svg(width, 26, title, [text], css)
 
 

@@ -20,6 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from scheduler_core.model import RequestClass
 from spawner.readmodel.storeview import State, StoreModel
 
 WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0)
@@ -38,7 +39,9 @@ class BudgetCollector(Collector):
 
 
 def _pending(state: State) -> Iterator[Metric]:
-    """Waiting requests per pool, team and class."""
+    """Waiting requests per pool, team and class: every team of every pool in every class
+    has a sample, 0 when none of its requests waits, so that an empty queue reads as 0
+    and not as no data (the waiting ones first)."""
     pending = GaugeMetricFamily(
         "budgethub_pending_sessions",
         "Session requests waiting in the queue",
@@ -50,6 +53,10 @@ def _pending(state: State) -> Iterator[Metric]:
         counts[key] = counts.get(key, 0) + 1
     for key, count in sorted(counts.items()):
         pending.add_metric(list(key), count)
+    for team, pool in sorted(state.teams, key=lambda k: (k[1], k[0])):
+        for klass in RequestClass:
+            if (pool, team, klass.value) not in counts:
+                pending.add_metric([pool, team, klass.value], 0)
     yield pending
 
 

@@ -70,7 +70,7 @@ SCHEMAS: dict[str, Any] = {
             "units": NUM,
             "funded": BOOL,
             "start": NUM,
-            "protected_until": NUM,
+            "protected_until": NUM_OR_NULL,
             "activity": {"type": "string", "enum": ["idle", "busy", "unknown"]},
         }
     ),

@@ -104,7 +104,8 @@ def session(state: State, allocation: Allocation, activity: dict[str, str]) -> d
         else allocation.request.charge_rate(kind),
         "funded": allocation.funded,
         "start": allocation.start,
-        "protected_until": allocation.protected_until,
+        # An unallocated session is not protected: its protected_until is only its grace.
+        "protected_until": allocation.protected_until if allocation.funded else None,
         "activity": activity.get(server, "unknown"),
     }
 
@@ -193,10 +194,9 @@ def _pools(state: State) -> list[str]:
 
 
 def _teams_in_pool(state: State) -> dict[str, int]:
-    return {
-        pool: sum(1 for (_, p), tp in state.teams.items() if p == pool and tp.share > 0)
-        for pool in state.pools
-    }
+    """How many teams a pool's rank counts: every team, a team with no share included (it
+    ranks too, last), so a rank is never "3 of 2"."""
+    return {pool: sum(1 for (_, p) in state.teams if p == pool) for pool in state.pools}
 
 
 def _tree(state: State, parent: str | None) -> list[dict[str, Any]]:
@@ -261,14 +261,25 @@ def queue(state: State, viewer: Viewer, *, limit: int = 200, offset: int = 0) ->
     return {"now": state.now, "pools": pools}
 
 
+def session_label(request_id: str, viewer: Viewer) -> str:
+    """A session as a person names it: ``your default server``, ``your server train``; to
+    an admin, another user's ``ann's server train``; to anyone else, ``another session``
+    (a request id such as ``ann//b1a18bbc`` is for the API, not for reading)."""
+    try:
+        user, server = split_request_id(request_id)
+    except ValueError:
+        return request_id if viewer.admin else "another session"
+    what = f"server {server}" if server else "default server"
+    if viewer.owns(request_id):
+        return f"your {what}"
+    return f"{user}'s {what}" if viewer.admin else "another session"
+
+
 def nodes(state: State, viewer: Viewer) -> dict[str, Any]:
     def holder(request_ids: str) -> str | None:
         if not request_ids:
             return None
-        ids = [r.strip() for r in request_ids.split(",")]
-        if viewer.admin:
-            return ", ".join(ids)
-        return ", ".join(r if viewer.owns(r) else "another session" for r in ids)
+        return ", ".join(session_label(r.strip(), viewer) for r in request_ids.split(","))
 
     out = []
     for view in state.nodes:
@@ -290,8 +301,8 @@ def nodes(state: State, viewer: Viewer) -> dict[str, Any]:
                 "memory_used_gib": round(view.memory_used_gib, 6),
                 "memory_free_gib": round(node.memory_gib - view.memory_used_gib, 6),
                 "held_for": (
-                    view.held_for
-                    if viewer.admin or (view.held_for and viewer.owns(view.held_for))
+                    session_label(view.held_for, viewer)
+                    if view.held_for and (viewer.admin or viewer.owns(view.held_for))
                     else ("a request that waited longer" if view.held_for else None)
                 ),
                 "slices": [
