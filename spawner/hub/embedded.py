@@ -46,6 +46,7 @@ from spawner.runtime.actuator import (
     Timeouts,
     snapshot_sentence,
 )
+from spawner.runtime.snaprecord import snapshot_holds
 from spawner.runtime.snapshots import KEY_PATTERN, SnapshotLayout
 
 ADMIN_CHECK = 0.5
@@ -54,6 +55,10 @@ REPORT_EVERY = 5.0
 """Seconds between status reports to the store (cycle counts, for /metrics)."""
 CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 """Upper bounds (seconds) of the cycle-duration histogram; longer cycles count in +Inf."""
+SESSION_ENDED = "session-ended"
+"""The event of a session that ran and was then stopped by its user or ended by itself
+(``user``, ``server``, ``request``, ``started``): every snapshot of that server taken
+before ``started`` is no longer its latest state, so it is kept but not offered."""
 
 __all__ = [
     "BudgetScheduler",
@@ -94,6 +99,9 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         self.notices: dict[tuple[str, str], str] = {}
         self.agents: dict[str, Agent] = {}
         """Per request, how to reach its session's agent (see `remember_agent`)."""
+        self._ended: dict[tuple[str, str], float] | None = None
+        """(user, server) → the start of its latest session that ended other than by a
+        preemption (from the SESSION_ENDED events, read once)."""
         self._waiters: dict[str, Waiter] = {}
         self._unclaimed: dict[str, tuple[Allocation, float]] = {}
         self._by_session: dict[tuple[str, str], str] = {}
@@ -541,16 +549,14 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
             self.finish(request_id, state=RequestState.CANCELLED, reason=reason)
         self.kick()
 
-    def withdraw(self, request_id: str, error: BaseException, reason: str) -> bool:
-        """Take a queued request out for someone else's reason (an admin's cancel): its
-        spawner, if one waits, fails with ``error``. False if it was not queued."""
+    def withdraw(self, request_id: str, reason: str) -> bool:
+        """Take a queued request out for someone else's reason (an admin's cancel); False
+        if it was not queued. A spawner that waits for it is the caller's to end, as the
+        Hub ends a spawn its user leaves (queuecontrol): a cancel, not a failure."""
         if not self.core.cancel(request_id):
             return False
-        waiter = self._waiters.pop(request_id, None)
         self._unclaimed.pop(request_id, None)
         self.store.set_request_state(request_id, RequestState.CANCELLED, reason)
-        if waiter is not None and not waiter.future.done():
-            waiter.future.set_exception(error)
         self.kick()
         return True
 
@@ -621,8 +627,11 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
     async def stop_session(self, request_id: str, node: str, runtime_id: str) -> None:
         """End the session on its runtime (bounded) and free what it held."""
         actuator: SessionActuator | None = getattr(self, "actuator", None)
+        running = self.core.running.get(request_id) if self.started and request_id else None
         if actuator is not None:
             await actuator.stop_session(node, runtime_id, request_id)
+        if running is not None:
+            self._session_ended(running)
         if self.started and request_id:
             self.finish(request_id)
 
@@ -639,12 +648,46 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         found = self.store.list_snapshots(user=user, server=server)
         return [s for s in reversed(found) if s.user == user and s.server == server]
 
+    def _ended_since(self, user: str, server: str) -> float:
+        """When the server's latest session that ended other than by a preemption had
+        started (0: none did)."""
+        if self._ended is None:
+            ended: dict[tuple[str, str], float] = {}
+            for event in self.store.list_events(kind=SESSION_ENDED):
+                key = (str(event.payload.get("user")), str(event.payload.get("server")))
+                started = float(event.payload.get("started") or 0.0)
+                ended[key] = max(ended.get(key, 0.0), started)
+            self._ended = ended
+        return self._ended.get((user, server), 0.0)
+
+    def _session_ended(self, allocation: Allocation) -> None:
+        """A session that ran was stopped (by its user, the Hub, or by itself): the
+        server's snapshots taken before it started are no longer its latest state."""
+        user, server = split_request_id(allocation.id)
+        started = allocation.start
+        self._ended_since(user, server)  # the cache is read before it is added to
+        assert self._ended is not None
+        self._ended[(user, server)] = max(self._ended.get((user, server), 0.0), started)
+        self.store.append_event(
+            time.time(),
+            SESSION_ENDED,
+            {"request": allocation.id, "user": user, "server": server, "started": started},
+        )
+
+    def offered_snapshot(self, user: str, server: str) -> SnapshotRecord | None:
+        """The snapshot a start restores by itself: the server's newest, only while it is
+        the server's latest state (taken at a preemption or an idle release, and no
+        session of the server has run and been stopped since). None otherwise."""
+        found = self.snapshots_of(user, server)
+        if not found or found[0].created <= self._ended_since(user, server):
+            return None
+        return found[0]
+
     def restorable(self, user: str, server: str, key: str | None) -> SnapshotRecord | None:
         """The snapshot a start of ``user``'s ``server`` restores: ``key`` if given
-        (ValueError when it is not one of this server's), else the newest."""
+        (ValueError when it is not one of this server's), else the offered one."""
         if key is None:
-            found = self.snapshots_of(user, server)
-            return found[0] if found else None
+            return self.offered_snapshot(user, server)
         if not KEY_PATTERN.match(key):
             raise ValueError(f"{key!r} is not a snapshot key")
         record = self.store.get_snapshot(key) if self.started else None
@@ -654,17 +697,51 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         return record
 
     def snapshot_notice(self, user: str, server: str = "") -> str | None:
-        """A line for the Hub's home page: the server has a snapshot, what it keeps and
-        what it does not (plain text; None when it has none)."""
+        """The offer of the server's snapshot, for the spawn form, the home page and My
+        sessions: when and where it was taken and what comes back (plain text; None when
+        nothing is offered)."""
+        offered = self.offered_snapshot(user, server)
+        if offered is None:
+            return None
+        return f"Stopped at {_when(offered.created)} on {offered.node}. " + snapshot_sentence(
+            offered.report
+        )
+
+    def kept_snapshot_notice(
+        self, user: str, server: str = "", running_since: float | None = None
+    ) -> str | None:
+        """A line about the server's newest snapshot when it is kept but not offered: what
+        it holds, when it was taken, and that a start does not restore it. For a server
+        whose session runs, ``running_since`` is when that session started. None when
+        there is no such snapshot (none, or the one offered)."""
         found = self.snapshots_of(user, server)
         if not found:
             return None
         newest = found[0]
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(newest.created))
-        return f"Stopped at {when} on {newest.node}. {snapshot_sentence(newest.report)}"
+        if running_since is None:
+            if self.offered_snapshot(user, server) is not None:
+                return None
+            then = (
+                "A session of this server ran after it, so a start does not restore it; "
+                "delete it when you no longer need it."
+            )
+        elif newest.created < running_since:
+            then = (
+                "This session started after it: once you stop this session, that snapshot "
+                "is not offered again (delete it then if you no longer need it)."
+            )
+        else:
+            return None
+        count, notebooks = snapshot_holds(newest.report)
+        holds = f"{count} in {notebooks}" if count else "no kernel state"
+        return (
+            f"An older snapshot, taken at {_when(newest.created)} on {newest.node}, is kept "
+            f"({holds}). {then}"
+        )
 
     def home_snapshot_notice(self, user: str) -> str | None:
-        """The home page's line: each of the user's stopped servers that has a snapshot."""
+        """The home page's line: each of the user's stopped servers whose snapshot is
+        offered."""
         if not self.started:
             return None
         running = {split_request_id(r) for r in self.core.running} | {
@@ -703,3 +780,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
     def team_hint(self, team: str) -> str:
         """A short line about a team's budget: how much of it is used, per pool."""
         return self.view.team_hint(team, self.core_pools)
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))

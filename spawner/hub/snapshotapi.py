@@ -1,7 +1,8 @@
 """The Hub's REST route for a user's own snapshots (registered by ``configure_hub``).
 
 ``GET /hub/api/budgethub/users/{name}/snapshots`` lists them (newest first, per
-server) and ``…/snapshots/{key}`` gives one snapshot's report. The token needs
+server; ``offered``: a start restores it) and ``…/snapshots/{key}`` gives one
+snapshot's report. The token needs
 ``read:servers`` on that user (JupyterHub's own check), and the caller must be that
 very user: an admin's token, a service or another user get 404, as for a snapshot
 that does not exist, so nobody learns whether another user has one.
@@ -20,10 +21,13 @@ from scheduler_core.store import SnapshotRecord
 from spawner.hub.embedded import BudgetScheduler
 
 
-def summary(record: SnapshotRecord) -> dict[str, Any]:
+def summary(record: SnapshotRecord, offered: bool) -> dict[str, Any]:
+    """One snapshot; ``offered``: it is its server's latest state, so a start restores it
+    (a snapshot older than the server's last stopped session is only kept)."""
     report = dict(record.report)
     return {
         "key": record.key,
+        "offered": offered,
         "server": record.server,
         "node": record.node,
         "time": record.created,
@@ -50,15 +54,26 @@ class SnapshotsAPIHandler(APIHandler):  # type: ignore[misc]
     @needs_scope("read:servers")  # type: ignore[untyped-decorator]
     async def get(self, user_name: str, key: str | None = None) -> None:
         self._same_user(user_name)
-        store = self._scheduler().store
+        scheduler = self._scheduler()
+        store = scheduler.store
+        records = list(reversed(store.list_snapshots(user=user_name)))
+        offered = {
+            found.key
+            for found in (
+                scheduler.offered_snapshot(user_name, server)
+                for server in {r.server for r in records}
+            )
+            if found is not None
+        }
         if key is None:
-            records = reversed(store.list_snapshots(user=user_name))
-            self.write(json.dumps([summary(r) for r in records]))
+            self.write(json.dumps([summary(r, r.key in offered) for r in records]))
             return
         record = store.get_snapshot(key)
         if record is None or record.user != user_name:
             raise web.HTTPError(404, f"no snapshot {key}")
-        self.write(json.dumps({**summary(record), "report": dict(record.report)}))
+        self.write(
+            json.dumps({**summary(record, record.key in offered), "report": dict(record.report)})
+        )
 
 
 HANDLERS = [

@@ -91,11 +91,25 @@ def _kernel_entries(
     return [by_notebook[n] for n in sorted(by_notebook)]
 
 
-def snapshot_sentence(report: Mapping[str, Any], most: int = 8) -> str:
-    """What a snapshot keeps and what it does not, in words for the user (plain text)."""
-    kernels = list(report.get("kernels") or [])
+def snapshot_holds(report: Mapping[str, Any]) -> tuple[str, str]:
+    """What a snapshot's kernel state holds, in a few words: (``4 variables of 2
+    notebooks``, ``a.ipynb, work/b.ipynb``), or ("", "") when it holds none."""
+    kernels = [k for k in report.get("kernels") or [] if k.get("variables")]
     variables = sum(len(k.get("variables") or []) for k in kernels)
-    notebooks = sum(1 for k in kernels if k.get("variables"))
+    if not variables:
+        return "", ""
+    names = [str(k.get("notebook")) for k in kernels]
+    shown = ", ".join(names[:3]) + (f", and {len(names) - 3} more" if len(names) > 3 else "")
+    count = (
+        f"{variables} variable{'s' if variables != 1 else ''} of {len(kernels)} "
+        f"notebook{'s' if len(kernels) != 1 else ''}"
+    )
+    return count, shown
+
+
+def snapshot_sentence(report: Mapping[str, Any], most: int = 8) -> str:
+    """What a snapshot keeps and what it does not, in words for the user (plain text).
+    How to skip it is each page's own (its controls differ)."""
     where = (
         "your files and installed packages stay in your home"
         if report.get("files") == "kept in the home"
@@ -103,12 +117,9 @@ def snapshot_sentence(report: Mapping[str, Any], most: int = 8) -> str:
     )
     state = report.get("kernel_state")
     parts = [f"A snapshot was taken ({report.get('key')}): {where}"]
-    if variables:
-        parts[0] += (
-            f", and {variables} variable{'s' if variables != 1 else ''} of {notebooks} "
-            f"notebook{'s' if notebooks != 1 else ''} come back when you start it again "
-            '(tick "Start fresh" to ignore the snapshot)'
-        )
+    count, notebooks = snapshot_holds(report)
+    if count:
+        parts[0] += f", and {count} come back when you start it again (in {notebooks})"
     parts[0] += "."
     if state == "not saved":
         parts.append(f"The kernel state was not saved at the preemption: {report.get('why')}.")
