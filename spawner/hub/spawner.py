@@ -256,9 +256,9 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         if not teams:
             parts.append(self._no_team_message())
             return "\n".join(parts)
-        snapshots = scheduler.snapshots_of(self.user.name, self.name)
-        if snapshots:
-            parts.append(render_snapshot_choice(snapshots[0].key, self._snapshot_words()))
+        offered = scheduler.offered_snapshot(self.user.name, self.name)
+        if offered is not None:
+            parts.append(render_snapshot_choice(offered.key, self._snapshot_words()))
         profiles = self._profiles()
         view = scheduler.view
         pools = list(dict.fromkeys(p.pool for p in profiles))
@@ -270,7 +270,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         for profile in profiles:
             for option in profile.slices:
                 free[(profile.slug, option.slug)] = view.free_count(
-                    self._what_if(profile, option, teams[0])
+                    self._what_if(profile, option, teams[0]), slices_only=True
                 )
             for team in teams:
                 outlook = view.outlook(self._what_if(profile, profile.slices[0], team))
@@ -654,7 +654,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
 
     def _restore_key(self) -> str | None:
         """The snapshot this launch restores: none when starting fresh, else the one asked
-        for or the server's newest (taken perhaps while this request waited)."""
+        for or the one offered (taken perhaps while this request waited)."""
         key, fresh = self._restore
         if fresh:
             return None
@@ -682,6 +682,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         elif status.funded:
             protected = human_duration(status.protected_s)
             funding = f"funded by your team's budget, protected for {protected}"
+        elif status.team_share <= 0:  # no figures to give: its verdict's words only
+            funding = f"{not_funded_words(status.ground)}: it will run unallocated (preemptible)"
         else:
             used = (
                 f"; {status.budget_used:.0%} of its {status.window_days:g}-day budget used"
