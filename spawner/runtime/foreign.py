@@ -190,7 +190,7 @@ class ForeignHolds:
             allocation = self.core.running.get(request_id)
             if allocation is None or is_foreign(request_id):
                 continue
-            new = rebound(allocation, name, use.gpus, by_index)
+            new = rebound(allocation, name, use, by_index)
             if new is not None:
                 moved.append((allocation, new))
         if not moved:
@@ -282,28 +282,44 @@ def _with_unbooked(held: HeldLike, running: Mapping[str, Allocation]) -> HeldLik
 
 
 def rebound(
-    allocation: Allocation, node: str, bound: Sequence[int], by_index: Mapping[int, Any]
+    allocation: Allocation, node: str, use: Any, by_index: Mapping[int, Any]
 ) -> Allocation | None:
-    """``allocation`` with its whole GPUs on ``node`` those of indices ``bound`` (Slurm's
-    binding), or None when they are the same already or cannot be said so."""
+    """``allocation`` with its GPUs on ``node`` those Slurm bound to its job (``use``:
+    whole GPUs and the GPU of its shards, by index), or None when they are the same
+    already or cannot be said so."""
     for i, grant in enumerate(allocation.grants):
         if grant.node != node:
             continue
-        whole = [s for s in grant.slices if s.kind is SliceKind.WHOLE]
-        booked = sorted(
-            gpu.index for gpu in by_index.values() if gpu.uuid in {s.gpu_uuid for s in whole}
-        )
-        wanted = sorted(bound)
-        if booked == wanted or len(wanted) != len(whole) or not all(b in by_index for b in wanted):
-            return None
-        others = tuple(s for s in grant.slices if s.kind is not SliceKind.WHOLE)
-        if {by_index[b].uuid for b in wanted} & {s.gpu_uuid for s in others}:
-            return None  # a fraction of its own there: Slurm's shards are not followed yet
-        slices = tuple(Slice(by_index[b].uuid, SliceKind.WHOLE) for b in wanted) + others
+        slices = _moved(grant.slices, SliceKind.WHOLE, use.gpus, by_index)
+        slices = _moved(slices, SliceKind.FRACTION, getattr(use, "shards", ()), by_index)
+        if slices == grant.slices or len({s.gpu_uuid for s in slices}) != len(slices):
+            return None  # unchanged, or one GPU twice (a fraction beside a whole GPU)
         grants = list(allocation.grants)
         grants[i] = replace(grant, slices=slices)
         return replace(allocation, grants=tuple(grants))
     return None
+
+
+def _moved(
+    slices: tuple[Slice, ...], kind: SliceKind, bound: Sequence[int], by_index: Mapping[int, Any]
+) -> tuple[Slice, ...]:
+    """``slices`` with those of ``kind`` on the GPUs of indices ``bound``, in order (as
+    they are where Slurm says nothing of them, or says another number of them)."""
+    mine = [s for s in slices if s.kind is kind]
+    wanted = sorted(bound)
+    if not mine or len(wanted) != len(mine) or not all(b in by_index for b in wanted):
+        return slices
+    booked = sorted(mine, key=lambda s: _index_of(s.gpu_uuid, by_index))
+    if [_index_of(s.gpu_uuid, by_index) for s in booked] == wanted:
+        return slices
+    moved = {
+        id(s): replace(s, gpu_uuid=by_index[b].uuid) for s, b in zip(booked, wanted, strict=True)
+    }
+    return tuple(moved.get(id(s), s) for s in slices)
+
+
+def _index_of(uuid: str, by_index: Mapping[int, Any]) -> int:
+    return next((i for i, gpu in by_index.items() if gpu.uuid == uuid), -1)
 
 
 def _same(old: Allocation | None, new: Allocation | None) -> bool:

@@ -84,6 +84,9 @@ class NodeUse:
     cpus: int
     memory_mib: int
     gpus: tuple[int, ...]
+    """Indices of the GPUs it holds whole."""
+    shards: tuple[int, ...] = ()
+    """Indices of the GPUs it holds shards of (``GRES=shard:h100:25(IDX:1)``)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,7 @@ def parse_job_line(line: str, gres: str = "gpu") -> JobDetail | None:
                     cpus=len(expand_ids(cpu_ids)),
                     memory_mib=int(mem),
                     gpus=tuple(gres_indices(job_gres, gres)),
+                    shards=tuple(gres_indices(job_gres, "shard")),
                 )
             )
     return JobDetail(
@@ -201,7 +205,9 @@ def held_by_others(jobs: Iterable[JobDetail], hub: str) -> dict[str, Held]:
                 was,
                 cpus=was.cpus + use.cpus,
                 memory_mib=was.memory_mib + use.memory_mib,
-                gpus=was.gpus | frozenset(use.gpus),
+                # A GPU another job holds shards of is taken whole here: Slurm would share
+                # it, but budgethub does not yet split a GPU with other jobs.
+                gpus=was.gpus | frozenset(use.gpus) | frozenset(use.shards),
                 jobs=(*was.jobs, who),
             )
     return found

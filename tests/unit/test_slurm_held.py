@@ -276,3 +276,21 @@ def test_a_reservation_within_a_sessions_time_limit_takes_its_node():
     ask(core, "ann//1")
     core.step()
     assert gpus_of(core, "ann//1")[0] == "b"  # a is reserved: all of it is taken
+
+
+def test_shards_name_their_gpu_and_a_fraction_follows_slurms_pick():
+    [job] = parse_jobs(line(21, detail="Nodes=bhs2 CPU_IDs=0 Mem=64 GRES=shard:fake:25(IDX:1)"))
+    assert job.uses[0].shards == (1,) and job.uses[0].gpus == ()
+    assert held_by_others([job], "hub")["bhs2"].gpus == {1}  # another's shards: taken
+    core, readers, holds, _ = cluster()
+    core.submit(Request("ann//1", "ann", "t", "gpu", 0.0, gpu_milli=250, cpus=1, memory_gib=1))
+    core.step()
+    grant = core.running["ann//1"].grants[0]
+    index = {g.uuid: g.index for g in core.nodes[grant.node].gpus}
+    booked = index[grant.slices[0].gpu_uuid]
+    other = 1 - booked
+    readers[grant.node].held = Held(own=(("ann//1", NodeUse(grant.node, 1, 1024, (), (other,))),))
+    holds.apply(holds.read(), 1.0)
+    [piece] = core.running["ann//1"].grants[0].slices
+    assert index[piece.gpu_uuid] == other and piece.milli == 250
+    builders.check_free_matches_allocations(core)
