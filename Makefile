@@ -47,11 +47,17 @@ setup: packages
 
 # The virtual environment is rebuilt when pyproject.toml changes. The session images'
 # package (images/session) goes in too: its tests run real kernels on this venv.
+# rfc3987-syntax comes with jupyter_events' jsonschema[format-nongpl] and builds its
+# Lark parsers when imported: about 1 s of CPU each time a Hub starts (JupyterHub
+# imports jupyter_events), half its start. jsonschema only uses it for the "iri" and
+# "iri-reference" formats, which no schema of JupyterHub, jupyter_server or
+# jupyter_events names, so it goes (`pip check` stays clean; docs/operations.md).
 $(STAMP): pyproject.toml images/session/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/pip install --quiet -e images/session
+	$(BIN)/pip uninstall --quiet --yes rfc3987-syntax
 	@touch $(STAMP)
 
 # The policy, the scheduler and the simulator compiled with mypyc, beside their source
