@@ -6,13 +6,16 @@ BudgetSpawner's debug profile, one with DockerSpawner 14 on the same image
 
 * sequential spawn latency (REST POST until the Hub answers 201, i.e. ready),
   and the bare container start (docker run -> jupyter server answering);
-* ten spawns at once and ten stops at once, per spawner;
+* ten spawns at once and ten stops at once, per spawner, ``--concurrent-rounds`` times
+  (the order of the two spawners alternating from round to round), and where
+  budgethub's starts spent their time (the queue, the turn to boot on the node, the
+  boot until the server answered, then the Hub: from the log's "running on" lines);
 * grant latency (submit -> admission, from the Hub log) with free capacity;
 * the Hub's responsiveness (GET /hub/api/ round trip) idle and while 150 users
   hold 500 queued requests.
 
-Run: ``python -m bench.spawn [--rounds N] [--load-seconds S]`` (needs the engine
-and images of ``make images``). Each figure is printed as soon as it is measured;
+Run: ``python -m bench.spawn [--rounds N] [--concurrent-rounds N] [--load-seconds S]``
+(needs the engine and images of ``make images``). Each figure is printed as soon as it is measured;
 ``--load-seconds 0`` skips the queued-load part (500 submissions take minutes).
 """
 
@@ -205,6 +208,46 @@ def grant_latencies(hub: Hub) -> list[float]:
     return [float(ms) for ms in re.findall(r"granted \S+ on \S+, ([\d.]+) ms after", text)]
 
 
+PHASES = re.compile(r"queued ([\d.]+) s, turn ([\d.]+) s, boot ([\d.]+) s\)")
+"""BudgetSpawner's "running on" line: where a start's time went before the Hub's part."""
+
+
+def start_phases(text: str) -> dict[str, list[float]]:
+    """Per phase (queued, turn, boot), the seconds of each start logged in ``text``."""
+    found = PHASES.findall(text)
+    return {
+        name: [float(row[i]) for row in found] for i, name in enumerate(("queued", "turn", "boot"))
+    }
+
+
+def concurrent_rounds(
+    budget: Hub, stock: Hub, users: list[str], rounds: int
+) -> dict[str, dict[str, float]]:
+    """``rounds`` of all ``users`` spawning at once then stopping at once, on each Hub in
+    turn (which goes first alternates); medians over every round, and budgethub's
+    phases (median seconds) read from its log."""
+    spawns: dict[str, list[float]] = {"budget": [], "dockerspawner": []}
+    stops: dict[str, list[float]] = {"budget": [], "dockerspawner": []}
+    mark = len(budget.log_path.read_text(errors="replace"))
+    order = [("budget", budget, DEBUG), ("dockerspawner", stock, {})]
+    for i in range(rounds):
+        for name, hub, options in order if i % 2 == 0 else order[::-1]:
+            went = concurrently(lambda u, h=hub, o=options: spawn_ready(h, u, o), users)
+            spawns[name] += went
+            stops[name] += concurrently(lambda u, h=hub: stop(h, u), users)
+            say(
+                f"{len(users)} at once, {name} (round {i + 1}/{rounds}): spawn median "
+                f"{median(went):.2f} s, max {max(went):.2f} s"
+            )
+    out = {
+        name: {"spawn_median_s": median(spawns[name]), "stop_median_s": median(stops[name])}
+        for name in spawns
+    }
+    phases = start_phases(budget.log_path.read_text(errors="replace")[mark:])
+    out["budget"].update({f"{k}_median_s": median(v) for k, v in phases.items()})
+    return out
+
+
 def say(line: str) -> None:
     """Print a figure the moment it is measured (a run takes minutes; nothing waits for
     the end, and a later failure loses nothing already printed)."""
@@ -216,6 +259,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--users", type=int, default=10, help="spawns and stops at once")
     parser.add_argument(
+        "--concurrent-rounds",
+        type=int,
+        default=2,
+        help="rounds of --users spawns at once per spawner (which goes first alternates)",
+    )
+    parser.add_argument(
         "--load-seconds",
         type=float,
         default=20.0,
@@ -226,6 +275,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error("--rounds: must be at least 1")
     if not 2 <= args.users <= 100:
         parser.error("--users: must be between 2 and 100")
+    if args.concurrent_rounds < 1:
+        parser.error("--concurrent-rounds: must be at least 1")
     if args.load_seconds < 0:
         parser.error("--load-seconds: must be 0 (skip the queued load) or more")
     users = [f"u{i}" for i in range(args.users)]
@@ -270,19 +321,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"bare container (docker run -> server answering): median {median(bare):.2f} s "
             f"(budgethub / bare {results['ratio_budget_to_bare']:.2f})"
         )
-        conc: dict[str, dict[str, float]] = {}
+        conc = concurrent_rounds(budget, stock, users, args.concurrent_rounds)
         results[f"concurrent_{len(users)}"] = conc
-        for name, hub, options in (
-            ("budget", budget, DEBUG),
-            ("dockerspawner", stock, {}),
-        ):
-            spawns = concurrently(lambda u, h=hub, o=options: spawn_ready(h, u, o), users)
-            stops = concurrently(lambda u, h=hub: stop(h, u), users)
-            conc[name] = {"spawn_median_s": median(spawns), "stop_median_s": median(stops)}
+        for name in ("budget", "dockerspawner"):
             say(
                 f"{len(users)} at once, {name}: spawn median {conc[name]['spawn_median_s']:.2f} s, "
-                f"stop median {conc[name]['stop_median_s']:.2f} s"
+                f"stop median {conc[name]['stop_median_s']:.2f} s "
+                f"({args.concurrent_rounds} rounds)"
             )
+        ratio = conc["budget"]["spawn_median_s"] / conc["dockerspawner"]["spawn_median_s"]
+        say(
+            f"{len(users)} at once: budgethub / DockerSpawner {ratio:.2f} (bar <= 1.00); "
+            f"budgethub's starts, median: queued {conc['budget']['queued_median_s']:.2f} s, "
+            f"turn to boot {conc['budget']['turn_median_s']:.2f} s, "
+            f"boot {conc['budget']['boot_median_s']:.2f} s"
+        )
         grants = grant_latencies(budget)
         results["grant_latency_ms"] = {
             "n": len(grants),

@@ -2,14 +2,19 @@
 overridable steps of DockerSpawner.
 
 Calls to a node's runtime from a request path are bounded by ``engine_timeout``; an
-unreachable node is not called at all.
+unreachable node is not called at all. Sessions boot on a node in turns where its runtime
+says how many may boot at once (`_boot_slot`): the wait for a turn is not part of the
+``launch_timeout`` a server has to answer in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
@@ -110,10 +115,14 @@ class Lifecycle:
         config = self.nodes.configs[node]
         port = self.booking.allocate_port(request_id)
         runtime_id = ""
+        asked = time.monotonic()
         try:
             spec = self.build_spec(allocation, ask, port)
-            runtime_id = await self.create_session(node, spec)
-            await self._wait_until_answers(node, runtime_id, config.address, port, ask.base_url)
+            async with await self._boot_slot(node):
+                turn = time.monotonic()
+                runtime_id = await self.create_session(node, spec)
+                await self._wait_until_answers(node, runtime_id, config.address, port, ask.base_url)
+                answered = time.monotonic()
         except asyncio.CancelledError:
             await self.stop_session(node, runtime_id, request_id)
             self.booking.free_ports(request_id)
@@ -150,7 +159,18 @@ class Lifecycle:
                 runtime_id=runtime_id,
                 image=ask.image,
             )
-        return RunningSession(runtime_id, config.address, port)
+        return RunningSession(
+            runtime_id, config.address, port, turn_s=turn - asked, boot_s=answered - turn
+        )
+
+    async def _boot_slot(self, node: str) -> AbstractAsyncContextManager[Any]:
+        """A turn to boot on the node, where its runtime limits how many boot at once
+        (Docker: one per CPU, `NodeBackend.boot_slots`); no limit otherwise (Slurm)."""
+        slots = getattr(self.nodes.backends[node], "boot_slots", None)
+        if slots is None:
+            return contextlib.nullcontext()
+        gate: AbstractAsyncContextManager[Any] = await slots()
+        return gate
 
     async def _wait_until_answers(
         self, node: str, runtime_id: str, address: str, port: int, base_url: str

@@ -54,6 +54,10 @@ class RunningSession:
     runtime_id: str
     address: str
     port: int
+    turn_s: float = 0.0
+    """Seconds it waited for its turn to boot on the node (`Lifecycle._boot_slot`)."""
+    boot_s: float = 0.0
+    """Seconds from its creation on the node until its server answered."""
 
 
 @dataclass

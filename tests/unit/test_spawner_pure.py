@@ -15,6 +15,7 @@ from scheduler_core.settings import Settings
 from spawner.hub.config import ConfigError, parse_nodes
 from spawner.hub.spawner import DEFAULT_PROFILES
 from spawner.profiles import FormError, parse_profiles, render_form, resolve
+from spawner.runtime.dockernodes import CpuPins, cpus_wanted, least_used, parse_cpuset
 from spawner.runtime.inventory import nvml_gpus, virtual_gpus
 from spawner.runtime.spec import (
     DEFAULT_PIDS_LIMIT,
@@ -444,3 +445,24 @@ def test_state_from_an_earlier_hub_loads_and_is_saved_under_the_new_key():
     assert again.runtime_id == "c0ffee" and again.get_state() == state
     again.load_state({"runtime_id": "4242", "container_id": "stale"})
     assert again.runtime_id == "4242"
+
+
+def test_sessions_are_pinned_to_as_many_cpus_as_granted_spread_over_the_node():
+    """nproc in a 1-CPU session said the node's 2 (issue 50): each session gets a cpuset
+    of its granted CPUs (rounded up), the ones fewest sessions hold."""
+    assert [cpus_wanted(n) for n in (10**9, 5 * 10**8, 25 * 10**8, 2 * 10**9)] == [1, 1, 3, 2]
+    assert least_used(1, 4, []) == (0,)
+    assert least_used(2, 4, [(0,), (1,)]) == (2, 3)
+    assert least_used(1, 2, [(0, 1), (0,)]) == (1,)
+    assert least_used(4, 2, []) == (0, 1)  # more than the node has: all of it
+    assert parse_cpuset("0-2,5") == (0, 1, 2, 5)
+    assert parse_cpuset("") == () and parse_cpuset("x") == ()
+
+    pins = CpuPins()
+    pins.total = 4
+    assert [pins.claim(f"s{i}", 10**9) for i in range(5)] == ["0", "1", "2", "3", "0"]
+    pins.release("s1")
+    assert pins.claim("s5", 10**9) == "1"  # the CPU s1 left
+    assert pins.claim("big", 4 * 10**9) == ""  # granted the whole node: not pinned
+    pins.adopt("old", "2-3")  # a session an earlier Hub started, found again
+    assert pins.claim("s6", 2 * 10**9) == "0,1"  # CPU 1 holds one session, 0 two
