@@ -1,10 +1,16 @@
 """An administrator's control of the budget scheduler's queue (issue 41), over the Hub's REST API.
 
 ``POST /hub/api/budgethub/queue/cancel`` ``{"request": id, "reason": "…"}`` takes a queued
-request out: its spawner fails with the reason, which the spawn page, the spawn form and
-My sessions show its user. ``POST /hub/api/budgethub/queue/priority`` ``{"request": id,
-"priority": n}`` changes its declared priority, which orders only its own team's queue
-(teams stay in the policy's order). Both are written to the audit log as share changes are.
+request out: its spawn ends as a cancelled one (the spawn page goes to the form, as when
+the user leaves the queue), and the spawn form and My sessions show its user the reason
+under a heading of its own until the user has seen it on the form or starts again. A
+cancel is a notice, not a failure: nothing is logged as an error (the Hub logs a failed
+spawn at ERROR twice, "Not starting …" and "Previous spawn for … failed"), the
+action is logged at INFO with its reason.
+
+``POST /hub/api/budgethub/queue/priority`` ``{"request": id, "priority": n}`` changes its
+declared priority, which orders only its own team's queue (teams stay in the policy's
+order). Both are written to the audit log as share changes are.
 
 They run in the Hub's process, not the budget service's: the spawner that waits for the
 request lives here, and the Hub's admin page (whose "Server is pending" button they serve)
@@ -13,6 +19,7 @@ is here too. Only a Hub admin (or a token with unfiltered ``admin:servers``) may
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -20,7 +27,6 @@ from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import Scope
-from jupyterhub.spawner import SpawnException
 from tornado import web
 
 from spawner.hub.embedded import BudgetScheduler
@@ -71,13 +77,33 @@ def queued_request(scheduler: BudgetScheduler, request_id: Any) -> str:
     return request_id
 
 
+CANCEL_HEADING = "Taken out of the queue"
+"""The heading of an admin's cancel on the spawn form (a notice, not "Spawn failed")."""
+_CANCEL_OPENING = "An administrator took your request out of the queue"
+SHOW_PAUSE = 0.25
+"""Seconds the open spawn pages get to show the cancel's words before the spawn ends."""
+
+
 def cancel_message(reason: str, now: float) -> str:
     """What the user is told (the admin's name is not: other users' names are for admins)."""
     why = f": {reason}" if reason else " (no reason was given)"
     return (
-        f"An administrator took your request out of the queue at {_clock(now)}{why}. "
+        f"{_CANCEL_OPENING} at {_clock(now)}{why}. "
         "Nothing was started and your team was charged nothing; start again when you like."
     )
+
+
+def is_cancel_notice(notice: str) -> bool:
+    """Is this notice an admin's cancel (`cancel_message`)?"""
+    return notice.startswith(_CANCEL_OPENING)
+
+
+def notice_seen(scheduler: BudgetScheduler, user: str, server: str) -> None:
+    """The user has seen the notice of ``server`` (shown once): gone from the form and My
+    sessions, and, through a ``notice-seen`` event, after a Hub restart too."""
+    if scheduler.notices.pop((user, server), None) is None:
+        return
+    scheduler.store.append_event(time.time(), "notice-seen", {"request": f"{user}/{server}/"})
 
 
 def cancel(scheduler: BudgetScheduler, actor: str, request_id: Any, reason: Any) -> Done:
@@ -95,10 +121,8 @@ def cancel(scheduler: BudgetScheduler, actor: str, request_id: Any, reason: Any)
     now = time.time()
     message = cancel_message(reason, now)
     session = split_request_id(request_id)
-    error = SpawnException(message, reason="admin-cancel", status_code=409)
-    error.jupyterhub_message = message
     scheduler.notices[session] = message
-    if not scheduler.withdraw(request_id, error, f"cancelled by an administrator: {reason}"):
+    if not scheduler.withdraw(request_id, f"cancelled by an administrator: {reason}"):
         raise QueueError(400, "request", f"{request_id!r} no longer waits in the queue")
     # An "exit" event with a message: the notice outlives a Hub restart (readmodel.notices_from).
     scheduler.store.append_event(
@@ -147,6 +171,31 @@ class QueueAPIHandler(APIHandler):  # type: ignore[misc]
             raise QueueError(400, "body", f"must be a JSON object, not {type(body).__name__}")
         return body
 
+    async def _end_spawn(self, scheduler: BudgetScheduler, request_id: str) -> None:
+        """End the withdrawn request's waiting spawn as the Hub ends one its user leaves
+        (the REST stop of a pending server): the open spawn pages show the admin's words,
+        the spawn is cancelled (their streams end "Spawn cancelled" and they go to the
+        form), and the server is stopped, which clears it."""
+        name, server = split_request_id(request_id)
+        user = self.find_user(name)
+        spawner = user.spawners.get(server) if user is not None else None
+        future = getattr(spawner, "_spawn_future", None)
+        if spawner is None or spawner.pending != "spawn" or future is None:
+            return  # no spawn waits for it (queued before a Hub restart, not yet taken up)
+        shown = getattr(spawner, "withdrawn", None)
+        if shown is not None:
+            shown(scheduler.notices.get((name, server), ""))
+            await asyncio.sleep(SHOW_PAUSE)
+        if not future.done():
+            future.cancel()
+        await asyncio.wait([future], timeout=10)
+        for _ in range(50):  # the Hub's own done-callbacks clear the pending flag
+            if not spawner.pending:
+                break
+            await asyncio.sleep(0.02)
+        if not spawner.pending:
+            await self.stop_single_user(user, server)
+
     async def post(self, action: str) -> None:
         actor = self._actor()
         body = self._body()
@@ -158,6 +207,7 @@ class QueueAPIHandler(APIHandler):  # type: ignore[misc]
             if extra:
                 raise QueueError(400, sorted(extra)[0], "unknown field (fields: request, reason)")
             done = cancel(scheduler, actor, body.get("request"), body.get("reason"))
+            await self._end_spawn(scheduler, done.request)
         else:
             extra = set(body) - {"request", "priority"}
             if extra:

@@ -27,6 +27,7 @@ from traitlets import Integer, List, default
 
 from scheduler_core.model import Allocation, Request
 from scheduler_core.store import RequestState
+from spawner.hub import queuecontrol
 from spawner.hub.embedded import BudgetScheduler, LaunchFailed, QueueStatus, SessionLaunch, Waiter
 from spawner.profiles import (
     FORM_FIELDS,
@@ -181,8 +182,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
 
     @property
     def budget_phase(self) -> str:
-        """``queued``, ``launching`` or ``submitting`` while a start is pending, else ``""``
-        (the Hub's templates read it)."""
+        """``queued``, ``launching``, ``submitting`` or ``withdrawn`` (an admin's cancel)
+        while a start is pending, else ``""`` (the Hub's templates read it)."""
         return self._phase if self._spawn_pending else ""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -199,6 +200,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         self._phase_changed = asyncio.Event()
         self._left_queue = False
         """The user cancelled this start while it waited (see ``ready``)."""
+        self._withdrawn = ""
+        """An administrator's cancel of this start, in the words its user is shown."""
         self._typed: dict[str, Any] = {}
         """What the user last posted on the form (shown again, once, with its refusal)."""
         self.agent: Agent | None = None
@@ -250,9 +253,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         notice = scheduler.notices.get((self.user.name, self.name))
         parts = []
         if notice:
-            parts.append(
-                f'<div class="alert alert-warning budgethub-notice">{html.escape(notice)}</div>'
-            )
+            parts.append(self._notice_html(notice))
         if not teams:
             parts.append(self._no_team_message())
             return "\n".join(parts)
@@ -289,6 +290,24 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         # the last accepted options again (a refused spawn's options do not outlive it).
         self._typed = {}
         return "\n".join(parts)
+
+    def _notice_html(self, notice: str) -> str:
+        """The form's notice. An admin's cancel is a notice, not a failure: a heading of
+        its own, and shown once (seen here, it is gone from the form and My sessions)."""
+        if not queuecontrol.is_cancel_notice(notice):
+            return f'<div class="alert alert-warning budgethub-notice">{html.escape(notice)}</div>'
+        queuecontrol.notice_seen(self.scheduler, self.user.name, self.name)
+        return (
+            '<div class="alert alert-info budgethub-notice budgethub-cancelled" role="status">'
+            f'<h2 class="h5 alert-heading">{html.escape(queuecontrol.CANCEL_HEADING)}</h2>'
+            f'<p class="mb-0">{html.escape(notice)}</p></div>'
+        )
+
+    def withdrawn(self, message: str) -> None:
+        """An administrator took this start's request out of the queue (queuecontrol):
+        the open spawn pages say so, in ``message``, before the Hub cancels the spawn."""
+        self._withdrawn = message
+        self._set_phase("withdrawn")
 
     def _no_team_message(self) -> str:
         """No team pays for this user: say so, whom to ask (or, to an administrator, what
@@ -402,7 +421,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             if scheduler.started:
                 self._note_left_queue()
                 scheduler.cancel(self.request_id, "the spawn was cancelled")
-                self.log.info("%s: %s left the queue", self._prefix, self.request_id)
+                how = "was taken out of" if self._withdrawn else "left"
+                self.log.info("%s: %s %s the queue", self._prefix, self.request_id, how)
         self.request_id = None
         self.node = None
         self.runtime_id = None
@@ -412,8 +432,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
     def _note_left_queue(self) -> None:
         """The spawn form's notice for a request that leaves the queue (if it is queued)."""
         scheduler = self.scheduler
-        if not self.request_id or not scheduler.started:
-            return
+        if not self.request_id or not scheduler.started or self._withdrawn:
+            return  # an administrator's cancel says why itself
         status = scheduler.queue_status(self.request_id)
         if status is not None:
             scheduler.notices[(self.user.name, self.name)] = (
@@ -514,6 +534,7 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         self._restore = self._snapshot_choice(options)
         options = {k: v for k, v in options.items() if k not in SNAPSHOT_FIELDS}
         self._left_queue = False
+        self._withdrawn = ""
         self._typed = {}
         self._set_phase("submitting")
         try:
@@ -624,13 +645,18 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         self.ip = session.address
         self.agent = scheduler.agents.get(request_id)
         self._failure = ""
+        # Where a start's time went (bench.spawn reads it): the queue, the wait for a
+        # turn to boot on the node, the boot until the server answered.
         self.log.info(
-            "%s: running on %s port %d (%s, %s)",
+            "%s: running on %s port %d (%s, %s; queued %.2f s, turn %.2f s, boot %.2f s)",
             self._prefix,
             grant.node,
             session.port,
             ",".join(s.device_id for s in grant.slices) or "no GPU",
             "funded" if allocation.funded else "unallocated",
+            max(0.0, allocation.start - allocation.request.submit),
+            session.turn_s,
+            session.boot_s,
         )
         return session.address, session.port
 
@@ -746,6 +772,13 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             elif self._phase == "launching":
                 message = f"Granted on node {self.node}; starting the session"
                 event = {"progress": 60, "message": message}
+            elif self._phase == "withdrawn":
+                message = self._withdrawn
+                event = {
+                    "progress": 100,
+                    "message": message,
+                    "withdrawn": queuecontrol.CANCEL_HEADING,  # the page's heading
+                }
             else:
                 message = "Submitting to the budget scheduler"
                 event = {"progress": 5, "message": message}
