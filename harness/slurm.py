@@ -76,6 +76,21 @@ class SlurmCluster:
     partition: str = "gpu"
     port: int = 0
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    gpu_model: str = ""
+    """"": one GRES type per GPU (``gpu:g0:1,gpu:g1:1``); a model name: Slurm's standard
+    form, every GPU of the node one type (``gpu:fake:2``), as AutoDetect declares them."""
+    shards: int = 0
+    """``gres/shard`` units per GPU (0: none), for fractions of a GPU."""
+    accounts: dict[str, list[str]] = field(default_factory=dict)
+    """Slurm account → its users: with any, ``slurmdbd`` keeps the accounting in a MariaDB
+    database of its own (``mysql_url``), with ``AccountingStorageEnforce=associations``."""
+    mysql: tuple[str, int] = ("127.0.0.1", 3306)
+    """Where MariaDB listens (its ``root`` user, no password, makes the database)."""
+    cgroup: tuple[str, ...] = ()
+    """cgroup.conf lines (with ``TaskPlugin=task/cgroup`` in ``extra``); none: no file."""
+    extra: tuple[str, ...] = ()
+    """More slurm.conf lines (KillWait, an Epilog, TaskPlugin ...), each in place of the
+    default line of its key."""
 
     @property
     def conf(self) -> Path:
@@ -117,6 +132,8 @@ class SlurmCluster:
             self._netns(node)
         self._munge()
         self._config()
+        if self.accounts:
+            self._slurmdbd()
         ctl = self._spawn(
             [
                 "unshare",
@@ -135,6 +152,8 @@ class SlurmCluster:
         )
         self.procs.append(ctl)
         self._wait(lambda: self.run("scontrol", "ping", check=False).count("UP") > 0, "slurmctld")
+        if self.accounts:
+            self._associations()
         for node in self.nodes:
             self.start_slurmd(node)
         self.wait_idle()
@@ -214,7 +233,7 @@ class SlurmCluster:
             "SlurmdParameters=config_overrides",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_CPU_Memory",
-            "GresTypes=gpu",
+            "GresTypes=gpu,shard" if self.shards else "GresTypes=gpu",
             "PreemptType=preempt/none",
             "PreemptMode=OFF",
             "SchedulerType=sched/backfill",
@@ -224,35 +243,163 @@ class SlurmCluster:
             "MinJobAge=600",
             "MpiDefault=none",
             "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *(
+                [
+                    "AccountingStorageType=accounting_storage/slurmdbd",
+                    f"AccountingStorageHost={self.controller}",
+                    f"AccountingStoragePort={self.port + 2}",
+                    "AccountingStorageEnforce=associations",
+                    # The munge socket of slurmdbd's connections (not AuthInfo's).
+                    f"AccountingStoragePass={self.root / 'munge.sock'}",
+                ]
+                if self.accounts
+                else ["AccountingStorageType=accounting_storage/none"]
+            ),
             "JobCompType=jobcomp/none",
             "SwitchType=switch/none",
         ]
         gres = ["AutoDetect=off"]
         for node in self.nodes:
-            types = ",".join(f"gpu:g{g}:1" for g in range(node.gpus))
             lines.append(
                 f"NodeName={node.name} NodeAddr={node.address} NodeHostname={node.name} "
                 f"CPUs={node.cpus} RealMemory={node.memory_mib}"
-                + (f" Gres={types}" if types else "")
+                + (f" Gres={self.node_gres(node)}" if node.gpus else "")
                 + " State=UNKNOWN"
             )
-            (dev / node.name).mkdir(parents=True, exist_ok=True)
-            for g in range(node.gpus):
-                device = dev / node.name / f"nvidia{g}"
-                if not device.exists():
-                    os.mknod(device, 0o666 | 0o020000, os.makedev(195, g))
-                gres.append(f"NodeName={node.name} Name=gpu Type=g{g} File={device}")
+            gres.extend(self._gres_lines(node, dev / node.name))
         names = ",".join(n.name for n in self.nodes)
         lines.append(
             f"PartitionName={self.partition} Nodes={names} Default=YES MaxTime=INFINITE "
             "State=UP PreemptMode=OFF OverSubscribe=NO"
         )
+        replaced = {line.split("=", 1)[0] for line in self.extra}
+        lines = [line for line in lines if line.split("=", 1)[0] not in replaced]
+        lines.extend(self.extra)
         self.conf.write_text("\n".join(line for line in lines if line) + "\n")
         (self.root / "gres.conf").write_text("\n".join(gres) + "\n")
+        if self.cgroup:
+            (self.root / "cgroup.conf").write_text("\n".join(self.cgroup) + "\n")
         (self.root / "state").mkdir(exist_ok=True)
         for node in self.nodes:
             (self.root / "spool" / node.name).mkdir(parents=True, exist_ok=True)
+
+    def node_gres(self, node: SlurmNode) -> str:
+        """The node's ``Gres=`` in slurm.conf."""
+        if self.gpu_model:
+            found = f"gpu:{self.gpu_model}:{node.gpus}"
+        else:
+            found = ",".join(f"gpu:g{g}:1" for g in range(node.gpus))
+        if self.shards:
+            found += f",shard:{self.gpu_model or 'g'}:{self.shards * node.gpus}"
+        return found
+
+    def _gres_lines(self, node: SlurmNode, dev: Path) -> list[str]:
+        """gres.conf for the node's fake GPUs (character devices, major 195 as NVIDIA's)."""
+        dev.mkdir(parents=True, exist_ok=True)
+        devices = []
+        for g in range(node.gpus):
+            device = dev / f"nvidia{g}"
+            if not device.exists():
+                os.mknod(device, 0o666 | 0o020000, os.makedev(195, g))
+            devices.append(device)
+        found = []
+        for g, device in enumerate(devices):
+            kind = self.gpu_model or f"g{g}"
+            found.append(f"NodeName={node.name} Name=gpu Type={kind} File={device}")
+            if self.shards:
+                found.append(
+                    f"NodeName={node.name} Name=shard Type={self.gpu_model or 'g'} "
+                    f"Count={self.shards} File={device}"
+                )
+        return found
+
+    @property
+    def database(self) -> str:
+        return f"bhslurm_acct_{_worker()}"
+
+    def _slurmdbd(self) -> None:
+        """slurmdbd on the controller's address, over a fresh MariaDB database."""
+        host, port = self.mysql
+        subprocess.run(
+            [
+                "mysql",
+                "-h",
+                host,
+                "-P",
+                str(port),
+                "-u",
+                "root",
+                "-e",
+                f"DROP DATABASE IF EXISTS {self.database}; CREATE DATABASE {self.database}",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        conf = self.root / "slurmdbd.conf"
+        conf.write_text(
+            "\n".join(
+                [
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={self.root / 'munge.sock'}",
+                    "DbdHost=bhctl",
+                    f"DbdAddr={self.controller}",
+                    f"DbdPort={self.port + 2}",
+                    "SlurmUser=root",
+                    f"PidFile={self.root / 'slurmdbd.pid'}",
+                    f"LogFile={self.root / 'slurmdbd.log'}",
+                    "StorageType=accounting_storage/mysql",
+                    f"StorageHost={host}",
+                    f"StoragePort={port}",
+                    "StorageUser=root",
+                    f"StorageLoc={self.database}",
+                ]
+            )
+            + "\n"
+        )
+        os.chmod(conf, 0o600)
+        self.procs.append(  # under the controller's host name, which DbdHost names
+            self._spawn(
+                ["unshare", "--uts", "sh", "-c", 'hostname bhctl && exec "$@"', "-"]
+                + ["/usr/sbin/slurmdbd", "-D"],
+                "slurmdbd.out",
+            )
+        )
+        self._wait(
+            lambda: (
+                subprocess.run(
+                    ["sacctmgr", "-n", "list", "cluster"],
+                    env=self.env,
+                    capture_output=True,
+                    timeout=10,
+                ).returncode
+                == 0
+            ),
+            "slurmdbd",
+        )
+
+    def _associations(self) -> None:
+        """The cluster, its accounts and their users in slurmdbd (root under ``root``)."""
+        self._wait(
+            lambda: (
+                "bhtest"
+                in self.run("sacctmgr", "-n", "-p", "list", "cluster", check=False, timeout=10)
+            ),
+            "slurmctld to register with slurmdbd",
+        )
+        for account, users in self.accounts.items():
+            self.run("sacctmgr", "-i", "add", "account", account, "cluster=bhtest", check=False)
+            for user in users:
+                self.run(
+                    "sacctmgr",
+                    "-i",
+                    "add",
+                    "user",
+                    user,
+                    f"account={account}",
+                    "cluster=bhtest",
+                    check=False,
+                )
 
     def _spawn(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
         with open(self.root / log, "ab") as out:  # the daemon keeps its own copy
