@@ -225,8 +225,20 @@ class Request:
         (the price the policy weighs a victim by): the run since its last checkpoint
         (`kept_seconds`), the snapshot's taking, and the next run's start (its
         ``restart_cost``, and a snapshot's restore: `restart_seconds`)."""
+        # Inline, not through the properties below: the victim search asks this of
+        # every candidate it weighs, many times a cycle.
         elapsed = max(0.0, elapsed)
-        return elapsed - self.kept_seconds(elapsed) + self.take_seconds + self.restart_seconds
+        if not self.resumable:
+            return elapsed + self.restart_cost
+        every = self.checkpoint_every
+        if every > 0:
+            return elapsed % every + self.restart_cost
+        return (
+            SNAPSHOT_TAKE_FIXED_S
+            + SNAPSHOT_RESTORE_FIXED_S
+            + (SNAPSHOT_TAKE_S_PER_GIB + SNAPSHOT_RESTORE_S_PER_GIB) * self.memory_gib
+            + self.restart_cost
+        )
 
     def kept_seconds(self, progress: float) -> float:
         """Of ``progress`` seconds of work in a run, what a preemption keeps: all of it if

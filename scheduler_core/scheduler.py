@@ -52,6 +52,8 @@ from scheduler_core.view import ClusterView, Decisions
 
 log = logging.getLogger(__name__)
 
+_NO_PAIRS: Mapping[str, str] = MappingProxyType({})
+
 
 class Clock(Protocol):
     def now(self) -> float: ...
@@ -411,9 +413,20 @@ class Scheduler:
             index=index,
             funded_rates=kept.rates_view(),
             stops=MappingProxyType(self.stops.copy()),
-            stopped_by=MappingProxyType(self.stopped_by.copy()),
+            stopped_by=self._stopped_by_running(),
             idle=tuple((self.running[r], since) for r, since in self.idle.items()),
         )
+
+    def _stopped_by_running(self) -> Mapping[str, str]:
+        """`stopped_by`, less the pairs whose stopper no longer runs (forgotten: S10 holds
+        while that session runs), for the view."""
+        stopped_by = self.stopped_by
+        if not stopped_by:
+            return _NO_PAIRS
+        running = self.running
+        for waiting in [w for w, stopper in stopped_by.items() if stopper not in running]:
+            del stopped_by[waiting]
+        return MappingProxyType(stopped_by.copy())
 
     def _running_tuple(self) -> tuple[Allocation, ...]:
         """``running``'s allocations in order, made again only after one was booked or

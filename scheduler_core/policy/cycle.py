@@ -24,7 +24,7 @@ from scheduler_core.rules import funded_rates, health_preemptions, kept_reservat
 from scheduler_core.verdict import Verdict, Verdicts, Victim
 from scheduler_core.view import Admission, ClusterView, Decisions, Preemption
 
-__all__ = ["Cycle", "Pass", "Result", "spared"]
+__all__ = ["Cycle", "Pass", "Result"]
 
 Result = tuple[bool, str, float, str]
 """An entry's answer: funded, its funding ground (`verdict`), the protection it gets if
@@ -115,9 +115,9 @@ class Cycle:
                 capacity.give(self._by_id[allocation_id].grants)
         self.rates = funded_rates(view, self.stopped)
         self.funded_victims: set[str] = set()
-        self.spared = spared(view)
+        self.spared: Mapping[str, str] = view.stopped_by
         """S10: per waiting request, the running session that stopped it (not stopped in
-        return)."""
+        return; the scheduler hands over only the pairs whose stopper runs)."""
         self._victims: Victims | None = None
         kept_reservations(view, capacity, index.waiting if index is not None else None)
         self.known_failures = KnownFailures(index, capacity.free, capacity.grown)
@@ -303,16 +303,6 @@ class Cycle:
             searches=MappingProxyType(self.known_failures.found),
             verdicts=self.verdicts(),
         )
-
-
-def spared(view: ClusterView) -> dict[str, str]:
-    """S10, no turns: per waiting request a preemption put back, the request whose
-    admission stopped it, where that one still runs (it is not stopped in return)."""
-    stopped_by = view.stopped_by
-    if not stopped_by:
-        return {}
-    running = {a.id for a in view.allocations}
-    return {waiting: stopper for waiting, stopper in stopped_by.items() if stopper in running}
 
 
 class _Builder:
