@@ -52,8 +52,6 @@ from scheduler_core.view import ClusterView, Decisions
 
 log = logging.getLogger(__name__)
 
-_NO_PAIRS: Mapping[str, str] = MappingProxyType({})
-
 
 class Clock(Protocol):
     def now(self) -> float: ...
@@ -149,9 +147,13 @@ class Scheduler:
         self._idle_due: list[tuple[float, str]] = []
         """When idle sessions become free to release (``idle_release``)."""
         self.stopped_by: dict[str, str] = {}
-        """Waiting request id → the request whose admission stopped it (S10,
-        `ClusterView.stopped_by`); forgotten when it ends or is cancelled. Not kept over
-        a restart: at worst one more turn."""
+        """Waiting request id → the request whose admission stopped it, while that one runs
+        (S10, `ClusterView.stopped_by`, a live read-only view of it: kept up to date here,
+        not copied per cycle); forgotten when either ends, is stopped or is cancelled.
+        Not kept over a restart: at worst one more turn."""
+        self._stopped_for: dict[str, list[str]] = {}
+        """Stopper id → the requests it stopped (the other way of ``stopped_by``)."""
+        self._stopped_view: Mapping[str, str] = MappingProxyType(self.stopped_by)
 
     def _pool_capacity(self) -> dict[str, float]:
         capacity = dict.fromkeys(self.pools, 0.0)
@@ -202,12 +204,14 @@ class Scheduler:
         self._release(allocation)
         self.stops.pop(request_id, None)
         self.stopped_by.pop(request_id, None)
+        self._forget_stopper(request_id)
         return allocation
 
     def launch_failed(self, request_id: str) -> None:
         """The actuator could not start a session: hand back its slices and requeue it."""
         allocation = self.running.pop(request_id)
         self._release(allocation)
+        self._forget_stopper(request_id)
         self.pending[request_id] = allocation.request
         self._kept.enqueue(allocation.request)
 
@@ -413,20 +417,15 @@ class Scheduler:
             index=index,
             funded_rates=kept.rates_view(),
             stops=MappingProxyType(self.stops.copy()),
-            stopped_by=self._stopped_by_running(),
+            stopped_by=self._stopped_view,
             idle=tuple((self.running[r], since) for r, since in self.idle.items()),
         )
 
-    def _stopped_by_running(self) -> Mapping[str, str]:
-        """`stopped_by`, less the pairs whose stopper no longer runs (forgotten: S10 holds
-        while that session runs), for the view."""
-        stopped_by = self.stopped_by
-        if not stopped_by:
-            return _NO_PAIRS
-        running = self.running
-        for waiting in [w for w, stopper in stopped_by.items() if stopper not in running]:
-            del stopped_by[waiting]
-        return MappingProxyType(stopped_by.copy())
+    def _forget_stopper(self, request_id: str) -> None:
+        """``request_id`` no longer runs: the requests it stopped may stop it again (S10)."""
+        for waiting in self._stopped_for.pop(request_id, ()):
+            if self.stopped_by.get(waiting) == request_id:
+                del self.stopped_by[waiting]
 
     def _running_tuple(self) -> tuple[Allocation, ...]:
         """``running``'s allocations in order, made again only after one was booked or
@@ -471,13 +470,16 @@ class Scheduler:
         for preemption in decisions.preemptions:
             allocation = self.running.pop(preemption.allocation_id)
             self._release(allocation)
+            self._forget_stopper(allocation.id)
             if self.actuator.preempt(allocation, preemption.reason):
                 self.pending[allocation.id] = allocation.request
                 self._kept.enqueue(allocation.request)
                 if allocation.request.klass is RequestClass.DEBUG:
                     self.stops[allocation.id] = self.stops.get(allocation.id, 0) + 1
-                if preemption.for_request is not None:
-                    self.stopped_by[allocation.id] = preemption.for_request
+                stopper = preemption.for_request
+                if stopper is not None:
+                    self.stopped_by[allocation.id] = stopper
+                    self._stopped_for.setdefault(stopper, []).append(allocation.id)
             else:
                 self.stops.pop(allocation.id, None)  # not queued again: it has ended
                 self.stopped_by.pop(allocation.id, None)
