@@ -137,7 +137,10 @@ class ForeignHolds:
             except Exception as error:  # Slurm did not answer: keep what is known
                 self.log.info("budgethub: reading other jobs' holdings: %s", error)
             else:
-                self.apply(held, time.time())
+                try:
+                    self.apply(held, time.time())
+                except Exception:  # never the end of the loop: the next round tries again
+                    self.log.exception("budgethub: counting what other jobs hold")
             await asyncio.sleep(self.interval)
 
     def read(self) -> dict[str, HeldLike | None]:
