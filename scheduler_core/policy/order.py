@@ -109,11 +109,15 @@ def judge_all(
         request_id = request.id
         order.append(request_id)
         charged = False
-        if (held and request_id in held) or (spared and request_id in spared):
-            # A holder, or an entry that may not stop its stopper (S10): its answer is
-            # its own, and no other entry's.
+        if held and request_id in held:
             result, _, charged = judge(cycle, state, turn, entry, team_queues)
             known.clear()
+        elif spared and request_id in spared:
+            # It may not stop its stopper (S10): its answer is its own, not remembered
+            # for others of its kind (which it may not give either).
+            result, changed, charged = judge(cycle, state, turn, entry, team_queues)
+            if changed:
+                known.clear()
         elif not memo:
             result, _, charged = judge(cycle, state, turn, entry, team_queues)
         else:
@@ -274,10 +278,13 @@ def victims_for(
     running = cycle.rates[turn.rate_key]
     burst = running > 1e-9 and running + entry.rate > turn.share_limit
     # A holder's search counts its own held nodes: no other entry's failure speaks
-    # for it, nor its failure for them (see `victims.stop_for`).
+    # for it, nor its failure for them (see `victims.stop_for`). Nor for a job that
+    # slices its own team (S6, ``swap``): it may stop its own team's sessions, which
+    # the failures recorded did not count.
     if not (
         entry.debug
         or holder
+        or swap
         or (
             (failed_at is None or after < failed_at)
             and (related or not no_victims.known(entry.shape, after, entry.shape_id))

@@ -76,7 +76,9 @@ def evict(
         limit,
     )
     if found is None and burst and limit is None and not holder:
-        state.no_burst.add(entry.shape, (), entry.shape_id)
+        if not (cycle.spared and entry.request.id in cycle.spared):
+            # One that spares its stopper (S10) speaks for no other entry of its shape.
+            state.no_burst.add(entry.shape, (), entry.shape_id)
     return found
 
 
