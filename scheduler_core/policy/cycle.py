@@ -18,7 +18,7 @@ from scheduler_core.kept import KnownFailures, Queued
 from scheduler_core.model import Allocation, NodeGrant
 from scheduler_core.policy.day import DayUsage
 from scheduler_core.policy.failures import Failures
-from scheduler_core.preemption import Victims
+from scheduler_core.preemption import PRICE_CAP, Victims
 from scheduler_core.ranking import Key, PoolRanking
 from scheduler_core.rules import funded_rates, health_preemptions, kept_reservations
 from scheduler_core.verdict import Verdict, Verdicts, Victim
@@ -132,6 +132,7 @@ class Cycle:
                 if since + release_after <= now
                 for node in allocation.node_names
             )
+        self.known_failures.grown.extend(cheap_again(view.allocations, now))
         self.held: dict[str, set[str]] = defaultdict(set)
         """Per pool, the requests holding nodes there."""
         for node, request_id in capacity.reserved.items():
@@ -303,6 +304,28 @@ class Cycle:
             searches=MappingProxyType(self.known_failures.found),
             verdicts=self.verdicts(),
         )
+
+
+_CHECKPOINTING: list[tuple[tuple[Allocation, ...], list[Allocation]]] = []
+"""The last running tuple seen and its funded sessions that checkpoint (`cheap_again`):
+the scheduler hands over the same tuple until a session starts or ends."""
+
+
+def cheap_again(allocations: tuple[Allocation, ...], now: float) -> list[str]:
+    """R8 and the failures kept between cycles (`KnownFailures`): a funded run that
+    checkpoints gets cheap enough to stop again after each checkpoint, with no node
+    growing, so its nodes count as new since any remembered failure while it is."""
+    if _CHECKPOINTING and _CHECKPOINTING[0][0] is allocations:
+        found = _CHECKPOINTING[0][1]
+    else:
+        found = [a for a in allocations if a.funded and a.request.checkpoint_every > 0]
+        _CHECKPOINTING[:] = [(allocations, found)]
+    return [
+        node
+        for allocation in found
+        if allocation.request.lost_seconds(now - allocation.start) <= PRICE_CAP
+        for node in allocation.node_names
+    ]
 
 
 class _Builder:

@@ -101,6 +101,9 @@ def busy_scenarios(draw: st.DrawFn) -> Scenario:
             "class": draw(st.sampled_from(["debug", "interactive", "batch"])),
             "cpus": draw(st.sampled_from([1, 4, 8, 0.5])),
         }
+        if request["resumable"]:
+            # R8: a run that checkpoints is cheap to stop again after each checkpoint.
+            request["checkpoint_every"] = draw(st.sampled_from([0, 0, 600, 1200]))
         if kind == "whole":
             request["gpus"] = draw(st.sampled_from([0, 1, 2, 4, 8]))
             request["nodes"] = draw(st.sampled_from([1, 1, 2, 3]))
