@@ -25,14 +25,17 @@ from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from scheduler_core.model import Allocation, PoolKind, Request
+from scheduler_core.store import SnapshotRecord
+from spawner.admin import AdminError, json_body
 from spawner.hub.embedded import BudgetScheduler
 from spawner.hub.pages import running_scheduler
 from spawner.hubapi import split_request_id
 from spawner.readmodel.status import amount
 
-STATES = ("running", "starting", "queued", "snapshot")
+STATES = ("running", "starting", "queued", "snapshot", "stopped")
 """A row's state: a server that answers, one granted and starting, one waiting in the
-queue, or a stopped server that has a snapshot to restore."""
+queue, a stopped server whose snapshot is its latest state (offered: Start restores it),
+or a stopped server whose snapshot is older than its last session (kept, not offered)."""
 
 
 @dataclass
@@ -48,6 +51,7 @@ class SessionRow:
     funding: str = ""
     """``funded``, ``unallocated`` or ``not yet weighed`` ('' for a snapshot)."""
     protected_until: float | None = None
+    """Until when a funded session cannot be preempted (None: not protected)."""
     position: str = ""
     """``2 of 3`` in its pool, for a queued session."""
     estimated_start: float | None = None
@@ -59,7 +63,11 @@ class SessionRow:
     """Where the running server opens."""
     snapshot: str = ""
     """The newest snapshot's key (a snapshot row, or a server that has one)."""
+    offered: bool = False
+    """The snapshot is the server's latest state: a start restores it."""
     snapshot_line: str = ""
+    """What the snapshot holds and when it was taken, and what this row's buttons do
+    with it."""
     options: dict[str, Any] = field(default_factory=dict)
     """The options of its last accepted start (Start and Start fresh send them again)."""
 
@@ -101,7 +109,8 @@ def _running_row(
         node=", ".join(allocation.node_names),
         slices=holds(request, _unit(scheduler, request.pool)),
         funding="funded" if allocation.funded else "unallocated",
-        protected_until=allocation.protected_until,
+        # An unallocated session's protected_until is only the end of its grace.
+        protected_until=allocation.protected_until if allocation.funded else None,
     )
 
 
@@ -136,13 +145,15 @@ def rows_of(scheduler: BudgetScheduler, user: Any) -> list[SessionRow]:
         if request.user == name:
             row = _queued_row(scheduler, request_id, request)
             rows.setdefault(row.server, row)
+    started = {
+        split_request_id(r)[1]: a.start
+        for r, a in list(scheduler.core.running.items())
+        if a.request.user == name
+    }
     for server in sorted({s.server for s in scheduler.store.list_snapshots(user=name)}):
         found = scheduler.snapshots_of(name, server)
-        if not found:
-            continue
-        row = rows.setdefault(server, SessionRow(server=server, state="snapshot"))
-        row.snapshot = found[0].key
-        row.snapshot_line = scheduler.snapshot_notice(name, server) or ""
+        if found:
+            _snapshot_part(scheduler, rows, name, server, found[0], started.get(server))
     for row in rows.values():
         orm = user.orm_spawners.get(row.server)
         if orm is not None and isinstance(orm.user_options, dict):
@@ -151,6 +162,36 @@ def rows_of(scheduler: BudgetScheduler, user: Any) -> list[SessionRow]:
             }
     order = {s: i for i, s in enumerate(STATES)}
     return sorted(rows.values(), key=lambda r: (order[r.state], r.server))
+
+
+OFFER_CONTROLS = " Start restores it; Start fresh ignores it (your files stay either way)."
+"""What the buttons of a row whose snapshot is offered do with it (the page's own words:
+the spawn form has a "Start fresh" box instead)."""
+
+
+def _snapshot_part(
+    scheduler: BudgetScheduler,
+    rows: dict[str, SessionRow],
+    user: str,
+    server: str,
+    newest: SnapshotRecord,
+    started: float | None,
+) -> None:
+    """The row of a server that has a snapshot: a stopped server's own row (offered, or
+    only kept), or the line under its running or queued row."""
+    offer = scheduler.snapshot_notice(user, server)
+    row = rows.get(server)
+    if row is None:
+        state = "snapshot" if offer else "stopped"
+        row = rows[server] = SessionRow(server=server, state=state)
+    row.snapshot = newest.key
+    row.offered = offer is not None and (started is None or newest.created > started)
+    if row.state == "snapshot":
+        row.snapshot_line = (offer or "") + OFFER_CONTROLS
+    elif row.state == "queued" and offer:
+        row.snapshot_line = "When it starts, it restores its snapshot. " + offer
+    else:
+        row.snapshot_line = scheduler.kept_snapshot_notice(user, server, started) or ""
 
 
 def notices_of(scheduler: BudgetScheduler, user: str) -> list[tuple[str, str]]:
@@ -225,7 +266,9 @@ class SessionsAPIHandler(APIHandler):  # type: ignore[misc]
         if action != "delete-snapshots":
             raise web.HTTPError(404, "%s", "action: the only action is delete-snapshots")
         try:
-            body = json.loads(self.request.body or b"{}")
+            body = json_body(self.request.body or b"{}")
+        except AdminError as error:  # a NaN or an infinity, named where it is
+            raise web.HTTPError(400, "%s", f"{error.field}: {error.reason}") from None
         except (ValueError, UnicodeDecodeError):
             raise web.HTTPError(400, "%s", "body: is not JSON") from None
         if not isinstance(body, dict) or set(body) - {"server"}:
