@@ -237,6 +237,9 @@ def test_scopes_hold(ctx: Ctx) -> None:
         ("admin/teams/robotics", {"share": {"gpu": 0.1}}, "team"),
         ("admin/teams/nlp", {"parent": "nobody"}, "parent"),
         ("admin/teams/nlp", [1, 2], "body"),
+        ("admin/teams/nlp", "NaN", "body"),  # issue 50: its own error, not "a JSON object"
+        ("admin/teams/nlp", '{"share": {"gpu": NaN}}', "share.gpu"),
+        ("admin/settings", '{"lookback": Infinity}', "lookback"),
         ("admin/settings", {"lookback": -3}, "lookback"),
         ("admin/settings", {"max_min_runtime": "forever"}, "max_min_runtime"),
         ("admin/settings", {"cycle_tick": 1}, "setting"),
@@ -248,6 +251,8 @@ def test_bad_input_is_a_400_naming_the_field(ctx: Ctx, path: str, body: Any, fie
     answer = ctx.patch("boss", path, body)
     assert answer.status_code == 400, answer.text
     assert answer.json()["field"] == field, answer.text
+    if "NaN" in str(body) or "Infinity" in str(body):
+        assert "JSON has no NaN or Infinity" in answer.json()["error"], answer.text
 
 
 def test_bad_query_and_unknown_routes(ctx: Ctx) -> None:
@@ -384,6 +389,8 @@ def test_my_budget_and_an_admin_change_in_a_real_browser(ctx: Ctx, tmp_path: Pat
             admin.fill("#share-value", str(vision))
             admin.click("#share-form button[type=submit]")
             admin.wait_for_selector("#admin-done")
+            done = admin.locator("#admin-done").inner_text()
+            assert done.startswith("Saved") and "so far" not in done, done  # issue 50
             log = admin.locator("#audit-log tbody tr").first.inner_text()
             assert "teams.vision.share.gpu" in log and "boss" in log and str(vision) in log
             # A share that would take the pool over 1 comes back naming the field.
@@ -394,6 +401,13 @@ def test_my_budget_and_an_admin_change_in_a_real_browser(ctx: Ctx, tmp_path: Pat
             error = admin.locator("#admin-error").inner_text()
             assert error.startswith("share.gpu") and "over 1" in error
             assert admin.locator("#share-value").input_value() == "0.9"  # kept
+            admin.fill("#share-value", "-1")  # issue 50: said back as typed, not "-1.0"
+            admin.click("#share-form button[type=submit]")
+            error = admin.locator("#admin-error").inner_text()
+            assert error.startswith("share.gpu") and error.endswith("not -1"), error
+            admin.fill("#share-value", "0.9")
+            admin.click("#share-form button[type=submit]")
+            admin.wait_for_selector("#admin-error")
             admin.screenshot(path=str(SCREENSHOTS / "admin.png"), full_page=True)
             row = admin.locator("#teams-gpu tr[data-team=vision] .share")
 

@@ -5,18 +5,25 @@ the queue" on the home page takes the queued badge away and says so; a refused s
 is one short WARNING line in the Hub's log, not an ERROR carrying a 5,000-character
 value; an option of the wrong type is a 400 naming the field, not Python's words; an
 administrator in no team is told what to change, not to ask an administrator.
+
+Issue 50: a team with no share of the GPU pool reads right on My budget, Teams and My
+sessions; the Hub's admin queue gives the estimated start; the home page's banner follows
+a Stop.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 import requests
 
 from harness.browser import ADMIN, ADMIN_PASSWORD, open_hub, shot
 from harness.hub import Hub, wait_for
-from harness.nodes import ONE_GPU, local_gpu_node
+from harness.nodes import FUNDED_AND_GUESTS, ONE_GPU, local_gpu_node
 
 
 def _spawn_raw(hub: Hub, user: str, data: str | None) -> requests.Response:
@@ -162,3 +169,115 @@ def test_an_administrator_in_no_team_is_told_what_to_change(make_hub, browser, t
     message = refused.json()["message"]
     assert "ask an administrator" not in message, message
     assert "as an administrator, add yourself to a team's group" in message, message
+
+
+# -- issue 50: a team with no share, the admin queue's estimate, the banner after Stop ----
+
+NO_SHARE_GROUPS = {"nlp": ["ann", "bo"], "guests": ["gus"]}
+
+
+def _words(locator: Any) -> str:
+    """A locator's text as one line."""
+    return " ".join(locator.inner_text().split())
+
+
+def _both_themes(page: Any, name: str, directory: Path, ready: str) -> None:
+    """A screenshot of the page in light and in dark (the Hub's toggle keeps the choice in
+    localStorage, and the budget service follows it)."""
+    shot(page, f"{name}.png", directory)
+    page.evaluate("localStorage.setItem('jupyterhub-bs-theme', 'dark')")
+    page.reload()
+    page.wait_for_selector(ready)
+    assert page.get_attribute("html", "data-bs-theme") == "dark"
+    shot(page, f"{name}-dark.png", directory)
+    page.evaluate("localStorage.setItem('jupyterhub-bs-theme', 'light')")
+    page.reload()
+    page.wait_for_selector(ready)
+
+
+def test_a_team_with_no_share_and_its_unallocated_session_read_right_everywhere(
+    make_hub, browser, tmp_path
+):
+    """Issue 50, items 3-5 in a real Chromium. guests have no share of the GPU pool; gus
+    runs a notebook on a GPU unallocated while ann's nlp notebook is funded, and bo's waits.
+    gus's My budget ranks guests among both teams ("of 2"), says what it holds with its
+    unit, and says nothing is owed rather than "no usage yet"; the Teams page keeps guests
+    on the ratio chart and in the delivered chart's legend; his session shows no "protected
+    until" (My sessions, My budget); the Hub's admin queue gives bo's estimated start, the
+    spawn page's own; the home page's banner drops "holds 1 GPU funded" after Stop."""
+    shots = Path(os.environ.get("BUDGETHUB_SHOTS") or tmp_path)
+    hub = make_hub(
+        nodes=[local_gpu_node(gpus=2)],
+        teams=FUNDED_AND_GUESTS,
+        groups=NO_SHARE_GROUPS,
+        extra=ADMIN + "c.BudgetScheduler.unallocated_grace = 3600.0\n",
+    )
+    assert hub.spawn("ann", ONE_GPU).status_code in (201, 202)
+    hub.wait_ready("ann")
+    assert hub.spawn("gus", ONE_GPU).status_code in (201, 202)
+    hub.wait_ready("gus")
+    assert hub.spawn("bo", ONE_GPU).status_code == 202  # both GPUs held: bo waits
+
+    gus = open_hub(browser, hub, "gus")
+    gus.goto(f"{hub.url}/services/budget/my")
+    pool = gus.locator(".budget-team[data-team=guests] .budget-pool[data-pool=gpu]")
+    pool.wait_for(timeout=30_000)
+    text = _words(pool)
+    assert "1 GPU unallocated" in pool.locator(".holds").inner_text(), text
+    assert "(rank 2 of 2," in text, text
+    assert "no usage yet" not in text and "nothing is owed" in text, text
+    assert "would run unallocated (preemptible): the team has no share of this pool." in text
+    sessions = _words(gus.locator("#my-sessions"))
+    assert "unallocated" in sessions and "not protected" in sessions, sessions
+    assert not re.search(r"\b\d\d:\d\d\b", sessions), sessions  # no "protected until" clock
+    _both_themes(gus, "my-budget-no-share", shots, ".budget-team")
+
+    def teams_drawn() -> bool:  # ann's funded use shows once it passes the axis' 0.01
+        gus.goto(f"{hub.url}/services/budget/teams")
+        return gus.locator(".budget-pool[data-pool=gpu] svg.usage-lines").count() == 1
+
+    wait_for(teams_drawn, 120, "the Teams page's delivered chart")
+    gpu = gus.locator(".budget-pool[data-pool=gpu]")
+    ratio = gpu.locator("svg.ratio-bars").inner_html()
+    assert "guests" in ratio and "nlp" in ratio, ratio
+    legend = gpu.locator("svg.usage-lines").inner_html()
+    assert "guests (no share)" in legend and ">nlp<" in legend, legend
+    row = _words(gpu.locator("tr[data-team=guests]"))
+    assert "1 GPU" in row, row
+    _both_themes(gus, "teams-no-share", shots, ".budget-pool")
+
+    gus.goto(f"{hub.url}/hub/budgethub/sessions")
+    mine = gus.locator("tr.budgethub-session[data-server='']")
+    mine.wait_for(timeout=30_000)
+    assert _words(mine.locator("td.budgethub-protected")) == "not protected"
+
+    admin = open_hub(browser, hub, "admin", ADMIN_PASSWORD)
+    admin.goto(f"{hub.url}/hub/admin")
+    queued = admin.locator("#budgethub-queue tr.budgethub-queue-row[data-user=bo]")
+    queued.wait_for(timeout=30_000)
+    estimate = _words(queued.locator("td.budgethub-estimate"))
+    said = next(e["message"] for e in hub.progress("bo") if "queue" in e)
+    assert estimate.startswith("estimated start about ") or estimate.startswith("no "), estimate
+    clock = re.search(r"\d\d:\d\d", estimate)
+    assert clock is None or clock.group(0) in said, (estimate, said)
+    assert estimate.split(",")[0] in said, (estimate, said)
+    admin.locator("#budgethub-queue").scroll_into_view_if_needed()
+    _both_themes(admin, "hub-admin-queue-estimate", shots, "#budgethub-queue")
+    hub.stop_server("bo")  # out of the queue: nothing of nlp's starts when ann stops
+    wait_for(lambda: hub.server_model("bo") is None, 30, "bo to leave the queue")
+
+    ann = open_hub(browser, hub, "ann")
+    ann.goto(f"{hub.url}/hub/home")
+    banner = ann.locator(".budgethub-status")
+    assert "gpu: holds 1 GPU funded" in banner.inner_text()
+    ann.click("#stop")
+    wait_for(lambda: hub.server_model("ann") is None, 60, "ann's server to stop")
+    ann.wait_for_function(
+        "!document.querySelector('.budgethub-status').innerText.includes('holds 1 GPU funded')"
+        " && !document.querySelector('.budgethub-stopping')",
+        timeout=30_000,
+    )
+    assert "gpu: holds 0 GPU funded" in banner.inner_text(), banner.inner_text()
+    for context in (gus.context, admin.context, ann.context):
+        context.close()
+    hub.stop_server("gus")

@@ -3,8 +3,11 @@
 gus has a snapshotted default server (preempted), a running server and a queued one. From
 the Hub's nav bar, My sessions lists all three with their state, node, what they hold,
 funded or unallocated, protection and the estimated start, and no other user's name;
-its buttons leave the queue, stop, start from the snapshot, start fresh and delete it. Screenshots
-(light and dark) go to the test's folder, or to $BUDGETHUB_SHOTS when set.
+its buttons leave the queue, stop, start from the snapshot, start fresh and delete it. Issue
+50: once the restored session has been worked in and stopped, the old snapshot is only kept
+(no Start, no form or home page offer, a plain start does not restore it); a new
+preemption's snapshot is offered again, and a fresh start's stop ends that offer too.
+Screenshots (light and dark) go to the test's folder, or to $BUDGETHUB_SHOTS when set.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from pathlib import Path
 from snapshot_fixtures import ONE, TWO, preempt, snapshot_hub, snapshots, start
 
 from harness.browser import open_hub, shot
-from harness.hub import wait_for
+from harness.hub import containers, wait_for
+from harness.kernels import Server
 from harness.nodes import local_gpu_node
 
 
@@ -26,6 +30,12 @@ def _rows(page: object) -> dict[str, str]:
         "tr.budgethub-session", "rows => rows.map(r => [r.dataset.server, r.dataset.state])"
     )
     return {server: state for server, state in found}
+
+
+def _line(page: object) -> str:
+    """The snapshot line under the default server's row, as one line."""
+    found = page.inner_text("tr.budgethub-snapshot-line[data-server='']")  # type: ignore[attr-defined]
+    return " ".join(found.split())
 
 
 def _dark(page: object, on: bool) -> None:
@@ -56,7 +66,8 @@ def test_my_sessions_lists_every_session_of_mine_and_its_buttons_work(
     assert _rows(page) == {"second": "running", "third": "queued", "": "snapshot"}
     second = " ".join(page.inner_text("tr[data-server=second]").split())
     assert "on gpu-1" in second and "1 GPU, " in second and "unallocated" in second, second
-    assert re.search(r"\d\d:\d\d", second), second  # protected until
+    # Unallocated: its grace is no protection, so no "protected until" (issue 50).
+    assert "not protected" in second and not re.search(r"\d\d:\d\d", second), second
     third = " ".join(page.inner_text("tr[data-server=third]").split())
     assert "position 1 of 1" in third and "unallocated" in third, third
     # The estimated start, from the read model the spawn page's queue message uses.
@@ -96,26 +107,70 @@ def test_my_sessions_lists_every_session_of_mine_and_its_buttons_work(
     assert model["user_options"]["restore"] == snapshot.key, model
     assert model["user_options"]["gpus"] == 1, model  # the last start's options again
     assert f"restoring snapshot {snapshot.key}" in hub.log_tail(2000)
+    # Restored, worked in, stopped by its user: the old snapshot is kept, never offered.
+    server = Server(hub, "gus")
+    server.put_file("notes/later.txt", b"work done after the restore\n")
+    server.put_notebook("later.ipynb")
+    with server.open("later.ipynb") as kernel:
+        assert kernel.run("later = 41 + 1").error is None
     page.goto(f"{hub.url}/hub/budgethub/sessions")
     assert _rows(page)[""] == "running"
+    line = _line(page)
+    assert "This session started after it" in line and "come back" not in line, line
     page.click("tr[data-server=''] .budgethub-stop")
     wait_for(lambda: hub.server_model("gus") is None, 60, "gus's server to stop")
     page.wait_for_function(
         "document.querySelector(\"tr.budgethub-session[data-server='']\")"
         " && document.querySelector(\"tr.budgethub-session[data-server='']\").dataset.state"
-        " === 'snapshot'",
+        " === 'stopped'",
         timeout=30_000,
     )
+    row = page.locator("tr.budgethub-session[data-server='']")
+    assert row.locator(".budgethub-restore, .budgethub-fresh").count() == 0
+    assert row.locator(".budgethub-delete").count() == 1
+    assert "older snapshot kept" in row.inner_text()
+    line = _line(page)
+    assert "An older snapshot, taken at" in line and "a start does not restore it" in line, line
+    assert "come back" not in line and "Start fresh" not in line, line
+    assert "Start" not in row.inner_text().replace("older snapshot", ""), row.inner_text()
+    with hub.login("gus") as web:  # no other page proposes it either
+        form = web.get(f"{hub.url}/hub/spawn/gus", timeout=30).text
+        home = web.get(f"{hub.url}/hub/home", timeout=30).text
+        listed = web.get(f"{hub.api}/budgethub/users/gus/snapshots", timeout=30).json()
+        rows = web.get(f"{hub.api}/budgethub/users/gus/sessions", timeout=30).json()
+    assert "budgethub-snapshot" not in form and snapshot.key not in form
+    assert "budgethub-snapshot-notice" not in home
+    assert [s["offered"] for s in listed] == [False], listed
+    assert rows["sessions"][0]["state"] == "stopped" and not rows["sessions"][0]["offered"]
+    shot(page, "my-sessions-old-snapshot.png", shots)
+    _dark(page, True)
+    shot(page, "my-sessions-old-snapshot-dark.png", shots)
+    _dark(page, False)
+    start(hub, "gus")  # a plain start: the later work, no rollback to the snapshot
+    model = hub.wait_ready("gus", timeout=120)
+    assert "restore" not in model["user_options"], model
+    [box] = [c for c in containers(hub.hub_name) if c.labels["org.budgethub.user"] == "gus"]
+    assert not any(e.startswith("BUDGETHUB_RESTORE_DIR=") for e in box.attrs["Config"]["Env"])
+    assert Server(hub, "gus").get_file("notes/later.txt") == b"work done after the restore\n"
+
+    # Preempted again: that snapshot is the latest state and offered; "Start fresh"
+    # ignores it, and its stop ends the offer too.
+    hub.stop_server("ann")
+    again = preempt(hub, victim="gus", by="ann", options=TWO)
+    hub.stop_server("ann")  # both GPUs free again
+    page.goto(f"{hub.url}/hub/budgethub/sessions")
+    assert _rows(page)[""] == "snapshot"
+    line = _line(page)
+    assert again.key in line and "Start fresh ignores it" in line, line
     page.click("tr[data-server=''] .budgethub-fresh")  # the snapshot ignored
     page.wait_for_url(re.compile(r".*/(spawn-pending|user)/gus.*"), timeout=60_000)
     model = hub.wait_ready("gus", timeout=120)
     assert model["user_options"]["fresh"] == "on" and "restore" not in model["user_options"]
     hub.stop_server("gus")
     page.goto(f"{hub.url}/hub/budgethub/sessions")
-    assert _rows(page)[""] == "snapshot"  # kept: a fresh start does not delete it
+    assert _rows(page)[""] == "stopped"  # kept, not offered: a fresh start ran since
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("tr[data-server=''] .budgethub-delete")
     page.wait_for_selector("#budgethub-no-sessions", timeout=30_000)
     assert snapshots(hub, "gus") == []
     page.context.close()
-    hub.stop_server("ann")
