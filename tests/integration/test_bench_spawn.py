@@ -16,7 +16,10 @@ from harness import REPO
 @pytest.mark.slow
 def test_bench_spawn_prints_as_it_goes_and_can_skip_the_queued_load(engine):
     started = time.monotonic()
-    command = [sys.executable, "-u", "-m", "bench.spawn", "--rounds", "1", "--users", "2"]
+    command = [
+        *(sys.executable, "-u", "-m", "bench.spawn"),
+        *("--rounds", "1", "--users", "2", "--concurrent-rounds", "1"),
+    ]
     arrived: list[tuple[float, str]] = []
     with subprocess.Popen(
         [*command, "--load-seconds", "0"],

@@ -1,10 +1,11 @@
 """Issue 41: an administrator controls the queue from the Hub, through a real Hub.
 
 An admin changes a queued request's priority (it moves inside its own team's queue and
-never past another team's request), and cancels a queued request: its spawn ends with
-the admin's reason, which the user's spawn form and My sessions show without the admin's
-name; both actions are in the audit log. A user may do neither; a forged request id or a
-value of the wrong type is a 400 naming the field, never a 500.
+never past another team's request), and cancels a queued request: its spawn ends as a
+cancelled one with the admin's reason, which the user's spawn form and My sessions show
+without the admin's name, under a heading of its own and not as a failure, until the
+user has seen it (issue 50); both actions are in the audit log. A user may do neither; a
+forged request id or a value of the wrong type is a 400 naming the field, never a 500.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +43,16 @@ def _audit(hub: Hub) -> list[Any]:
         store.engine.dispose()
 
 
-def _request_id(hub: Hub, user: str, server: str = "") -> str:
+def _pending_ids(hub: Hub, user: str, server: str = "") -> list[str]:
     store = Store.create(f"sqlite:///{hub.directory}/budgethub.sqlite", migrate_schema=False)
     try:
-        ids = [r.id for r in store.pending_requests() if r.id.startswith(f"{user}/{server}/")]
+        return [r.id for r in store.pending_requests() if r.id.startswith(f"{user}/{server}/")]
     finally:
         store.engine.dispose()
+
+
+def _request_id(hub: Hub, user: str, server: str = "") -> str:
+    ids = _pending_ids(hub, user, server)
     assert len(ids) == 1, ids
     return ids[0]
 
@@ -89,20 +95,27 @@ def test_an_admin_moves_a_request_inside_its_team_and_cancels_one_with_a_reason(
     )
     assert cancelled.status_code == 200, cancelled.text
     listening.join(timeout=30)
+    # A cancel, not a failure (issue 50): the stream says why, then ends "Spawn cancelled".
+    said = [e for e in events if e.get("withdrawn")]
+    assert said and "node maintenance at noon" in said[-1]["message"], events
+    assert "admin" not in said[-1]["message"].replace("administrator", "")
     failed = [e for e in events if e.get("failed")]
-    assert failed and "node maintenance at noon" in failed[-1]["message"], events
-    assert "admin" not in failed[-1]["message"].replace("administrator", "")
+    assert failed and failed[-1]["message"] == "Spawn cancelled", events
     wait_for(lambda: hub.server_model("cy") is None, 30, "cy's cancelled spawn to clear")
 
     cy = api_session(hub, "cy", PASSWORD)
-    form = cy.get(f"{hub.url}/hub/spawn/cy", timeout=30)
-    assert "An administrator took your request out of the queue" in form.text, form.text[:2000]
-    assert "node maintenance at noon" in form.text
     mine = cy.get(f"{hub.url}/hub/api/budgethub/users/cy/sessions", timeout=10).json()
     assert [n["message"] for n in mine["notices"] if "node maintenance" in n["message"]], mine
     page = cy.get(f"{hub.url}/hub/budgethub/sessions", timeout=10)
     assert "node maintenance at noon" in page.text
     assert ">admin<" not in page.text  # the admin's name is not shown to cy
+    form = cy.get(f"{hub.url}/hub/spawn/cy", timeout=30)
+    assert "An administrator took your request out of the queue" in form.text, form.text[:2000]
+    assert "node maintenance at noon" in form.text and "Taken out of the queue" in form.text
+    # Seen once on the form, the notice is gone: from the form and from My sessions.
+    assert "node maintenance" not in cy.get(f"{hub.url}/hub/spawn/cy", timeout=30).text
+    mine = cy.get(f"{hub.url}/hub/api/budgethub/users/cy/sessions", timeout=10).json()
+    assert not [n for n in mine["notices"] if "node maintenance" in n["message"]], mine
 
     audit = {(e.target, e.actor): e for e in _audit(hub)}
     assert audit[(f"queue.{cy_id}", "admin")].new == "cancelled: node maintenance at noon"
@@ -235,4 +248,77 @@ def test_the_admin_page_sets_a_priority_cancels_and_cancels_a_pending_spawn(
     assert ("queue", "cancelled") in entries and ("queue", 7) in entries, entries
     page.context.close()
     hub.stop_server("ann", "two")
+    hub.stop_server("ann")
+
+
+def test_an_admins_cancel_is_a_notice_on_the_users_page_not_a_failure(make_hub, browser, tmp_path):
+    """Issue 50: the user waiting on the spawn page sees the admin's cancel as a notice
+    with its own heading (never "Spawn failed" nor "has failed"); the Hub logs it at INFO
+    with its reason and no error; seen once, or on a new start, it is gone."""
+    shots = Path(os.environ.get("BUDGETHUB_SHOTS") or tmp_path)
+    hub = make_hub(nodes=[local_gpu_node(gpus=1)], extra=ADMIN)
+    assert hub.spawn("ann", ONE_GPU).status_code in (201, 202)
+    hub.wait_ready("ann")
+    cy = open_hub(browser, hub, "cy")
+    cy.wait_for_url("**/hub/spawn**", timeout=30_000)
+    cy.click("#spawn_form button[type=submit]")
+    cy.wait_for_url("**/spawn-pending/cy**", timeout=30_000)
+    cy.wait_for_function(
+        "document.body.innerText.includes('Queued: position 1 of 1')", timeout=30_000
+    )
+    mark = len(hub.log_path.read_text(errors="replace"))
+    admin = api_session(hub, "admin", ADMIN_PASSWORD)
+    cancelled = admin.post(
+        f"{hub.url}/hub/api/budgethub/queue/cancel",
+        json={"request": _request_id(hub, "cy"), "reason": "the GPU is reserved for a course"},
+        timeout=30,
+    )
+    assert cancelled.status_code == 200, cancelled.text
+    cy.wait_for_url("**/hub/spawn/cy", timeout=30_000)
+    cy.wait_for_load_state()
+    notice = cy.locator(".budgethub-cancelled")
+    notice.wait_for(timeout=10_000)
+    assert notice.locator("h2").inner_text() == "Taken out of the queue"
+    assert "the GPU is reserved for a course" in notice.inner_text()
+    body = cy.inner_text("body")
+    assert "Spawn failed" not in body and "has failed" not in body, body
+    assert cy.locator(".spawn-error-msg").count() == 0
+    assert cy.locator("#spawn_form button[type=submit]").is_visible()
+    shot(cy, "admin-cancel-notice.png", shots)
+    wait_for(lambda: hub.server_model("cy") is None, 30, "cy's cancelled spawn to clear")
+    time.sleep(1.0)  # any late log line of the cancel
+
+    log = hub.log_path.read_text(errors="replace")[mark:]
+    errors = [line for line in log.splitlines() if line.startswith(("[E ", "[C "))]
+    assert not errors, errors
+    assert "Previous spawn for cy failed" not in log and "Not starting cy" not in log
+    (line,) = [x for x in log.splitlines() if "cancel of cy/" in x]
+    assert line.startswith("[I ") and "the GPU is reserved for a course" in line, line
+
+    # Seen: a reload no longer shows it; the server's own page is no failure either.
+    cy.reload()
+    cy.wait_for_load_state()
+    assert cy.locator(".budgethub-cancelled").count() == 0
+    assert "reserved for a course" not in cy.inner_text("body")
+    cy.goto(f"{hub.url}/hub/spawn-pending/cy")
+    assert "Spawn failed" not in cy.inner_text("body")
+
+    # Once more in the dark theme: queued again, cancelled again, the notice again.
+    cy.goto(f"{hub.url}/hub/spawn/cy")
+    cy.evaluate("localStorage.setItem('jupyterhub-bs-theme', 'dark')")
+    cy.reload()
+    cy.click("#spawn_form button[type=submit]")
+    cy.wait_for_url("**/spawn-pending/cy**", timeout=30_000)
+    wait_for(lambda: _pending_ids(hub, "cy"), 20, "cy queued again")
+    again = admin.post(
+        f"{hub.url}/hub/api/budgethub/queue/cancel",
+        json={"request": _request_id(hub, "cy"), "reason": "the course runs late"},
+        timeout=30,
+    )
+    assert again.status_code == 200, again.text
+    cy.wait_for_url("**/hub/spawn/cy", timeout=30_000)
+    cy.locator(".budgethub-cancelled").wait_for(timeout=10_000)
+    assert "the course runs late" in cy.inner_text(".budgethub-cancelled")
+    shot(cy, "admin-cancel-notice-dark.png", shots)
+    cy.context.close()
     hub.stop_server("ann")
