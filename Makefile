@@ -29,7 +29,7 @@ packages:
 	  command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
 	  command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
 	  { command -v node >/dev/null && command -v npm >/dev/null; } || missing="$$missing nodejs npm"; \
-	  for pair in slurmctld:slurmctld slurmd:slurmd munged:munge; do \
+	  for pair in slurmctld:slurmctld slurmd:slurmd slurmdbd:slurmdbd munged:munge; do \
 	    test -x /usr/sbin/$${pair%%:*} || missing="$$missing $${pair#*:}"; done; \
 	  command -v sbatch >/dev/null || missing="$$missing slurm-client"; \
 	  /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \

@@ -289,11 +289,11 @@ class SchedulerConfig(SingletonConfigurable):
     ).tag(config=True)
     slurm_users = Union(
         [Unicode(), Dict(), Callable()],
-        default_value="",
-        help="""The Unix account each Hub user's Slurm jobs run as: a template ("{user}":
-        the same name), a map (Hub user -> account; others keep their name), a callable
-        (user -> account), or "" (the default, for now) for one account for everyone
-        (uid 1000, the images' session user). A user with no such account is refused
+        default_value="{user}",
+        help="""The Unix account each Hub user's Slurm jobs run as: a template ("{user}",
+        the default: the same name), a map (Hub user -> account; others keep their name),
+        a callable (user -> account), or "" for one account for everyone (uid 1000, the
+        images' session user). A user with no such account is refused
         with a message saying so.""",
     ).tag(config=True)
     slurm_exec_prefix = List(

@@ -77,9 +77,9 @@ NODE_KEY = f"{LABEL_PREFIX}.node"
 ROUND = 0.25
 """Seconds one ``squeue`` listing serves a starting or stopping session's polls."""
 RECONCILE = 10.0
-READ_MAX_TIME = False
+READ_MAX_TIME = True
 """Whether the Hub reads the partition's MaxTime (clamps --time, refuses a MaxTime below
-max_min_runtime). Off until the Slurm tests that change MaxTime are updated with it."""
+max_min_runtime)."""
 """Seconds one listing serves every node's sessions (a restart, a node back)."""
 log = logging.getLogger(__name__)
 

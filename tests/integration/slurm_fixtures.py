@@ -42,17 +42,28 @@ def session_env() -> Path:
     return SESSION_ENV
 
 
+ACCOUNTS = {user: f"bh{user}" for members in GROUPS.values() for user in members}
+"""Each researcher's own Unix account (``c.BudgetScheduler.slurm_users``)."""
+
+
 def session_user() -> None:
-    """Slurm runs a job as a user it can look up: uid 1000 must exist (any name)."""
+    """Slurm runs a job as a user it can look up: uid 1000 must exist (any name), and
+    each researcher has an account of their own."""
     if subprocess.run(["getent", "passwd", "1000"], capture_output=True).returncode != 0:
         subprocess.run(
             ["useradd", "-u", "1000", "-g", "100", "-M", "-s", "/usr/sbin/nologin", "bhsession"],
             check=True,
         )
+    for account in ACCOUNTS.values():
+        if subprocess.run(["getent", "passwd", account], capture_output=True).returncode:
+            subprocess.run(
+                ["useradd", "-M", "-N", "-g", "100", "-s", "/bin/sh", account], check=True
+            )
 
 
-@pytest.fixture(scope="module")
-def slurm() -> Iterator[SlurmCluster]:
+def cluster_up(**options: Any) -> Iterator[SlurmCluster]:
+    """A two-node cluster (bhs1: one GPU, bhs2: two) for a test module; ``options`` are
+    `SlurmCluster`'s (``gpu_model``, ``shards``, ``extra`` slurm.conf lines)."""
     why = slurm_possible()
     if why:
         pytest.fail(f"the Slurm tests need a Slurm cluster here: {why}")
@@ -61,12 +72,18 @@ def slurm() -> Iterator[SlurmCluster]:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     root = Path(f"/var/tmp/budgethub-slurm-{worker}")
     shutil.rmtree(root, ignore_errors=True)
-    cluster = SlurmCluster(root, [SlurmNode("bhs1", gpus=1), SlurmNode("bhs2", gpus=2)])
+    cluster = SlurmCluster(root, [SlurmNode("bhs1", gpus=1), SlurmNode("bhs2", gpus=2)], **options)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    """One GRES type per GPU (``gpu:g0:1,gpu:g1:1``); a module may define its own."""
+    yield from cluster_up()
 
 
 @pytest.fixture
@@ -81,9 +98,10 @@ def slurm_hub(
     for path in (shared, shared.parent):
         os.chmod(path, 0o755)
 
-    def make(extra: str = "", **traits: Any) -> Hub:
+    def make(extra: str = "", profiles: list[dict[str, Any]] | None = None, **traits: Any) -> Hub:
         settings: dict[str, Any] = {
             "slurm_partitions": {"gpu": "gpu"},
+            "slurm_users": ACCOUNTS,
             "slurm_conf": str(slurm.conf),
             "slurm_session_env": str(SESSION_ENV),
             "slurm_pending_timeout": 10.0,
@@ -97,7 +115,11 @@ def slurm_hub(
         lines = scheduler_lines(settings)
         lines += f"c.JupyterHub.hub_ip = {slurm.controller!r}\n"
         return make_hub(
-            nodes=[], teams=TEAMS, groups=GROUPS, profiles=PROFILES, extra=lines + extra
+            nodes=[],
+            teams=TEAMS,
+            groups=GROUPS,
+            profiles=profiles or PROFILES,
+            extra=lines + extra,
         )
 
     try:

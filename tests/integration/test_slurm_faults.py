@@ -48,21 +48,24 @@ def test_a_killed_slurmd_takes_its_node_down_frees_its_slices_and_tells_the_user
 
 
 def test_a_job_slurm_will_not_run_waits_again_then_the_user_is_told_why(slurm_hub, slurm):
-    # The partition's time limit is below the session's: Slurm keeps the job pending.
-    slurm.run("scontrol", "update", "partitionname=gpu", "maxtime=1")
+    # The partition's time limit drops below the session's after the Hub read it: Slurm
+    # keeps the job pending.
     hub = slurm_hub(slurm_pending_timeout=3.0, extra="c.BudgetScheduler.launch_attempts = 2\n")
+    hub.spawn("bo", ONE)  # the scheduler has started and read the partition
+    hub.wait_ready("bo", timeout=120)
+    slurm.run("scontrol", "update", "partitionname=gpu", "maxtime=1")
     response = hub.spawn("ann", ONE)
     if response.status_code == 202:
         wait_for(lambda: hub.server_model("ann") is None, 90, "ann's spawn to end")
         message = hub.log_tail(800)
     else:
         message = response.json()["message"]
-    assert "did not start (attempt 2 of 2): on node bhs1:" in message, message
+    assert "did not start (attempt 2 of 2): on node bhs" in message, message
     assert "Slurm kept job" in message and "PartitionTimeLimit" in message, message
     log = hub.log_tail(2000)
     assert "launch failed, queued again" in log
     assert not [j for j in active_jobs(slurm) if j["state"] == "PENDING"]  # cancelled
-    assert granted(hub) == {}
+    assert "ann" not in granted(hub)
 
 
 def config(slurm, **traits) -> SchedulerConfig:
@@ -126,3 +129,16 @@ def test_a_hub_on_a_partition_slurm_lacks_refuses_spawns_naming_the_field(slurm_
     assert "cannot start" in hub.log_tail(400)
     done = subprocess.run([str(REPO / "images" / "session-env"), str(SESSION_ENV)], check=False)
     assert done.returncode == 0  # made once: a second run does nothing and succeeds
+
+
+def test_sessions_get_the_partitions_maxtime_and_one_below_protection_is_refused(slurm_hub, slurm):
+    slurm.run("scontrol", "update", "partitionname=gpu", "maxtime=9:00:00")
+    hub = slurm_hub()  # slurm_time_limit is 7 days; MaxTime 9 h: the session gets 9 h
+    start(hub, "ann")
+    detail = slurm.job_detail(job_of(slurm, "ann")["id"])
+    assert "TimeLimit=09:00:00" in detail, detail
+    slurm.run("scontrol", "update", "partitionname=gpu", "maxtime=1:00:00")
+    with pytest.raises(ConfigError) as error:  # below max_min_runtime (8 h)
+        config(slurm).cluster()
+    assert "c.BudgetScheduler.slurm_partitions.gpu.partition:" in str(error.value)
+    assert "MaxTime=01:00:00, below max_min_runtime" in str(error.value), error.value

@@ -1,0 +1,194 @@
+"""budgethub as one tenant of a shared Slurm cluster, through the real Hub, on a real
+two-node Slurm cluster: another user's batch jobs hold GPUs, and budgethub counts them
+as taken (issue 48).
+
+bhs1 has one fake GPU (``gpu:g0``), bhs2 two. A job that budgethub did not submit holds
+bhs1's GPU: a session goes to bhs2 at its first attempt (best fit alone would pick
+bhs1). With every GPU held, the next session waits in budgethub's queue, saying that
+other jobs hold the GPUs, and starts within a poll round of Slurm's word that the job
+ended.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import threading
+import time
+from datetime import datetime, timedelta
+
+from slurm_fixtures import ACCOUNTS, TWO, active_jobs, granted, job_of, start
+
+from harness.hub import queue_events, wait_for
+from harness.kernels import Server
+from scheduler_core.verdict import HELD_ELSEWHERE
+from spawner.readmodel.status import verdict_words
+
+
+def batch_job(slurm, node: str, gpu: int) -> str:
+    """Another user's batch job holding one GPU of ``node``; its id once it runs."""
+    job = slurm.run(
+        "sbatch",
+        "--parsable",
+        "--uid=1000",
+        "--gid=100",
+        "-p",
+        slurm.partition,
+        "-w",
+        node,
+        f"--gres=gpu:g{gpu}:1",
+        "--mem=64M",
+        "-c",
+        "1",
+        "-o",
+        "/dev/null",
+        "--chdir=/tmp",
+        "--wrap",
+        "sleep 600",
+    ).strip()
+    wait_for(
+        lambda: any(j["id"] == job and j["state"] == "RUNNING" for j in slurm.jobs()),
+        30,
+        f"batch job {job} to run",
+    )
+    return job
+
+
+def test_other_jobs_gpus_are_taken_and_a_session_waits_for_them_saying_so(slurm_hub, slurm):
+    hub = slurm_hub()
+    bhs1 = batch_job(slurm, "bhs1", 0)
+    wait_for(
+        lambda: "node bhs1: other jobs hold GPUs 0" in hub.log_tail(400),
+        30,
+        "budgethub to count the batch job's GPU as taken",
+    )
+    start(hub, "ann")  # best fit alone would pick bhs1, whose GPU the batch job holds
+    node, gpus = granted(hub)["ann"]
+    assert node == "bhs2", granted(hub)
+    log = hub.log_tail(2000)
+    assert "launch failed" not in log and "Slurm kept job" not in log, log[-3000:]
+    free = ({0, 1} - set(gpus)).pop()
+    bhs2 = batch_job(slurm, "bhs2", free)  # now every GPU is held
+    wait_for(
+        lambda: f"node bhs2: other jobs hold GPUs {free}" in hub.log_tail(400),
+        30,
+        "budgethub to count the second batch job",
+    )
+
+    response = hub.spawn("cy", {"profile": "notebook", "gpus": 1})
+    assert response.status_code == 202, response.text
+    events: list[dict] = []
+    stop = threading.Event()
+    reader = threading.Thread(target=queue_events, args=(hub, "cy", events, stop), daemon=True)
+    reader.start()
+    said = verdict_words(HELD_ELSEWHERE)
+    wait_for(
+        lambda: any(said in str(e.get("message", "")) for e in events),
+        30,
+        f"cy's queue message to say {said!r}",
+    )
+    assert "cy" not in granted(hub)
+    assert not [j for j in active_jobs(slurm) if "cy//" in j["comment"]]  # nothing submitted
+
+    slurm.run("scancel", bhs1)
+    wait_for(lambda: bhs1 not in {j["id"] for j in active_jobs(slurm)}, 60, "job to end")
+    ended = time.monotonic()
+    wait_for(lambda: "cy" in granted(hub), 30, "cy's grant once the batch job ended")
+    waited = time.monotonic() - ended
+    stop.set()
+    assert granted(hub)["cy"] == ("bhs1", [0])
+    assert waited < 5.0, f"cy was granted {waited:.1f} s after the batch job ended"
+    hub.wait_ready("cy", timeout=120)
+    slurm.run("scancel", bhs2)
+
+
+def test_a_reservation_within_the_time_limit_sends_sessions_to_the_other_node(slurm_hub, slurm):
+    begins = (datetime.now() + timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M:%S")
+    slurm.run(
+        "scontrol",
+        "create",
+        "reservation",
+        "reservationname=maint",
+        f"starttime={begins}",
+        "duration=60",
+        "nodes=bhs1",
+        "users=root",
+        "flags=maint",
+    )
+    try:
+        hub = slurm_hub()  # sessions' time limit: 7 days; the reservation starts in 30 min
+        wait_for(
+            lambda: (
+                "node bhs1: other jobs hold GPUs 0" in hub.log_tail(400)
+                and "reservation maint" in hub.log_tail(400)
+            ),
+            30,
+            "budgethub to take bhs1 for its reservation",
+        )
+        start(hub, "ann")  # best fit alone would pick bhs1
+        assert granted(hub)["ann"][0] == "bhs2"
+        assert "launch failed" not in hub.log_tail(2000)
+    finally:
+        slurm.run("scontrol", "delete", "reservationname=maint", check=False)
+
+
+PROBE = """
+import os, subprocess
+def probe(path):
+    try:
+        os.listdir(path)
+        return "read"
+    except PermissionError:
+        return "denied"
+def script(job):
+    done = subprocess.run(
+        ["scontrol", "write", "batch_script", job, "-"],
+        env={**os.environ, "SLURM_CONF": SLURM_CONF}, capture_output=True, text=True,
+    )
+    return done.stdout + done.stderr
+seen = (os.getuid(), probe(OWN_HOME), probe(OTHER_HOME), script(OWN_JOB), script(OTHER_JOB))
+"""
+
+
+def test_each_researcher_runs_as_their_own_account_and_cannot_read_the_others(slurm_hub, slurm):
+    hub = slurm_hub()
+    start(hub, "ann")
+    start(hub, "cy", TWO)
+    jobs = {u: job_of(slurm, u) for u in ("ann", "cy")}
+    for user, job in jobs.items():
+        listed = slurm.run("squeue", "-h", "-j", job["id"], "-o", "%u|%a").strip()
+        assert listed == f"{ACCOUNTS[user]}|nlp", listed  # its user's account, its team's
+    own_home = slurm.job_detail(jobs["ann"]["id"]).split("WorkDir=")[1].split()[0]
+    other_home = slurm.job_detail(jobs["cy"]["id"]).split("WorkDir=")[1].split()[0]
+    server = Server(hub, "ann")
+    server.put_notebook("probe.ipynb")
+    opened = server.open("probe.ipynb")
+    try:
+        setup = (
+            f"OTHER_JOB = {jobs['cy']['id']!r}\nOWN_JOB = {jobs['ann']['id']!r}\n"
+            f"SLURM_CONF = {str(slurm.conf)!r}\n"
+            f"OWN_HOME = {own_home!r}\nOTHER_HOME = {other_home!r}\n"
+        )
+        assert opened.run(setup + PROBE).error is None
+        uid, own, other, own_script, other_script = opened.value("seen")
+    finally:
+        opened.close()
+    assert uid == pwd.getpwnam(ACCOUNTS["ann"]).pw_uid
+    assert (own, other) == ("read", "denied")
+    assert "JUPYTERHUB_API_TOKEN" in own_script, own_script[:300]  # her own, she may read
+    assert "JUPYTERHUB_API_TOKEN" not in other_script, other_script[:300]  # cy's: refused
+    assert "retrieval failed" in other_script, other_script
+    assert os.stat(other_home).st_uid == pwd.getpwnam(ACCOUNTS["cy"]).pw_uid
+    assert os.stat(other_home).st_mode & 0o777 == 0o700
+
+
+def test_a_hub_user_without_an_account_is_refused_saying_so(slurm_hub, slurm):
+    hub = slurm_hub(slurm_users={**ACCOUNTS, "bo": "bh-no-such-account"})
+    response = hub.spawn("bo", {"profile": "notebook", "gpus": 1})
+    if response.status_code == 202:
+        wait_for(lambda: hub.server_model("bo") is None, 90, "bo's spawn to end")
+        message = hub.log_tail(800)
+    else:
+        message = response.json()["message"]
+    assert "has no Unix account 'bh-no-such-account'" in message, message
+    assert "bo" not in granted(hub)
