@@ -51,6 +51,7 @@ def start_hubs(cluster: SlurmCluster) -> tuple[Hub, Hub]:
     slurm = {
         **COMMON,
         "slurm_partitions": {"gpu": "gpu"},
+        "slurm_users": "",  # every job as the session user, as the Docker sessions run
         "slurm_conf": str(cluster.conf),
         "slurm_session_env": str(SESSION_ENV),
         "home_root": str(shared / "homes"),
