@@ -52,6 +52,8 @@ from scheduler_core.view import ClusterView, Decisions
 
 log = logging.getLogger(__name__)
 
+_NO_PAIRS: Mapping[str, str] = MappingProxyType({})
+
 
 class Clock(Protocol):
     def now(self) -> float: ...
@@ -148,9 +150,9 @@ class Scheduler:
         """When idle sessions become free to release (``idle_release``)."""
         self.stopped_by: dict[str, str] = {}
         """Waiting request id → the request whose admission stopped it, while that one runs
-        (S10, `ClusterView.stopped_by`, a live read-only view of it: kept up to date here,
-        not copied per cycle); forgotten when either ends, is stopped or is cancelled.
-        Not kept over a restart: at worst one more turn."""
+        (S10; `ClusterView.stopped_by` has the pairs whose stopper is past protection);
+        forgotten when either ends, is stopped or is cancelled. Not kept over a
+        restart: at worst one more turn."""
         self._stopped_for: dict[str, list[str]] = {}
         """Stopper id → the requests it stopped (the other way of ``stopped_by``)."""
         self._stopped_view: Mapping[str, str] = MappingProxyType(self.stopped_by)
@@ -417,9 +419,23 @@ class Scheduler:
             index=index,
             funded_rates=kept.rates_view(),
             stops=MappingProxyType(self.stops.copy()),
-            stopped_by=self._stopped_view,
+            stopped_by=self._spared(now),
             idle=tuple((self.running[r], since) for r, since in self.idle.items()),
         )
+
+    def _spared(self, now: float) -> Mapping[str, str]:
+        """The pairs of `stopped_by` whose stopper is past its protection: only those
+        could be stopped in return (S10). The others are left out, so that their
+        waiting requests take the memo's answers as any other (`order.judge_all`)."""
+        if not self.stopped_by:
+            return self._stopped_view
+        running = self.running
+        found = {}
+        for waiting, stopper in self.stopped_by.items():
+            allocation = running.get(stopper)
+            if allocation is not None and allocation.protected_until <= now:
+                found[waiting] = stopper
+        return MappingProxyType(found) if found else _NO_PAIRS
 
     def _forget_stopper(self, request_id: str) -> None:
         """``request_id`` no longer runs: the requests it stopped may stop it again (S10)."""

@@ -66,7 +66,8 @@ class ClusterView:
     (the policy protects its next start longer: `policy.cycle.Cycle.protection`)."""
     stopped_by: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Per waiting request that a preemption put back in the queue, the request whose
-    admission stopped it, where that one runs: it is not stopped in return (S10)."""
+    admission stopped it, where that one runs past its protection: it is not stopped
+    in return (S10)."""
 
 
 @dataclass(frozen=True, slots=True)
