@@ -1,6 +1,7 @@
 """The session image as built (images/build), in the real engine: installed packages
 land in the home volume and survive a new container; kernels checkpoint with the
-image's own config and come back in a new container from the snapshot.
+image's own config and come back in a new container from the snapshot; every session
+image's kernel imports the scientific stack it promises.
 
 Nothing is built here (the `engine` fixture fails when the images are missing) and
 no container has a network: the wheels are made by the test and copied in.
@@ -23,6 +24,8 @@ import pytest
 
 IMAGE = "budgethub/base:latest"
 TIMEOUT = 180  # one container's script, bounded
+SESSION_IMAGES = ("budgethub/base:latest", "budgethub/gpu:latest", "budgethub/dataprep:latest")
+"""Every session image: each carries the scientific stack (issue 50)."""
 
 
 def make_wheel(name: str, value: str) -> tuple[str, bytes]:
@@ -61,17 +64,19 @@ def tar_of(files: dict[str, bytes]) -> bytes:
 
 def run_in(
     engine: docker.DockerClient,
-    volume: str,
+    volume: str | None,
     script: str,
     files: dict[str, bytes] | None = None,
     env: dict[str, str] | None = None,
+    image: str = IMAGE,
 ) -> str:
-    """Run ``script`` (sh) in a new container with the home volume; its output."""
+    """Run ``script`` (sh) in a new container of ``image`` with the home volume (None:
+    the image's own home); its output."""
     container = engine.containers.create(
-        IMAGE,
+        image,
         ["sh", "-c", script],
         network_mode="none",
-        volumes={volume: {"bind": "/home/jovyan", "mode": "rw"}},
+        volumes={volume: {"bind": "/home/jovyan", "mode": "rw"}} if volume else {},
         environment=env or {},
         labels={"org.budgethub.test": "session-image"},
     )
@@ -198,3 +203,49 @@ def test_kernels_checkpoint_and_restore_with_the_images_own_config(
         "from pip",
         False,
     ]
+
+
+SCIENCE = """\
+import json
+from pathlib import Path
+from budgethub_session.localserver import LocalServer
+
+home = Path.home()
+with LocalServer(home, home=home, install_config=False) as s:
+    k = s.open_notebook("work/science.ipynb")
+    k.ok("import numpy, scipy, pandas, matplotlib, ipywidgets, pynvml")
+    print("VERSIONS", json.dumps(k.value(
+        "{m.__name__: getattr(m, '__version__', 'n/a') for m in "
+        "(numpy, scipy, pandas, matplotlib, ipywidgets)}")))
+    # Each does its work, not only imports: a solve, an optimum, a frame, a PNG, a widget.
+    print("WORKS", json.dumps(k.value(
+        "[float(numpy.linalg.solve(numpy.eye(2) * 2, numpy.ones(2))[0]), "
+        "round(float(__import__('scipy.optimize').optimize.minimize_scalar("
+        "lambda x: (x - 3) ** 2).x), 3), "
+        "int(pandas.DataFrame({'a': [1, 2, 3]})['a'].sum()), "
+        "__import__('matplotlib.pyplot').pyplot.plot([1, 2])[0].__class__.__name__, "
+        "ipywidgets.IntSlider(value=7).value, "
+        "callable(pynvml.nvmlInit)]")))
+"""
+
+
+@pytest.mark.parametrize("image", SESSION_IMAGES)
+def test_every_session_images_kernel_imports_the_scientific_stack(
+    engine: docker.DockerClient, image: str
+) -> None:
+    """In a running session of each image (its own Jupyter server and kernel, with the
+    image's config), the kernel imports numpy, scipy, pandas, matplotlib, ipywidgets and
+    pynvml, and each does its work. No network: nothing is installed at run time."""
+    out = run_in(
+        engine,
+        None,
+        "python /tmp/science.py",
+        {"science.py": SCIENCE.encode()},
+        {"BUDGETHUB_AGENT_SECRET": "x", "MPLBACKEND": "Agg"},
+        image=image,
+    )
+    versions = json.loads(next(x for x in out.splitlines() if x.startswith("VERSIONS "))[9:])
+    assert set(versions) == {"numpy", "scipy", "pandas", "matplotlib", "ipywidgets"}, out
+    assert all(v != "n/a" for v in versions.values()), versions
+    works = json.loads(next(x for x in out.splitlines() if x.startswith("WORKS "))[6:])
+    assert works == [0.5, 3.0, 6, "Line2D", 7, True], out
