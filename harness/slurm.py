@@ -320,6 +320,19 @@ class SlurmCluster:
     def _slurmdbd(self) -> None:
         """slurmdbd on the controller's address, over a fresh MariaDB database."""
         host, port = self.mysql
+        if not os.path.exists("/usr/sbin/slurmdbd"):
+            raise SlurmUnavailable("missing /usr/sbin/slurmdbd: apt-get install slurmdbd")
+        reached = subprocess.run(
+            ["mysql", "-h", host, "-P", str(port), "-u", "root", "-e", "SELECT 1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if reached.returncode != 0:
+            raise SlurmUnavailable(
+                f"slurmdbd needs MariaDB at {host}:{port} (user root, no password): "
+                f"{reached.stderr.strip() or 'mysql failed'}"
+            )
         subprocess.run(
             [
                 "mysql",
