@@ -29,6 +29,7 @@ from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import Scope
 from tornado import web
 
+from spawner.admin import AdminError, json_body
 from spawner.hub.embedded import BudgetScheduler
 from spawner.hubapi import split_request_id
 from spawner.profiles import MAX_PRIORITY
@@ -164,7 +165,9 @@ class QueueAPIHandler(APIHandler):  # type: ignore[misc]
 
     def _body(self) -> dict[str, Any]:
         try:
-            body = json.loads(self.request.body or b"{}")
+            body = json_body(self.request.body or b"{}")
+        except AdminError as error:  # a NaN or an infinity, named where it is
+            raise QueueError(400, error.field, error.reason) from None
         except (ValueError, UnicodeDecodeError):
             raise QueueError(400, "body", "is not JSON") from None
         if not isinstance(body, dict):

@@ -174,6 +174,15 @@ def test_bad_input_to_the_queue_routes_is_a_400_or_403_naming_the_field(make_hub
         ({"request": "x" * 5000, "priority": 1}, "request"),
     ):
         _refused(admin, priority, body, 400, field)
+    # JSON has no NaN or Infinity (Python's json reads them): said so, naming where.
+    for url, body, field in (
+        (cancel, b"NaN", "body"),
+        (priority, b'{"request": "%s", "priority": Infinity}' % bo_id.encode(), "priority"),
+    ):
+        refused = admin.post(url, data=body, timeout=10)
+        assert refused.status_code == 400, refused.text
+        message = refused.json()["message"]
+        assert message.startswith(f"{field}: ") and "no NaN or Infinity" in message, message
     # Nothing above changed bo's place; the forged ids named nobody else's request.
     assert _queue_status(hub, "bo")["position"] == 1
 
