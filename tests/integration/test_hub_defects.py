@@ -234,7 +234,9 @@ def test_a_team_with_no_share_and_its_unallocated_session_read_right_everywhere(
 
     def teams_drawn() -> bool:  # ann's funded use shows once it passes the axis' 0.01
         gus.goto(f"{hub.url}/services/budget/teams")
-        return gus.locator(".budget-pool[data-pool=gpu] svg.usage-lines").count() == 1
+        # Its lines, not the svg: before that the chart is an svg saying "no usage yet".
+        lines = gus.locator(".budget-pool[data-pool=gpu] svg.usage-lines polyline.usage")
+        return lines.count() > 0
 
     wait_for(teams_drawn, 120, "the Teams page's delivered chart")
     gpu = gus.locator(".budget-pool[data-pool=gpu]")
