@@ -260,6 +260,22 @@ def test_the_admin_page_sets_a_priority_cancels_and_cancels_a_pending_spawn(
     hub.stop_server("ann")
 
 
+def _cancel_seen(hub: Any, admin: Any, page: Any, reason: str) -> Any:
+    """The admin cancels cy's waiting request with ``reason``; cy's page goes back to the
+    form and shows the cancel notice, which is returned."""
+    cancelled = admin.post(
+        f"{hub.url}/hub/api/budgethub/queue/cancel",
+        json={"request": _request_id(hub, "cy"), "reason": reason},
+        timeout=30,
+    )
+    assert cancelled.status_code == 200, cancelled.text
+    page.wait_for_url("**/hub/spawn/cy", timeout=30_000)
+    page.wait_for_load_state()
+    notice = page.locator(".budgethub-cancelled")
+    notice.wait_for(timeout=10_000)
+    return notice
+
+
 def test_an_admins_cancel_is_a_notice_on_the_users_page_not_a_failure(make_hub, browser, tmp_path):
     """Issue 50: the user waiting on the spawn page sees the admin's cancel as a notice
     with its own heading (never "Spawn failed" nor "has failed"); the Hub logs it at INFO
@@ -277,16 +293,7 @@ def test_an_admins_cancel_is_a_notice_on_the_users_page_not_a_failure(make_hub, 
     )
     mark = len(hub.log_path.read_text(errors="replace"))
     admin = api_session(hub, "admin", ADMIN_PASSWORD)
-    cancelled = admin.post(
-        f"{hub.url}/hub/api/budgethub/queue/cancel",
-        json={"request": _request_id(hub, "cy"), "reason": "the GPU is reserved for a course"},
-        timeout=30,
-    )
-    assert cancelled.status_code == 200, cancelled.text
-    cy.wait_for_url("**/hub/spawn/cy", timeout=30_000)
-    cy.wait_for_load_state()
-    notice = cy.locator(".budgethub-cancelled")
-    notice.wait_for(timeout=10_000)
+    notice = _cancel_seen(hub, admin, cy, "the GPU is reserved for a course")
     assert notice.locator("h2").inner_text() == "Taken out of the queue"
     assert "the GPU is reserved for a course" in notice.inner_text()
     body = cy.inner_text("body")
@@ -319,15 +326,9 @@ def test_an_admins_cancel_is_a_notice_on_the_users_page_not_a_failure(make_hub, 
     cy.click("#spawn_form button[type=submit]")
     cy.wait_for_url("**/spawn-pending/cy**", timeout=30_000)
     wait_for(lambda: _pending_ids(hub, "cy"), 20, "cy queued again")
-    again = admin.post(
-        f"{hub.url}/hub/api/budgethub/queue/cancel",
-        json={"request": _request_id(hub, "cy"), "reason": "the course runs late"},
-        timeout=30,
+    assert (
+        "the course runs late" in _cancel_seen(hub, admin, cy, "the course runs late").inner_text()
     )
-    assert again.status_code == 200, again.text
-    cy.wait_for_url("**/hub/spawn/cy", timeout=30_000)
-    cy.locator(".budgethub-cancelled").wait_for(timeout=10_000)
-    assert "the course runs late" in cy.inner_text(".budgethub-cancelled")
     shot(cy, "admin-cancel-notice-dark.png", shots)
     cy.context.close()
     hub.stop_server("ann")
