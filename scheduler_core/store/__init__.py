@@ -8,6 +8,7 @@ migrates it; its methods take and return the frozen dataclasses of
 from scheduler_core.store.errors import SliceConflict, StoreError
 from scheduler_core.store.records import (
     EventRecord,
+    RequestForecast,
     RequestState,
     RequestStatus,
     SnapshotRecord,
@@ -16,6 +17,7 @@ from scheduler_core.store.store import Store
 
 __all__ = [
     "EventRecord",
+    "RequestForecast",
     "RequestState",
     "RequestStatus",
     "SliceConflict",

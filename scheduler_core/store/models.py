@@ -163,6 +163,15 @@ class RequestRow(Base):
     state: Mapped[RequestState] = mapped_column(_enum(RequestState, "request_state"))
     reason: Mapped[str | None] = mapped_column(Text)
     spec: Mapped[dict[str, Any]]
+    # What the Hub forecast at submit (migration 0004; `records.RequestForecast`): kept
+    # as said then, never recomputed. NULL where none was kept.
+    forecast_time: Mapped[float | None]
+    forecast_start: Mapped[float | None]
+    forecast_starts_now: Mapped[bool | None]
+    forecast_funded: Mapped[bool | None]
+    forecast_protected_s: Mapped[float | None]
+    forecast_position: Mapped[int | None]
+    forecast_waiting: Mapped[int | None]
 
 
 class AllocationRow(Base):

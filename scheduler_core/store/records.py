@@ -34,6 +34,30 @@ class RequestStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestForecast:
+    """What the Hub told a request's user when it was submitted: the policy's next cycle
+    run dry with the request added, and the scheduler run forward from the live state
+    (`scheduler_core.forecast`, through the read model's `QueueView.outlook`). Kept with
+    the request as it was said, never recomputed (issue 51)."""
+
+    time: float
+    """When the forecast was made (the submit, on the Hub's clock)."""
+    start: float | None
+    """The estimated start (epoch seconds): ``time`` when it starts now; None when the
+    forward run did not start it within its horizon (no estimate was shown)."""
+    starts_now: bool
+    """The dry run of the next cycle admitted it."""
+    funded: bool
+    """The funding forecast: funded by its team's budget if it starts as forecast."""
+    protected_s: float
+    """How long it would be protected if funded (0 when it would run unallocated)."""
+    position: int
+    """1 + how many of its pool's waiting requests the dry run's order left ahead of it."""
+    waiting: int
+    """How many of its pool's requests that order held (itself included)."""
+
+
+@dataclass(frozen=True, slots=True)
 class EventRecord:
     """One entry of the append-only event log."""
 

@@ -52,6 +52,7 @@ from scheduler_core.store.models import (
 from scheduler_core.store.records import (
     WAITING_STATES,
     EventRecord,
+    RequestForecast,
     RequestState,
     RequestStatus,
     SnapshotRecord,
@@ -205,12 +206,38 @@ class Store:
 
     # Requests.
 
-    def add_request(self, request: model.Request) -> None:
-        """Record a new pending request; its id must be new."""
+    def add_request(self, request: model.Request, forecast: RequestForecast | None = None) -> None:
+        """Record a new pending request; its id must be new. ``forecast``: what the Hub
+        told its user at submit, kept with it (never changed afterwards)."""
         with self._write() as session:
             if session.get(RequestRow, request.id) is not None:
                 raise StoreError(f"request {request.id} already exists")
-            session.add(request_row(request, RequestState.PENDING))
+            row = request_row(request, RequestState.PENDING)
+            if forecast is not None:
+                _keep_forecast(row, forecast)
+            session.add(row)
+
+    def request_forecasts(
+        self, since: float | None = None, until: float | None = None
+    ) -> dict[str, RequestForecast]:
+        """Request id → the forecast kept at its submit, for requests submitted in
+        ``[since, until)`` (either bound open when None) that have one, by submit."""
+        query = (
+            select(RequestRow)
+            .where(RequestRow.forecast_time.is_not(None))
+            .order_by(RequestRow.submit, RequestRow.id)
+        )
+        if since is not None:
+            query = query.where(RequestRow.submit >= since)
+        if until is not None:
+            query = query.where(RequestRow.submit < until)
+        with self._read() as session:
+            found = {}
+            for row in session.scalars(query):
+                kept = _forecast(row)
+                if kept is not None:
+                    found[row.id] = kept
+            return found
 
     def load_request(self, request_id: str) -> model.Request:
         with self._read() as session:
@@ -580,6 +607,30 @@ class Store:
         with self._write() as session:
             result = session.execute(delete(SnapshotRow).where(SnapshotRow.key.in_(wanted)))
             return int(getattr(result, "rowcount", 0) or 0)
+
+
+def _keep_forecast(row: RequestRow, forecast: RequestForecast) -> None:
+    row.forecast_time = forecast.time
+    row.forecast_start = forecast.start
+    row.forecast_starts_now = forecast.starts_now
+    row.forecast_funded = forecast.funded
+    row.forecast_protected_s = forecast.protected_s
+    row.forecast_position = forecast.position
+    row.forecast_waiting = forecast.waiting
+
+
+def _forecast(row: RequestRow) -> RequestForecast | None:
+    if row.forecast_time is None:
+        return None
+    return RequestForecast(
+        time=row.forecast_time,
+        start=row.forecast_start,
+        starts_now=bool(row.forecast_starts_now),
+        funded=bool(row.forecast_funded),
+        protected_s=float(row.forecast_protected_s or 0.0),
+        position=int(row.forecast_position or 0),
+        waiting=int(row.forecast_waiting or 0),
+    )
 
 
 def _event(row: EventRow) -> EventRecord:

@@ -28,7 +28,7 @@ from scheduler_core.model import Allocation, Health, Node, Pool, Request, Team
 from scheduler_core.scenario import why_unplaceable
 from scheduler_core.scheduler import Scheduler, WallClock
 from scheduler_core.settings import Settings
-from scheduler_core.store import RequestState, SnapshotRecord, Store
+from scheduler_core.store import RequestForecast, RequestState, SnapshotRecord, Store
 from scheduler_core.store.admin import AdminStore, SchedulerStatus
 from spawner import admin
 from spawner.hub.config import SchedulerConfig
@@ -512,8 +512,9 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         return f"{user}/{server}/{secrets.token_hex(4)}"
 
     def submit(self, request: Request, options: Mapping[str, Any]) -> Waiter:
-        """Queue a request (booked in the store first) and return what to wait on."""
-        self.store.add_request(request)
+        """Queue a request (booked in the store first, with the forecast its user is
+        shown) and return what to wait on."""
+        self.store.add_request(request, self.forecast_at_submit(request))
         request = self.core.submit(request)
         self._options[request.id] = dict(options)
         self.store.append_event(
@@ -525,6 +526,26 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         waiter = self.attach(request.id)
         self.kick()
         return waiter
+
+    def forecast_at_submit(self, request: Request) -> RequestForecast | None:
+        """What the spawn page says of ``request`` as it is submitted (the read model's
+        outlook: the policy run dry, and forward for the estimate), to be kept with it.
+        None, logged, if the forecast fails: a spawn is never refused for it."""
+        now = time.time()
+        try:
+            said = self.view.outlook(request)
+        except Exception:
+            self.log.exception("budgethub: no forecast kept for %s", request.id)
+            return None
+        return RequestForecast(
+            time=now,
+            start=said.estimated_start,
+            starts_now=said.starts_now,
+            funded=said.funded,
+            protected_s=said.protected_s,
+            position=said.position,
+            waiting=said.waiting,
+        )
 
     def attach(self, request_id: str) -> Waiter:
         """Wait for an already queued (or granted, unclaimed) request."""
