@@ -60,6 +60,19 @@ SESSION_ENDED = "session-ended"
 (``user``, ``server``, ``request``, ``started``): every snapshot of that server taken
 before ``started`` is no longer its latest state, so it is kept but not offered."""
 
+HUB_START = "hub-start"
+"""The event of each start of the embedded scheduler (a Hub restart too): its effective
+settings, teams and shares, nodes' health, and the requests running and queued then."""
+ADMIN_APPLIED = "admin-applied"
+"""The event of an admin change taken in by the running scheduler (``audit_id``): what it
+runs with from then on, as `HUB_START` says it."""
+CANCEL = "cancel"
+"""The event of a waiting request that left the queue without a session (its user gave
+up, the queue's time ran out, an admin cancelled it): ``request``, ``reason``."""
+LAUNCHED = "launched"
+"""The event of a granted session that is ready: ``request``, ``node``, ``booked`` (the
+grant's start) and ``latency_s`` (the spawn's own time, from the grant to ready)."""
+
 __all__ = [
     "BudgetScheduler",
     "LaunchFailed",
@@ -255,6 +268,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         self._tasks = [loop.create_task(self._tick_loop()), loop.create_task(self._health_loop())]
         if self.idle_poll > 0:
             self._tasks.append(loop.create_task(self._idle_loop()))
+        store.append_event(now, HUB_START, self._history_state())
         self.log.info(
             "budgethub: %d nodes, %d teams, %d running and %d queued sessions recovered",
             len(self.node_list),
@@ -317,8 +331,26 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
                 self.store.set_node_health(name, wanted)
                 self.store.append_event(time.time(), "node", {"node": name, "state": wanted.value})
         self.applied_admin = version
+        self.store.append_event(
+            time.time(), ADMIN_APPLIED, {"audit_id": version, **self._history_state()}
+        )
         self.log.info("budgethub: admin change %d applied (teams, settings, nodes)", version)
         return True
+
+    def _history_state(self) -> dict[str, Any]:
+        """What the scheduler runs with now, for the event log's history (`HUB_START`,
+        `ADMIN_APPLIED`): its effective settings, teams with their shares, each node's
+        health and the requests running and queued."""
+        return {
+            "hub": self.hub_name,
+            "settings": settings_json(self.core.settings),
+            "teams": {
+                t.name: {"parent": t.parent, "share": dict(t.share)} for t in self.core_teams
+            },
+            "nodes": {name: node.health.value for name, node in self.core.nodes.items()},
+            "running": sorted(self.core.running),
+            "queued": sorted(self.core.pending),
+        }
 
     def _report(self, now: float) -> None:
         """Write the cycle counts and effective settings for the budget service's /metrics."""
@@ -326,10 +358,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         for bound, count in zip(CYCLE_BUCKETS, self._cycle_counts[:-1], strict=True):
             total += count
             cumulative.append((bound, total))
-        settings = {
-            key: value.value if hasattr(value, "value") else value
-            for key, value in asdict(self.settings).items()
-        }
+        settings = settings_json(self.settings)
         self.admin.report(
             SchedulerStatus(
                 hub=self.hub_name,
@@ -565,7 +594,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         self._waiters.pop(request_id, None)
         self._unclaimed.pop(request_id, None)
         if self.core.cancel(request_id):
-            self.store.set_request_state(request_id, RequestState.CANCELLED, reason)
+            self._left_queue(request_id, reason)
         elif request_id in self.core.running:
             self.finish(request_id, state=RequestState.CANCELLED, reason=reason)
         self.kick()
@@ -577,9 +606,15 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         if not self.core.cancel(request_id):
             return False
         self._unclaimed.pop(request_id, None)
-        self.store.set_request_state(request_id, RequestState.CANCELLED, reason)
+        self._left_queue(request_id, reason)
         self.kick()
         return True
+
+    def _left_queue(self, request_id: str, reason: str) -> None:
+        """A waiting request left the queue without a session: cancelled in the store, and
+        when, in the event log (`CANCEL`; the request's row keeps no time for it)."""
+        self.store.set_request_state(request_id, RequestState.CANCELLED, reason)
+        self.store.append_event(time.time(), CANCEL, {"request": request_id, "reason": reason})
 
     def reprioritize(self, request_id: str, priority: int) -> int:
         """Give a queued request a new declared priority (it orders only its team's own
@@ -618,6 +653,17 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
     async def start_session(self, allocation: Allocation, ask: SessionLaunch) -> RunningSession:
         """Start the granted session; LaunchFailed if it does not (see the actuator)."""
         session = await self.actuator.start_session(allocation, ask)
+        ready = time.time()
+        self.store.append_event(
+            ready,
+            LAUNCHED,
+            {
+                "request": allocation.id,
+                "node": allocation.node_names[0],
+                "booked": allocation.start,
+                "latency_s": ready - allocation.start,
+            },
+        )
         waited = allocation.start - allocation.request.submit
         if self.start_hook is not None and waited >= self.start_hook_after:
             request = allocation.request
@@ -801,6 +847,14 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
     def team_hint(self, team: str) -> str:
         """A short line about a team's budget: how much of it is used, per pool."""
         return self.view.team_hint(team, self.core_pools)
+
+
+def settings_json(settings: Settings) -> dict[str, Any]:
+    """Settings as plain JSON values (enums by their value)."""
+    return {
+        key: value.value if hasattr(value, "value") else value
+        for key, value in asdict(settings).items()
+    }
 
 
 def _when(epoch: float) -> str:
