@@ -41,6 +41,11 @@ from spawner.readmodel.elsewhere import HeldCheck
 
 NOTICE_EVENTS = ("submit", "preempt", "exit", "notice-seen")
 HISTORY_TTL = 60.0
+SLURM_USAGE = "slurm-usage"
+"""The event of a stretch of other users' Slurm jobs charged to a team (written by
+`spawner.runtime.foreign.ForeignUsage`; the read model imports no runtime)."""
+SLURM_TTL = 5.0
+"""Seconds one read of those events serves the budget lines."""
 """Seconds past sessions' lengths are kept before the store is asked again."""
 HISTORY_DAYS = 30
 """How far back past sessions' lengths are read."""
@@ -225,6 +230,9 @@ class TeamStatus:
     budget_used: float | None
     """Charged usage over the window, as a fraction of its budget (None: no budget)."""
     window_days: float
+    slurm_units: float = 0.0
+    """Of the charged usage over the window, unit-seconds of batch jobs that budgethub did
+    not start, seen in Slurm under the team's account."""
 
     def line(self) -> str:
         """One line: ``gpu: holds 2 GPU funded (+1 unallocated) of a 2 GPU share (bursts to
@@ -240,10 +248,15 @@ class TeamStatus:
             if self.budget_used is not None
             else ""
         )
+        used += f" ({self.slurm_words()})" if self.slurm_units > 0 else ""
         return (
             f"{self.pool}: holds {amount(self.funded)} {self.unit} funded{extra} of a "
             f"{amount(self.share)} {self.unit} share{burst}{used}"
         )
+
+    def slurm_words(self) -> str:
+        """``2.5 GPU·h of it batch work seen in Slurm``."""
+        return f"{amount(self.slurm_units / 3600)} {self.unit}·h of it batch work seen in Slurm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,6 +384,7 @@ class QueueView:
         self._forward: ForwardRun | None = None
         self._outlooks: dict[tuple[object, ...], Outlook] = {}
         self._history: tuple[float, History] | None = None
+        self._slurm: tuple[float, dict[tuple[str, str], float]] | None = None
 
     def changed(self) -> None:
         """A cycle ran: forecasts are worked out again when next asked."""
@@ -499,7 +513,31 @@ class QueueView:
             burst=burst * share if burst and share > 0 else None,
             budget_used=self.budget_used(team, pool),
             window_days=core.settings.lookback / 86400,
+            slurm_units=self.slurm_usage().get((team, pool), 0.0),
         )
+
+    def slurm_usage(self) -> dict[tuple[str, str], float]:
+        """Per (team, pool), unit-seconds of other users' Slurm jobs charged to it within
+        the window, from the store's events (read again after `SLURM_TTL`)."""
+        now = self.clock()
+        if self._slurm is not None and now - self._slurm[0] <= SLURM_TTL:
+            return self._slurm[1]
+        found: dict[tuple[str, str], float] = {}
+        start = now - self.core.settings.lookback
+        events = self.store.list_events(kind=SLURM_USAGE, since=start) if self.store else []
+        for event in events:
+            payload = event.payload
+            try:
+                key = (str(payload["team"]), str(payload["pool"]))
+                begin, end = float(payload["start"]), float(payload["end"])
+                units = float(payload["units"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if end > begin:  # the part within the window
+                units *= max(0.0, min(end, now) - max(begin, start)) / (end - begin)
+            found[key] = found.get(key, 0.0) + units
+        self._slurm = (now, found)
+        return found
 
     def outlook(self, request: Request) -> Outlook:
         """What ``request`` (not queued) would get if asked for now: the policy's next

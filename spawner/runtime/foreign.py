@@ -10,6 +10,11 @@ no one) and protected for good, so no policy picks it as a victim.
 
 The read model says why a request waits behind them (`spawner.readmodel.elsewhere`,
 which knows a stand-in by its user, `FOREIGN_USER`: the read model imports no runtime).
+
+What other jobs use is charged to their team (`ForeignUsage`), apart from the stand-ins:
+one stand-in per node may hold several teams' jobs, and it stays unfunded so that no
+policy weighs it as a session. The charge goes into the core's ledger, which the policy
+ranks teams by, and, a stretch at a time, into the store's usage as any session's does.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from scheduler_core.model import (
     Health,
     Node,
     NodeGrant,
+    PoolKind,
     Request,
     RequestClass,
     Slice,
@@ -38,6 +44,13 @@ FOREIGN_USER = "(other jobs)"
 """The user of every stand-in; its request id is ``(other jobs)/NODE/N``."""
 PROTECTED = 100 * 365 * 86400.0
 """How long a stand-in is protected: for good (no policy stops other jobs)."""
+SLURM_USAGE = "slurm-usage"
+"""The event of one stretch of other jobs' use charged to a team (payload: team, pool,
+start, end, units, jobs): the budget pages show their sum as batch work seen in Slurm
+(`spawner.readmodel.status.SLURM_USAGE`, the same)."""
+FLUSH = 300.0
+"""Seconds after which a stretch of other jobs' use that goes on is written to the store
+(and a new one begun): the budget service sees it at most this late."""
 
 
 class HeldLike(Protocol):
@@ -53,6 +66,8 @@ class HeldLike(Protocol):
     def own(self) -> tuple[tuple[str, Any], ...]: ...
     @property
     def reserved(self) -> str: ...
+    @property
+    def charges(self) -> tuple[tuple[str, str, Any], ...]: ...
 
 
 def is_foreign(request_id: str) -> bool:
@@ -122,6 +137,13 @@ class ForeignHolds:
             for name, backend in backends.items()
             if callable(getattr(backend, "held_elsewhere", None))
         }
+        self.team_of = {
+            name: backend.team_of
+            for name, backend in backends.items()
+            if callable(getattr(backend, "team_of", None))
+        }
+        """Per node, Slurm account -> the team its jobs are charged to."""
+        self.usage = ForeignUsage(core, store, log)
         self.changed = changed
         self.log = log
         self.interval = interval
@@ -176,6 +198,7 @@ class ForeignHolds:
                 name,
                 describe(new) if new is not None else "nothing now",
             )
+        self.usage.update(self.usage.rates(held, self.team_of), now)
         if changed:
             self.changed()
         return changed
@@ -258,6 +281,119 @@ class ForeignHolds:
         return stand_in(node, held, own_gpus, own_cpus, own_memory, now, self._serial)
 
 
+class ForeignUsage:
+    """Charges what other jobs hold to their team: per (team, pool), the GPUs (a GPU pool)
+    or CPUs (a CPU pool) its Slurm account's jobs hold on the pool's nodes, at that rate,
+    from the round Slurm first shows them to the round it shows them no more. A job
+    holding shards of a GPU is charged the GPU, which budgethub counts as taken whole."""
+
+    def __init__(self, core: Scheduler, store: Any, log: Any, flush: float = FLUSH) -> None:
+        self.core = core
+        self.store = store
+        self.log = log
+        self.flush = flush
+        self.open: dict[tuple[str, str], tuple[float, float, tuple[str, ...]]] = {}
+        """(team, pool) -> (units per second, charged since, the jobs): charged now."""
+        self._ledger = core.ledger
+        self._strangers: set[str] = set()
+
+    def rates(
+        self,
+        held: Mapping[str, HeldLike | None],
+        team_of: Mapping[str, Callable[[str], str]],
+    ) -> dict[tuple[str, str], tuple[float, tuple[str, ...]]]:
+        """(team, pool) -> (units per second, job ids) of what ``held`` says other jobs
+        hold; a job whose account is no team's is charged to no one (and logged once)."""
+        found: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}
+        for name, what in held.items():
+            node = self.core.nodes.get(name)
+            if node is None or what is None:
+                continue
+            kind = self.core.pools[node.pool].kind
+            indices = {gpu.index for gpu in node.whole_gpus}
+            for job, account, use in getattr(what, "charges", ()):
+                team = team_of[name](account) if name in team_of else account
+                if team not in self.core.teams.teams:
+                    if account not in self._strangers:
+                        self._strangers.add(account)
+                        self.log.info(
+                            "budgethub: Slurm account %r is no team's: its jobs (%s) are "
+                            "charged to no one (c.BudgetScheduler.slurm_accounts)",
+                            account,
+                            job,
+                        )
+                    continue
+                if kind is PoolKind.GPU:
+                    rate = float(len((set(use.gpus) | set(use.shards)) & indices))
+                else:
+                    rate = float(use.cpus)
+                if rate <= 0:
+                    continue
+                key = (team, node.pool)
+                was, jobs = found.get(key, (0.0, ()))
+                found[key] = (was + rate, jobs if job in jobs else (*jobs, job))
+        return found
+
+    def update(
+        self, rates: Mapping[tuple[str, str], tuple[float, tuple[str, ...]]], now: float
+    ) -> None:
+        """Charge ``rates`` from ``now`` on: each (team, pool) whose rate changed, or
+        whose stretch is older than ``flush``, has its stretch written to the store."""
+        ledger = self.core.ledger
+        if ledger is not self._ledger:  # swapped (a longer lookback): charge ours again
+            for (team, pool), (rate, since, _) in self.open.items():
+                ledger.start_charging(team, pool, since, rate)
+            self._ledger = ledger
+        for key in sorted(set(self.open) | set(rates)):
+            team, pool = key
+            rate, jobs = rates.get(key, (0.0, ()))
+            old = self.open.get(key)
+            if old is None:
+                if rate > 0:
+                    ledger.start_charging(team, pool, now, rate)
+                    self.open[key] = (rate, now, jobs)
+                continue
+            old_rate, since, old_jobs = old
+            seen = tuple(dict.fromkeys((*old_jobs, *jobs)))
+            if abs(old_rate - rate) < 1e-9 and now - since < self.flush:
+                self.open[key] = (old_rate, since, seen)
+                continue
+            self.record(team, pool, since, now, old_rate, old_jobs)
+            if abs(old_rate - rate) >= 1e-9:
+                ledger.stop_charging(team, pool, now, old_rate)
+                if rate > 0:
+                    ledger.start_charging(team, pool, now, rate)
+            if rate > 0:
+                self.open[key] = (rate, now, jobs)
+            else:
+                del self.open[key]
+
+    def record(
+        self, team: str, pool: str, start: float, end: float, rate: float, jobs: Sequence[str]
+    ) -> None:
+        """One stretch into the store's usage (as a session's is at its end), and an
+        event that says it was other jobs' (the budget pages' "batch work seen in Slurm")."""
+        units = rate * (end - start)
+        if self.store is None or units <= 0:
+            return
+        try:
+            self.store.add_usage(team, pool, start, end, units)
+            self.store.append_event(
+                end,
+                SLURM_USAGE,
+                {
+                    "team": team,
+                    "pool": pool,
+                    "start": start,
+                    "end": end,
+                    "units": units,
+                    "jobs": list(jobs),
+                },
+            )
+        except Exception as error:  # the core charged it all the same
+            self.log.warning("budgethub: recording other jobs' use for %s: %s", team, error)
+
+
 @dataclass(frozen=True)
 class _Held:
     cpus: int
@@ -266,6 +402,7 @@ class _Held:
     jobs: tuple[str, ...]
     own: tuple[tuple[str, Any], ...] = ()
     reserved: str = ""
+    charges: tuple[tuple[str, str, Any], ...] = ()
 
 
 def _with_unbooked(held: HeldLike, running: Mapping[str, Allocation]) -> HeldLike:
@@ -281,6 +418,7 @@ def _with_unbooked(held: HeldLike, running: Mapping[str, Allocation]) -> HeldLik
         memory_mib=held.memory_mib + sum(use.memory_mib for _, use in late),
         gpus=held.gpus.union(*(use.gpus for _, use in late)),
         jobs=(*held.jobs, *(f"{request} (ending)" for request, _ in late)),
+        charges=held.charges,
     )
 
 

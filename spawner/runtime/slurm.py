@@ -529,6 +529,11 @@ class SlurmRuntime:
         taken. One ``scontrol`` per round for every node. Blocking."""
         return self.partition.details.held(newer_than).get(self.node, Held())
 
+    def team_of(self, account: str) -> str:
+        """The team a Slurm account's jobs are charged to: the one ``slurm_accounts``
+        maps to it, else the team of the account's own name (the default map)."""
+        return next((t for t, a in self.settings.accounts.items() if a == account), account)
+
     # -- a session as a job ------------------------------------------------------------
 
     def job_script(self, spec: LaunchSpec) -> tuple[str, list[str]]:

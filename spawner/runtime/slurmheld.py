@@ -182,6 +182,9 @@ class Held:
     """This Hub's jobs that Slurm still runs on the node, by request id: one whose
     request the Hub no longer books (its stop timed out before KillWait and the epilog
     were over) holds the node all the same (`spawner.runtime.foreign`)."""
+    charges: tuple[tuple[str, str, NodeUse], ...] = ()
+    """(job id, Slurm account, what it holds here) of each job of another: what its team
+    is charged for (`spawner.runtime.foreign.ForeignUsage`)."""
 
 
 def held_by_others(jobs: Iterable[JobDetail], hub: str) -> dict[str, Held]:
@@ -209,6 +212,7 @@ def held_by_others(jobs: Iterable[JobDetail], hub: str) -> dict[str, Held]:
                 # it, but budgethub does not yet split a GPU with other jobs.
                 gpus=was.gpus | frozenset(use.gpus) | frozenset(use.shards),
                 jobs=(*was.jobs, who),
+                charges=(*was.charges, (job.id, job.account, use)),
             )
     return found
 

@@ -141,6 +141,48 @@ def slurm_hub(
         slurm.wait_idle()
 
 
+def foreign_job(
+    slurm: SlurmCluster,
+    node: str,
+    gres: str = "",
+    *,
+    account: str = "",
+    partition: str = "",
+    seconds: int = 600,
+    user: str = "",
+    run: bool = True,
+) -> str:
+    """A batch job budgethub did not submit, on ``node`` (``gres``: ``gpu:g0:1``), as uid
+    1000 or ``user``'s (``--uid``), under ``account``; its id, once it runs if ``run``."""
+    options = [f"--uid={user}"] if user else ["--uid=1000", "--gid=100"]
+    options += [f"--gres={gres}"] if gres else []
+    options += [f"--account={account}"] if account else []
+    job = slurm.run(
+        "sbatch",
+        "--parsable",
+        *options,
+        "-p",
+        partition or slurm.partition,
+        "-w",
+        node,
+        "--mem=64M",
+        "-c",
+        "1",
+        "-o",
+        "/dev/null",
+        "--chdir=/tmp",
+        "--wrap",
+        f"sleep {seconds}",
+    ).strip()
+    if run:
+        wait_for(
+            lambda: any(j["id"] == job and j["state"] == "RUNNING" for j in slurm.jobs()),
+            30,
+            f"batch job {job} to run",
+        )
+    return job
+
+
 def active_jobs(slurm: SlurmCluster) -> list[dict[str, str]]:
     return [j for j in slurm.jobs() if j["state"] in ("PENDING", "RUNNING", "COMPLETING")]
 

@@ -17,41 +17,31 @@ import threading
 import time
 from datetime import datetime, timedelta
 
-from slurm_fixtures import ACCOUNTS, TWO, active_jobs, granted, job_of, start
+import pytest
+from slurm_fixtures import (
+    ACCOUNTS,
+    TWO,
+    active_jobs,
+    foreign_job,
+    granted,
+    job_of,
+    start,
+    store_of,
+)
 
 from harness.hub import queue_events, wait_for
 from harness.kernels import Server
+from scheduler_core.store.admin import AdminStore
 from scheduler_core.verdict import HELD_ELSEWHERE
+from spawner.readmodel.service.views import team_pool
 from spawner.readmodel.status import verdict_words
+from spawner.readmodel.storeview import build_state
+from spawner.runtime.foreign import SLURM_USAGE
 
 
 def batch_job(slurm, node: str, gpu: int) -> str:
     """Another user's batch job holding one GPU of ``node``; its id once it runs."""
-    job = slurm.run(
-        "sbatch",
-        "--parsable",
-        "--uid=1000",
-        "--gid=100",
-        "-p",
-        slurm.partition,
-        "-w",
-        node,
-        f"--gres=gpu:g{gpu}:1",
-        "--mem=64M",
-        "-c",
-        "1",
-        "-o",
-        "/dev/null",
-        "--chdir=/tmp",
-        "--wrap",
-        "sleep 600",
-    ).strip()
-    wait_for(
-        lambda: any(j["id"] == job and j["state"] == "RUNNING" for j in slurm.jobs()),
-        30,
-        f"batch job {job} to run",
-    )
-    return job
+    return foreign_job(slurm, node, f"gpu:g{gpu}:1")
 
 
 def test_other_jobs_gpus_are_taken_and_a_session_waits_for_them_saying_so(slurm_hub, slurm):
@@ -192,3 +182,38 @@ def test_a_hub_user_without_an_account_is_refused_saying_so(slurm_hub, slurm):
         message = response.json()["message"]
     assert "has no Unix account 'bh-no-such-account'" in message, message
     assert "bo" not in granted(hub)
+
+
+def test_a_batch_job_under_a_teams_account_is_charged_to_that_team(slurm_hub, slurm):
+    hub = slurm_hub()
+    job = foreign_job(slurm, "bhs2", "gpu:g1:1", account="nlp")  # nlp's Slurm account
+    wait_for(
+        lambda: "node bhs2: other jobs hold GPUs 1" in hub.log_tail(400),
+        30,
+        "budgethub to count the batch job's GPU",
+    )
+    time.sleep(6)
+    slurm.run("scancel", job)
+    wait_for(
+        lambda: "node bhs2: other jobs hold nothing now" in hub.log_tail(400),
+        30,
+        "budgethub to see the batch job end",
+    )
+    now = time.time()
+    store = store_of(hub)
+    try:
+        charged = store.usage_between("nlp", "gpu", now - 3600, now)
+        assert 5.0 < charged < 14.0, charged  # one GPU for 6 s, give or take a round each end
+        assert store.usage_between("guests", "gpu", now - 3600, now) == 0.0
+        [event] = store.list_events(kind=SLURM_USAGE)
+        assert event.payload["jobs"] == [job] and event.payload["team"] == "nlp", event
+        state = build_state(store, AdminStore(store), now)  # as the budget service reads it
+        nlp = team_pool(state.teams[("nlp", "gpu")], 2)
+        assert nlp["slurm_units"] == pytest.approx(charged, abs=0.01), nlp
+        assert nlp["used_units"] == pytest.approx(charged, abs=0.01), nlp
+    finally:
+        store.engine.dispose()
+    with hub.login("ann") as web:  # the Hub's team banner, from the live core's ledger
+        page = web.get(f"{hub.url}/hub/home", timeout=30).content.decode()
+    banner = page[page.find("<strong>nlp</strong>") :][:400]
+    assert "GPU·h of it batch work seen in Slurm" in banner, banner

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from harness import builders
 from scheduler_core.model import Request
+from scheduler_core.ranking import PoolRanking
+from scheduler_core.simulator import VirtualClock
+from scheduler_core.store import Store
 from scheduler_core.verdict import HELD_ELSEWHERE, NO_ROOM, NO_VICTIMS
 from spawner.readmodel.elsewhere import OTHER_JOBS
 from spawner.readmodel.status import QueueView
-from spawner.runtime.foreign import FOREIGN_USER, ForeignHolds, is_foreign
+from spawner.runtime.foreign import FOREIGN_USER, SLURM_USAGE, ForeignHolds, is_foreign
 from spawner.runtime.slurm import comment
 from spawner.runtime.slurmheld import (
     Held,
@@ -77,9 +80,13 @@ def test_a_jobs_detail_names_what_it_holds_per_node():
     assert jobs["12"].labels["org.budgethub.profile"] == "GPU notebook"  # a space, escaped
     assert [u.node for u in jobs["14"].uses] == ["bhs1", "bhs2", "bhs3"]
     held = held_by_others(jobs.values(), "hub")
-    assert held["bhs2"] == Held(3, 74, frozenset({1}), ("11 (alice, account physics)", "14 (bob)"))
+    charges = tuple((job, account) for job, account, _ in held["bhs2"].charges)
+    assert charges == (("11", "physics"), ("14", ""))  # each job's account, to charge
+    assert replace(held["bhs2"], charges=()) == Held(
+        3, 74, frozenset({1}), ("11 (alice, account physics)", "14 (bob)")
+    )
     own = (("ann//1", NodeUse("bhs1", 1, 1024, (0,))),)  # job 12 is the Hub's
-    assert held["bhs1"] == Held(1, 10, frozenset(), ("14 (bob)",), own=own)
+    assert replace(held["bhs1"], charges=()) == Held(1, 10, frozenset(), ("14 (bob)",), own=own)
     assert held["bhs3"].gpus == {0, 1}
     assert "13" not in str(held)  # pending: holds nothing yet
 
@@ -294,3 +301,98 @@ def test_shards_name_their_gpu_and_a_fraction_follows_slurms_pick():
     [piece] = core.running["ann//1"].grants[0].slices
     assert index[piece.gpu_uuid] == other and piece.milli == 250
     builders.check_free_matches_allocations(core)
+
+
+@dataclass
+class Charging(Reader):
+    """A Slurm node's runtime: what other jobs hold, and whose team an account is."""
+
+    def team_of(self, account: str) -> str:
+        return {"physics-lab": "physics"}.get(account, account)
+
+
+def test_other_jobs_use_is_charged_to_their_team_and_the_ranking_sees_it(tmp_path):
+    pools = builders.pools()
+    nodes = [builders.node(n, pool="gpu", gpus=2, cpus=8, memory_gib=32) for n in ("a", "b")]
+    clock = VirtualClock(1000.0)
+    core = builders.scheduler(
+        pools=pools.values(), nodes=nodes, teams=builders.teams("physics", "nlp"), clock=clock
+    )
+    store = Store.create(builders.sqlite_file_url(tmp_path))
+    readers = {"a": Charging(), "b": Charging()}
+    holds = ForeignHolds(core, readers, lambda: None, logging.getLogger("t"), store=store)
+    use = NodeUse("a", 2, 1024, (0, 1))
+    readers["a"].held = Held(
+        2, 1024, frozenset({0, 1}), ("7 (bob)",), charges=(("7", "physics-lab", use),)
+    )
+    readers["b"].held = Held(
+        1, 64, frozenset(), ("9 (eve)",), charges=(("9", "nobody", NodeUse("b", 1, 64, ())),)
+    )
+    holds.apply(holds.read(), 1000.0)
+    clock.time = 1100.0
+    assert core.ledger.charged("physics", "gpu", 0.0, 1100.0) == 200.0  # 2 GPUs, 100 s, live
+    ranking = PoolRanking(core.view(1100.0), "gpu", 1100.0)
+    assert ranking.ratio("physics") > ranking.ratio("nlp")  # the policy ranks by it
+    core.submit(Request("pa//1", "pat", "physics", "gpu", 1050.0, gpus=1, cpus=1, memory_gib=1))
+    core.submit(Request("na//1", "nat", "nlp", "gpu", 1060.0, gpus=1, cpus=1, memory_gib=1))
+    readers["b"].held = Held(2, 64, frozenset({0, 1}), ("8 (eve)",))  # one GPU left: on b
+    holds.apply(holds.read(), 1100.0)
+    readers["b"].held = Held(2, 64, frozenset({0}), ("8 (eve)",))
+    holds.apply(holds.read(), 1100.0)
+    core.step()
+    assert "na//1" in core.running and "pa//1" in core.pending  # nlp used less: it goes first
+    readers["a"].held = None  # job 7 ended
+    clock.time = 1130.0
+    holds.apply(holds.read(), 1130.0)
+    assert core.ledger.charged("physics", "gpu", 0.0, 2000.0) == 260.0  # stopped at 1130
+    assert store.usage_between("physics", "gpu", 0.0, 2000.0) == 260.0
+    assert store.usage_between("nobody", "gpu", 0.0, 2000.0) == 0.0  # no team's account
+    [event] = store.list_events(kind=SLURM_USAGE)
+    assert event.payload == {
+        "team": "physics",
+        "pool": "gpu",
+        "start": 1000.0,
+        "end": 1130.0,
+        "units": 260.0,
+        "jobs": ["7"],
+    }
+
+
+def test_a_long_job_is_written_to_the_store_a_stretch_at_a_time(tmp_path):
+    pools = builders.pools()
+    nodes = [builders.node("a", pool="gpu", gpus=2, cpus=8, memory_gib=32)]
+    core = builders.scheduler(pools=pools.values(), nodes=nodes, teams=builders.teams("physics"))
+    store = Store.create(builders.sqlite_file_url(tmp_path))
+    readers = {"a": Charging()}
+    holds = ForeignHolds(core, readers, lambda: None, logging.getLogger("t"), store=store)
+    use = NodeUse("a", 1, 64, (1,))
+    readers["a"].held = Held(1, 64, frozenset({1}), ("7 (bob)",), charges=(("7", "physics", use),))
+    for now in (0.0, 100.0, 299.0, 301.0, 400.0):
+        holds.apply(holds.read(), now)
+    assert store.usage_records(-1.0) == [("physics", "gpu", 0.0, 301.0, 301.0)]
+    assert core.ledger.charged("physics", "gpu", 0.0, 400.0) == 400.0  # still charged live
+
+
+def test_the_budget_lines_show_batch_work_seen_in_slurm(tmp_path):
+    pools = builders.pools()
+    nodes = [builders.node("a", pool="gpu", gpus=2, cpus=8, memory_gib=32)]
+    clock = VirtualClock(0.0)
+    core = builders.scheduler(
+        pools=pools.values(), nodes=nodes, teams=builders.teams("physics"), clock=clock
+    )
+    store = Store.create(builders.sqlite_file_url(tmp_path))
+    readers = {"a": Charging()}
+    holds = ForeignHolds(core, readers, lambda: None, logging.getLogger("t"), store=store)
+    use = NodeUse("a", 1, 64, (0, 1))
+    readers["a"].held = Held(
+        1, 64, frozenset({0, 1}), ("7 (bob)",), charges=(("7", "physics", use),)
+    )
+    holds.apply(holds.read(), 0.0)
+    readers["a"].held = None
+    holds.apply(holds.read(), 5400.0)  # 2 GPUs for 1.5 h
+    status = QueueView(core, store, clock=lambda: 6000.0).team_status("physics", "gpu")
+    assert status.slurm_units == 10800.0
+    assert "(3 GPU·h of it batch work seen in Slurm)" in status.line(), status.line()
+    later = core.settings.lookback + 2700.0  # half of the stretch left the window
+    status = QueueView(core, store, clock=lambda: later).team_status("physics", "gpu")
+    assert status.slurm_units == 5400.0

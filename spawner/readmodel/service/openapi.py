@@ -42,6 +42,7 @@ SCHEMAS: dict[str, Any] = {
             "share": NUM,
             "share_units": NUM,
             "used_units": NUM,
+            "slurm_units": NUM,
             "budget_units": NUM,
             "used_fraction": NUM_OR_NULL,
             "holds_funded": NUM,

@@ -66,6 +66,7 @@ def team_pool(tp: TeamPool, teams_in_pool: int, *, daily: bool = True) -> dict[s
         "share": _sig(tp.share),
         "share_units": _sig(tp.status.share),
         "used_units": round(tp.used_units, 3),
+        "slurm_units": round(tp.status.slurm_units, 3),
         "budget_units": round(tp.budget_units, 3),
         "used_fraction": None if tp.used_fraction is None else round(tp.used_fraction, 6),
         "holds_funded": round(tp.status.funded, 6),
