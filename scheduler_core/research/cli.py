@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "scheduler_core.research.commands.bench",
     "scheduler_core.research.commands.compare",
     "scheduler_core.research.commands.sweep",
+    "scheduler_core.research.commands.replay",
 )
 """Modules that add subcommands; a module that is not there yet is skipped."""
 

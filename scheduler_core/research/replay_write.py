@@ -1,0 +1,247 @@
+"""A simulated run written into a store as the live Hub would have recorded it.
+
+For the replay's round trip (a scenario simulated, written, replayed: the same
+outcome) and its benchmark (a 30-day, 1,024-GPU history to read). What is written is
+what the Hub writes as sessions come and go (scheduler_core/store, spawner/hub):
+requests with their spec, allocations and their grants (booked slices only for those
+still running), funded usage, and the event log's ``hub-start``, ``submit``,
+``preempt``, ``session-ended``, ``node`` and ``activity`` entries. All in one
+transaction of bulk inserts: a month has tens of thousands of requests, and the Store's
+one-transaction-per-call methods would take minutes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import insert
+
+from scheduler_core.model import Allocation, Request
+from scheduler_core.scenario import Scenario
+from scheduler_core.scheduler import Scheduler
+from scheduler_core.simulator import SimRun, Simulation
+from scheduler_core.store import Store
+from scheduler_core.store.admin import AdminStore, SchedulerStatus
+from scheduler_core.store.mapping import node_slices, request_row, request_spec
+from scheduler_core.store.models import (
+    AllocationGrantRow,
+    AllocationRow,
+    BookedSliceRow,
+    EventRow,
+    RequestRow,
+    UsageRow,
+)
+from scheduler_core.store.records import RequestState
+from scheduler_core.view import Decisions
+
+HUB_START = "hub-start"
+"""The event the live Hub appends at each start: its settings, shares and node health."""
+
+
+def settings_json(settings: Any) -> dict[str, Any]:
+    """Settings as the Hub reports them (enums by value)."""
+    return {
+        key: value.value if hasattr(value, "value") else value
+        for key, value in dataclasses.asdict(settings).items()
+    }
+
+
+@dataclass
+class Recorded:
+    """A simulated run with what the store needs beyond `SimRun`: every allocation made,
+    in order, and each preemption (request id, time)."""
+
+    run: SimRun
+    allocations: list[Allocation] = field(default_factory=list)
+    preempted: set[tuple[str, float]] = field(default_factory=set)
+
+
+def simulate_recorded(scenario: Scenario) -> Recorded:
+    """Simulate ``scenario`` and keep its allocations and preemptions."""
+    made: list[Allocation] = []
+    preempted: set[tuple[str, float]] = set()
+
+    def observe(scheduler: Scheduler, decisions: Decisions, now: float) -> None:
+        for stop in decisions.preemptions:
+            preempted.add((stop.allocation_id, now))
+        for admission in decisions.admissions:
+            allocation = scheduler.running.get(admission.request.id)
+            if allocation is not None and allocation.start == now:
+                made.append(allocation)
+
+    run = Simulation(scenario, observe).run()
+    return Recorded(run, made, preempted)
+
+
+def write_run(store: Store, recorded: Recorded, base: float, hub: str = "hub") -> None:
+    """Write a recorded run into ``store`` as having run live from epoch second ``base``;
+    the store is migrated and empty."""
+    run = recorded.run
+    scenario = run.scenario
+    horizon = scenario.horizon
+    settings = settings_json(scenario.settings)
+    store.save_pools(scenario.pools)
+    store.save_teams(scenario.teams)
+    store.save_nodes(list(scenario.nodes))
+    AdminStore(store).report(SchedulerStatus(hub, base + horizon, 0, 0.0, (), settings, 0))
+    events: list[dict[str, Any]] = [
+        {
+            "time": base,
+            "kind": HUB_START,
+            "payload": {
+                "settings": settings,
+                "teams": {t.name: dict(t.share) for t in scenario.teams},
+                "nodes": {n.name: n.health.value for n in scenario.nodes},
+            },
+        }
+    ]
+    for event in scenario.events:
+        events.append(
+            {
+                "time": base + event.at,
+                "kind": "node",
+                "payload": {"node": event.node, "state": event.health.value},
+            }
+        )
+    by_request: dict[str, list[Allocation]] = {}
+    for allocation in recorded.allocations:
+        by_request.setdefault(allocation.id, []).append(allocation)
+    requests: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    grants: list[dict[str, Any]] = []
+    slices: list[dict[str, Any]] = []
+    usage: list[dict[str, Any]] = []
+    next_id = 1
+    for request in scenario.requests:
+        record = run.records[request.id]
+        if request.submit > horizon:
+            continue
+        made = by_request.get(request.id, [])
+        spec = request_spec(request) | {
+            "submit": base + request.submit,
+            "checkpoint_every": request.checkpoint_every,
+            "restart_cost": request.restart_cost,
+        }
+        ending: list[str] = []
+        events.append(
+            {
+                "time": base + request.submit,
+                "kind": "submit",
+                "payload": {"request": request.id, "options": {}, "team": request.team},
+            }
+        )
+        idle = scenario.idle_after.get(request.id)
+        for i, allocation in enumerate(made):
+            end = record.ends[i] if i < len(record.ends) else horizon
+            finished = record.finished and i == len(made) - 1
+            preempted = not finished and (request.id, end) in recorded.preempted
+            still = not finished and not preempted
+            ending.append("finished" if finished else "preempted" if preempted else "running")
+            rows.append(
+                {
+                    "id": next_id,
+                    "request_id": request.id,
+                    "start_time": base + allocation.start,
+                    "end_time": None if still else base + end,
+                    "funded": allocation.funded,
+                    "protected_until": base + allocation.protected_until,
+                    "charge_rate": allocation.charge_rate,
+                }
+            )
+            for position, grant in enumerate(allocation.grants):
+                grants.append(
+                    {
+                        "allocation_id": next_id,
+                        "position": position,
+                        "node": grant.node,
+                        "cpus": grant.cpus,
+                        "memory_gib": grant.memory_gib,
+                    }
+                )
+            if still:
+                for position, (node, piece) in enumerate(node_slices(allocation)):
+                    slices.append(
+                        {
+                            "allocation_id": next_id,
+                            "position": position,
+                            "node": node,
+                            "gpu_uuid": piece.gpu_uuid,
+                            "kind": piece.kind,
+                            "milli": piece.milli,
+                            "mig_uuid": piece.mig_uuid,
+                            "mig_profile": piece.mig_profile,
+                            "device_id": piece.device_id,
+                        }
+                    )
+            elif allocation.funded:
+                usage.append(
+                    {
+                        "team": request.team,
+                        "pool": request.pool,
+                        "start_time": base + allocation.start,
+                        "end_time": base + end,
+                        "units": allocation.charge_rate * (end - allocation.start),
+                        "allocation_id": next_id,
+                    }
+                )
+            if idle is not None and allocation.start + idle < end:
+                at = base + allocation.start + idle
+                events.append(
+                    {
+                        "time": at,
+                        "kind": "activity",
+                        "payload": {"request": request.id, "busy": False, "idle_since": at},
+                    }
+                )
+            if not still:
+                events.append(_ending(request.id, base + end, preempted, allocation))
+            next_id += 1
+        requests.append(_request_row(request, base, _state(ending), spec))
+    with store._write() as session:  # one transaction: the whole history at once
+        for table, values in (
+            (RequestRow, requests),
+            (AllocationRow, rows),
+            (AllocationGrantRow, grants),
+            (BookedSliceRow, slices),
+            (UsageRow, usage),
+        ):
+            if values:
+                session.execute(insert(table), values)
+        events.sort(key=lambda e: e["time"])
+        session.execute(insert(EventRow), events)
+
+
+def _state(ending: list[str]) -> RequestState:
+    """The request's state at the end: its last run's ending (none: still waiting)."""
+    last = ending[-1] if ending else None
+    if last == "finished":
+        return RequestState.FINISHED
+    if last == "running":
+        return RequestState.RUNNING
+    return RequestState.REQUEUED if last else RequestState.PENDING
+
+
+def _request_row(
+    request: Request, base: float, state: RequestState, spec: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The request's row as the store maps it (`mapping.request_row`), at its epoch time."""
+    row = request_row(dataclasses.replace(request, submit=base + request.submit), state)
+    row.spec = dict(spec)
+    return {column.key: getattr(row, column.key) for column in RequestRow.__table__.columns}
+
+
+def _ending(request_id: str, at: float, preempted: bool, allocation: Allocation) -> dict[str, Any]:
+    if preempted:
+        return {
+            "time": at,
+            "kind": "preempt",
+            "payload": {"request": request_id, "reason": "funded", "message": ""},
+        }
+    return {
+        "time": at,
+        "kind": "session-ended",
+        "payload": {"request": request_id, "started": allocation.start},
+    }
