@@ -113,7 +113,17 @@ def write_run(store: Store, recorded: Recorded, base: float, hub: str = "hub") -
     rows: list[dict[str, Any]] = []
     grants: list[dict[str, Any]] = []
     slices: list[dict[str, Any]] = []
-    usage: list[dict[str, Any]] = []
+    usage: list[dict[str, Any]] = [
+        {
+            "team": seeded.team,
+            "pool": seeded.pool,
+            "start_time": base + seeded.at,
+            "end_time": base + seeded.at,
+            "units": seeded.units,
+            "allocation_id": None,
+        }
+        for seeded in scenario.usage
+    ]  # history from before the store's first session, charged at once (`Store.add_usage`)
     next_id = 1
     for request in scenario.requests:
         record = run.records[request.id]
