@@ -14,7 +14,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from slurm_fixtures import ONE, PROFILES, cluster_up, granted, gres_indices, job_of, start
+from slurm_fixtures import (
+    ONE,
+    PROFILES,
+    cluster_up,
+    foreign_job,
+    granted,
+    gres_indices,
+    job_of,
+    start,
+)
 from test_slurm_sessions import where
 
 from harness.hub import wait_for
@@ -41,23 +50,8 @@ def slurm() -> Iterator[SlurmCluster]:
 
 def test_the_gpus_recorded_are_those_slurm_bound_and_the_session_sees(slurm_hub, slurm):
     hub = slurm_hub()
-    other = slurm.run(  # another user's job takes one of bhs2's GPUs: Slurm picks IDX 0
-        "sbatch",
-        "--parsable",
-        "--uid=1000",
-        "--gid=100",
-        "-p",
-        "gpu",
-        "-w",
-        "bhs2",
-        "--gres=gpu:fake:1",
-        "--mem=64M",
-        "-o",
-        "/dev/null",
-        "--chdir=/tmp",
-        "--wrap",
-        "sleep 600",
-    ).strip()
+    # another user's job takes one of bhs2's GPUs: Slurm picks IDX 0
+    other = foreign_job(slurm, "bhs2", "gpu:fake:1", run=False)
     wait_for(lambda: "(IDX:" in slurm.job_detail(other), 30, "the other job to run")
     held = gres_indices(slurm.job_detail(other))
     wait_for(
@@ -92,23 +86,7 @@ def test_a_fraction_holds_shards_and_its_gpu_goes_whole_to_no_one(slurm_hub, slu
     assert "shard:fake:25(IDX:0)" in detail, detail  # bhs1's one GPU
     node_detail = slurm.run("scontrol", "show", "-d", "node", "bhs1")
     assert "GresUsed=gpu:fake:0(IDX:N/A),shard:fake:" in node_detail, node_detail
-    whole = slurm.run(
-        "sbatch",
-        "--parsable",
-        "--uid=1000",
-        "--gid=100",
-        "-p",
-        "gpu",
-        "-w",
-        "bhs1",
-        "--gres=gpu:fake:1",
-        "--mem=64M",
-        "-o",
-        "/dev/null",
-        "--chdir=/tmp",
-        "--wrap",
-        "sleep 600",
-    ).strip()
+    whole = foreign_job(slurm, "bhs1", "gpu:fake:1", run=False)
     wait_for(
         lambda: "Resources" in slurm.run("squeue", "-h", "-j", whole, "-o", "%r"),
         30,

@@ -16,6 +16,7 @@ import time
 from slurm_fixtures import (
     TWO,
     active_jobs,
+    foreign_job,
     granted,
     gres_indices,
     job_of,
@@ -142,19 +143,7 @@ def test_a_hub_killed_and_restarted_keeps_its_jobs_and_duplicates_none(slurm_hub
 
     hub_kill(hub)
     slurm.run("scancel", bo_job)  # ends while no Hub watches
-    foreign = slurm.run(
-        "sbatch",
-        "--parsable",
-        "-p",
-        "gpu",
-        "-w",
-        "bhs2",
-        "--mem=64M",
-        "-o",
-        "/dev/null",
-        "--wrap",
-        "sleep 300",
-    ).strip()
+    foreign = foreign_job(slurm, "bhs2", user="root", seconds=300, run=False)
     wait_for(lambda: bo_job not in {j["id"] for j in active_jobs(slurm)}, 30, "bo's job to end")
     hub.start()
 
