@@ -344,9 +344,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         return {
             "hub": self.hub_name,
             "settings": settings_json(self.core.settings),
-            "teams": {
-                t.name: {"parent": t.parent, "share": dict(t.share)} for t in self.core_teams
-            },
+            "teams": {t.name: dict(t.share) for t in self.core_teams},
             "nodes": {name: node.health.value for name, node in self.core.nodes.items()},
             "running": sorted(self.core.running),
             "queued": sorted(self.core.pending),

@@ -84,10 +84,7 @@ def test_the_state_a_replay_starts_from_is_plain_json(tmp_path: Path) -> None:
         assert state["settings"]["name"] == "budget"
         assert state["settings"]["placement"] == "best-fit"  # enums by their value
         assert state["settings"]["cycle_tick"] == hub.core.settings.cycle_tick
-        assert state["teams"] == {
-            "a": {"parent": None, "share": {"gpu": 0.25}},
-            "b": {"parent": None, "share": {"gpu": 0.75}},
-        }
+        assert state["teams"] == {"a": {"gpu": 0.25}, "b": {"gpu": 0.75}}
         assert state["nodes"] == {"n1": "draining"}
         assert (state["running"], state["queued"]) == ([], ["ann/x/1"])
     finally:
