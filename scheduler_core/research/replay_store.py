@@ -197,7 +197,7 @@ def _upgraded_copy(path: str, revision: str, shown: str, newest: str) -> Source:
 @contextmanager
 def _reading(engine: Engine) -> Iterator[Session]:
     """One short read-only transaction."""
-    with Session(engine) as session, session.begin():
+    with Session(engine, expire_on_commit=False) as session, session.begin():
         yield session
 
 
