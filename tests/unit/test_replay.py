@@ -1,0 +1,171 @@
+"""`budgethub replay`'s pure parts (issue 51): the start-order agreement, a request's work
+from its live runs, the state at the period's start, admin changes at their times, and
+the command's flags (checked before any store is opened)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler_core.model import (
+    Node,
+    NodeGrant,
+    Pool,
+    PoolKind,
+    Request,
+    Team,
+    virtual_gpus,
+)
+from scheduler_core.research.cli import main
+from scheduler_core.research.commands.replay import parse_when
+from scheduler_core.research.replay import (
+    FINISHED,
+    PREEMPTED,
+    RUNNING,
+    AdminChange,
+    History,
+    LiveRequest,
+    LiveRun,
+    compare,
+    order_agreement,
+    plan,
+    simulate,
+    work_of,
+)
+from scheduler_core.settings import Settings
+
+T0 = 1_800_000_000.0
+POOL = Pool("g", PoolKind.GPU)
+
+
+def node(gpus: int = 1) -> Node:
+    return Node("n0", "g", 16.0, 64.0, virtual_gpus("n0", gpus))
+
+
+def request(rid: str, team: str, submit: float, **fields: object) -> Request:
+    return Request(id=rid, user="u", team=team, pool="g", submit=T0 + submit, gpus=1, **fields)  # type: ignore[arg-type]
+
+
+def run(start: float, end: float | None, ended: str, funded: bool = True) -> LiveRun:
+    grant = NodeGrant("n0", (), 1.0, 4.0)
+    protected = T0 + start + 3600  # funded and protected for an hour, as live
+    return LiveRun(
+        T0 + start, None if end is None else T0 + end, (grant,), funded, protected, 1.0, ended
+    )
+
+
+def history(requests: list[LiveRequest], **fields: object) -> History:
+    values: dict[str, object] = {
+        "since": T0,
+        "until": T0 + 20_000,
+        "settings": Settings(default_min_runtime=0.0),
+        "pools": (POOL,),
+        "nodes": (node(),),
+        "teams": (Team("a", {"g": 0.5}), Team("b", {"g": 0.5})),
+        "requests": tuple(requests),
+    }
+    values.update(fields)
+    return History(**values)  # type: ignore[arg-type]
+
+
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), max_size=25))
+def test_order_agreement_counts_pairs_as_a_direct_count_does(
+    pairs: list[tuple[int, int]],
+) -> None:
+    agree = disagree = ties = 0
+    for (a1, b1), (a2, b2) in itertools.combinations(pairs, 2):
+        if a1 == a2 or b1 == b2:
+            ties += 1
+        elif (a1 < a2) == (b1 < b2):
+            agree += 1
+        else:
+            disagree += 1
+    share, counted, tied = order_agreement([(float(a), float(b)) for a, b in pairs])
+    assert (counted, tied) == (agree + disagree, ties)
+    assert share == (agree / counted if counted else None)
+
+
+def test_work_is_what_the_runs_did_kept_across_a_preemption() -> None:
+    notebook = request("r", "a", 0, resumable=True, memory_gib=4.0)
+    live = LiveRequest(notebook, (run(0, 1000, PREEMPTED), run(2000, 3500, FINISHED)))
+    work, complete = work_of(live, T0 + 20_000)
+    # All of the first run is kept (a snapshot); the second starts with its restore.
+    assert complete
+    assert work == pytest.approx(1000 + 1500 - notebook.restart_seconds)
+    fresh = LiveRequest(request("s", "a", 0), (run(0, 1000, PREEMPTED), run(2000, None, RUNNING)))
+    assert work_of(fresh, T0 + 5000) == (3000.0, False)
+
+
+def test_the_running_session_and_the_queue_at_the_start_are_taken_in() -> None:
+    running = LiveRequest(request("old", "a", -500), (run(-400, 100, FINISHED),))
+    waiting = LiveRequest(request("next", "b", -300), (run(100, 600, FINISHED),))
+    later = LiveRequest(request("new", "a", 50), (run(600, 900, FINISHED),))
+    the_plan = plan(history([running, waiting, later]))
+    assert [a.allocation.id for a in the_plan.adopted] == ["old"]
+    assert the_plan.adopted[0].allocation.grants[0].slices, "placed on its node's free GPU"
+    assert [q.request.id for q in the_plan.queued] == ["next"]
+    assert [r.id for r in the_plan.scenario.requests] == ["new"]
+    simulated = simulate(the_plan)
+    assert simulated.records["old"].ends == [100.0]
+    assert simulated.records["next"].starts == [100.0]
+    assert simulated.records["new"].starts == [600.0]
+    comparison = compare(the_plan, simulated)["comparison"]
+    assert comparison["wait_abs_error_s"]["p90"] == 0.0
+    assert not comparison["causes"]
+
+
+def test_an_admin_share_change_applies_at_its_time_unless_the_what_if_pins_it() -> None:
+    teams = (Team("a", {"g": 0.0}), Team("b", {"g": 1.0}))
+    first = LiveRequest(request("first", "a", 0), (run(0, 500, FINISHED, funded=False),))
+    second = LiveRequest(request("second", "a", 2000), (run(2000, 2500, FINISHED),))
+    change = AdminChange(T0 + 1000, shares={("a", "g"): 0.5})
+    the_plan = plan(history([first, second], teams=teams, admin=(change,)))
+    assert [c.at for c in the_plan.admin] == [1000.0]
+    simulated = simulate(the_plan)
+    assert simulated.records["first"].funded == [False]
+    assert simulated.records["second"].funded == [True]
+    without = plan(history([first, second], teams=teams))
+    assert simulate(without).records["second"].funded == [False]
+    lookback = AdminChange(T0 + 1000, settings={"lookback": 3600.0})
+    pinned = plan(history([first], admin=(lookback,)))
+    settings = pinned.scenario.settings.replace(lookback=7200.0)
+    assert simulate(pinned, settings, pinned=["lookback"]).scenario.settings.lookback == 7200.0
+
+
+def test_a_request_that_left_the_queue_is_one_the_simulator_cannot_see() -> None:
+    gone = LiveRequest(request("gone", "a", 10), (), cancelled=T0 + 50)
+    the_plan = plan(history([gone, LiveRequest(request("x", "b", 0), (run(0, 9, FINISHED),))]))
+    assert "gone" in the_plan.unseen and "cannot cancel" in the_plan.unseen["gone"]
+    assert compare(the_plan, simulate(the_plan))["comparison"]["causes"] == {"unseen": 1}
+
+
+def test_times_are_read_as_an_operator_writes_them() -> None:
+    now = 1_800_000_000.0
+    assert parse_when("now", "--until", now) == now
+    assert parse_when("7d", "--since", now) == now - 7 * 86400
+    assert parse_when("36h", "--since", now) == now - 36 * 3600
+    assert parse_when("1700000000", "--since", now) == 1_700_000_000.0
+    assert parse_when("2026-12-01", "--since", now) == 1796083200.0
+    assert parse_when("2026-12-01T08:00Z", "--since", now) == 1796083200.0 + 8 * 3600
+    assert parse_when("2026-12-01T09:00+01:00", "--since", now) == 1796083200.0 + 8 * 3600
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--policy", "nope"], "budgethub replay: --policy: unknown policy 'nope'"),
+        (["--set", "warp=9"], "budgethub replay: --set warp: unknown setting"),
+        (["--set", "name=legacy"], "budgethub replay: --set name: choose the policy with --policy"),
+        (["--set", "min_runtime=1h", "--set", "min_runtime=2h"], "--set default_min_runtime"),
+        (["--until", "tomorrow"], "budgethub replay: --until: 'tomorrow' is not a time"),
+    ],
+)
+def test_flags_are_checked_before_the_store_is_opened(
+    flags: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", "/nonexistent/store.sqlite", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0]
