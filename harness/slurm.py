@@ -91,6 +91,8 @@ class SlurmCluster:
     extra: tuple[str, ...] = ()
     """More slurm.conf lines (KillWait, an Epilog, TaskPlugin ...), each in place of the
     default line of its key."""
+    more_partitions: tuple[str, ...] = ()
+    """Partitions over the same nodes as ``partition`` (overlapping partitions)."""
 
     @property
     def conf(self) -> Path:
@@ -272,6 +274,11 @@ class SlurmCluster:
             f"PartitionName={self.partition} Nodes={names} Default=YES MaxTime=INFINITE "
             "State=UP PreemptMode=OFF OverSubscribe=NO"
         )
+        for name in self.more_partitions:
+            lines.append(
+                f"PartitionName={name} Nodes={names} Default=NO MaxTime=INFINITE State=UP "
+                "PreemptMode=OFF OverSubscribe=NO"
+            )
         replaced = {line.split("=", 1)[0] for line in self.extra}
         lines = [line for line in lines if line.split("=", 1)[0] not in replaced]
         lines.extend(self.extra)

@@ -165,6 +165,18 @@ class ForeignHolds:
                     self.log.exception("budgethub: counting what other jobs hold")
             await asyncio.sleep(self.interval)
 
+    def prime(self) -> None:
+        """Read once and take the stand-ins in now, before the first cycle after a start
+        (blocking: one round of Slurm's commands), so that no cycle places a session on
+        a GPU another job held while the Hub was down; Slurm not answering is logged and
+        left to `follow`."""
+        try:
+            held = self.read()
+        except Exception as error:
+            self.log.info("budgethub: reading other jobs' holdings at the start: %s", error)
+            return
+        self.apply(held, time.time())
+
     def read(self) -> dict[str, HeldLike | None]:
         """Every node's holdings as read in this round (one read serves every node)."""
         started = time.monotonic()
@@ -266,7 +278,7 @@ class ForeignHolds:
                 self.log.warning("budgethub: node %s: recording Slurm's GPUs: %s", name, error)
 
     def _stand_in(self, node: Node, held: HeldLike, now: float) -> Allocation | None:
-        held = _with_unbooked(held, self.core.running)
+        held = _with_unbooked(held, self.core.running, node.name)
         own_gpus: set[str] = set()
         own_cpus = own_memory = 0.0
         for allocation in self.core.running.values():
@@ -305,6 +317,7 @@ class ForeignUsage:
         """(team, pool) -> (units per second, job ids) of what ``held`` says other jobs
         hold; a job whose account is no team's is charged to no one (and logged once)."""
         found: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}
+        counted: set[tuple[str, str]] = set()  # a Slurm node two pools share: charged once
         for name, what in held.items():
             node = self.core.nodes.get(name)
             if node is None or what is None:
@@ -312,6 +325,9 @@ class ForeignUsage:
             kind = self.core.pools[node.pool].kind
             indices = {gpu.index for gpu in node.whole_gpus}
             for job, account, use in getattr(what, "charges", ()):
+                if (job, use.node) in counted:
+                    continue
+                counted.add((job, use.node))
                 team = team_of[name](account) if name in team_of else account
                 if team not in self.core.teams.teams:
                     if account not in self._strangers:
@@ -405,19 +421,30 @@ class _Held:
     charges: tuple[tuple[str, str, Any], ...] = ()
 
 
-def _with_unbooked(held: HeldLike, running: Mapping[str, Allocation]) -> HeldLike:
-    """``held`` and this Hub's jobs that Slurm still runs while their request is booked
-    no more (a stop that timed out before KillWait and the epilog were over): their
-    slices are free only once Slurm says the job ended."""
-    late = [(request, use) for request, use in held.own if request not in running]
+def _with_unbooked(held: HeldLike, running: Mapping[str, Allocation], node: str) -> HeldLike:
+    """``held`` and this Hub's jobs on the Slurm node that the core does not book on
+    ``node``: one whose request is booked no more (a stop that timed out before KillWait
+    and the epilog were over), whose slices are free only once Slurm says the job ended;
+    and another pool's session, where two pools' partitions share the Slurm node."""
+    late = [
+        (request, use)
+        for request, use in held.own
+        if request not in running or node not in running[request].node_names
+    ]
     if not late:
         return held
     return _Held(
         reserved=held.reserved,
         cpus=held.cpus + sum(use.cpus for _, use in late),
         memory_mib=held.memory_mib + sum(use.memory_mib for _, use in late),
-        gpus=held.gpus.union(*(use.gpus for _, use in late)),
-        jobs=(*held.jobs, *(f"{request} (ending)" for request, _ in late)),
+        gpus=held.gpus.union(*(use.gpus for _, use in late), *(use.shards for _, use in late)),
+        jobs=(
+            *held.jobs,
+            *(
+                f"{request} ({'ending' if request not in running else 'another pool'})"
+                for request, _ in late
+            ),
+        ),
         charges=held.charges,
     )
 

@@ -480,8 +480,12 @@ class SlurmRuntime:
         config: EngineConfig,
         partition: SlurmPartition,
         gpus: Mapping[str, SlurmGpu],
+        slurm_node: str = "",
     ) -> None:
         self.config = config
+        self.slurm_node = slurm_node or config.node
+        """The node's name in Slurm: ``config.node`` is budgethub's, which differs where
+        a second pool's partition has the node too (``bhs1@long``)."""
         self.partition = partition
         self.gpus = dict(gpus)
         """budgethub's GPU uuid on this node → how Slurm is asked for it."""
@@ -504,7 +508,7 @@ class SlurmRuntime:
             nodes = await asyncio.to_thread(self.partition.nodes)
         except SlurmError:
             return Answer.TIMEOUT
-        record = nodes.get(self.node)
+        record = nodes.get(self.slurm_node)
         if record is None:
             return Answer.DOWN
         said = node_health(record.get("State", ""))
@@ -527,7 +531,7 @@ class SlurmRuntime:
         """What jobs this Hub did not submit hold on the node, as read after ``newer_than``
         (``time.monotonic``: the round's start); `spawner.runtime.foreign` counts it as
         taken. One ``scontrol`` per round for every node. Blocking."""
-        return self.partition.details.held(newer_than).get(self.node, Held())
+        return self.partition.details.held(newer_than).get(self.slurm_node, Held())
 
     def team_of(self, account: str) -> str:
         """The team a Slurm account's jobs are charged to: the one ``slurm_accounts``
@@ -564,7 +568,7 @@ class SlurmRuntime:
             command[0] = os.path.join(self.settings.session_env, "bin", executable)
         lines = [
             "#!/bin/bash",
-            f"# budgethub session {spec.name}: written by the Hub, run by Slurm on {self.node}",
+            f"# budgethub session {spec.name}: by the Hub, run by Slurm on {self.slurm_node}",
             *(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()) if _name_ok(k)),
             'export PATH="'
             + os.path.join(self.settings.session_env, "bin")
@@ -577,7 +581,7 @@ class SlurmRuntime:
             f"--job-name={spec.name}",
             f"--comment={comment(labels)}",
             f"--partition={self.partition.partition}",
-            f"--nodelist={self.node}",
+            f"--nodelist={self.slurm_node}",
             "--nodes=1",
             "--ntasks=1",
             f"--cpus-per-task={max(1, math.ceil(spec.nano_cpus / 1e9))}",
@@ -719,7 +723,7 @@ class SlurmRuntime:
             for r in rows
             if r.state in ACTIVE
             and r.labels.get(f"{LABEL_PREFIX}.hub") != self.partition.hub
-            and self.node in (*hostnames(r.node), *hostnames(r.asked))
+            and self.slurm_node in (*hostnames(r.node), *hostnames(r.asked))
         ]
 
     async def archive(self, runtime_id: str, path: str) -> bytes | None:
@@ -892,6 +896,9 @@ def read_cluster(
     longest protected time a session may get), is a SlurmConfigError naming the key."""
     cluster = SlurmCluster()
     details: dict[str, JobDetails] = {}  # one scontrol per round, whatever the partitions
+    claimed: set[str] = set()
+    """Slurm nodes an earlier pool has: a later pool's partition over them names them
+    ``NODE@POOL`` (`spawner.runtime.foreign` counts each pool's sessions in the other's)."""
     for config in configs:
         partition = SlurmPartition(config.partition, settings, hub)
         partition.details = details.setdefault(
@@ -938,14 +945,16 @@ def read_cluster(
                 raise SlurmConfigError(config.key, f"Slurm does not describe node {name!r}")
             entries = [e for e in info.gres if e.name == config.gres]
             any_gres = any_gres or bool(entries)
-            gpus, binding = node_gpus(name, entries, info.gres) if gpu_pool else ([], {})
+            own = f"{name}@{config.pool}" if name in claimed else name
+            claimed.add(name)
+            gpus, binding = node_gpus(own, entries, info.gres) if gpu_pool else ([], {})
             # Ready as configured: Slurm's own state (down, drained) comes with the first
             # health check, and goes again when Slurm returns the node.
             cluster.nodes.append(
-                Node(name, config.pool, info.cpus, info.memory_mib / 1024, tuple(gpus))
+                Node(own, config.pool, info.cpus, info.memory_mib / 1024, tuple(gpus))
             )
-            engine = EngineConfig(node=name, address=info.address, network="host")
-            cluster.runtimes[name] = (runtime or SlurmRuntime)(engine, partition, binding)
+            engine = EngineConfig(node=own, address=info.address, network="host")
+            cluster.runtimes[own] = (runtime or SlurmRuntime)(engine, partition, binding, name)
         if gpu_pool and not any_gres:
             raise SlurmConfigError(
                 f"{config.key}.gres",

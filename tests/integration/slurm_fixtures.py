@@ -98,7 +98,13 @@ def slurm_hub(
     for path in (shared, shared.parent):
         os.chmod(path, 0o755)
 
-    def make(extra: str = "", profiles: list[dict[str, Any]] | None = None, **traits: Any) -> Hub:
+    def make(
+        extra: str = "",
+        profiles: list[dict[str, Any]] | None = None,
+        teams: list[dict[str, Any]] | None = None,
+        pools: list[dict[str, str]] | None = None,
+        **traits: Any,
+    ) -> Hub:
         settings: dict[str, Any] = {
             "slurm_partitions": {"gpu": "gpu"},
             "slurm_users": ACCOUNTS,
@@ -116,7 +122,8 @@ def slurm_hub(
         lines += f"c.JupyterHub.hub_ip = {slurm.controller!r}\n"
         return make_hub(
             nodes=[],
-            teams=TEAMS,
+            teams=teams or TEAMS,
+            **({"pools": pools} if pools else {}),
             groups=GROUPS,
             profiles=profiles or PROFILES,
             extra=lines + extra,
@@ -125,7 +132,8 @@ def slurm_hub(
     try:
         yield make
     finally:
-        slurm.run("scancel", "--partition", slurm.partition, check=False)
+        for partition in (slurm.partition, *slurm.more_partitions):
+            slurm.run("scancel", "--partition", partition, check=False)
         for node in slurm.nodes:
             if node.slurmd is None:
                 slurm.start_slurmd(node)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from harness import builders
-from scheduler_core.model import Request
+from scheduler_core.model import Pool, PoolKind, Request, Team
 from scheduler_core.ranking import PoolRanking
 from scheduler_core.simulator import VirtualClock
 from scheduler_core.store import Store
@@ -396,3 +396,39 @@ def test_the_budget_lines_show_batch_work_seen_in_slurm(tmp_path):
     later = core.settings.lookback + 2700.0  # half of the stretch left the window
     status = QueueView(core, store, clock=lambda: later).team_status("physics", "gpu")
     assert status.slurm_units == 5400.0
+
+
+def test_prime_takes_other_jobs_in_before_the_first_cycle():
+    core, readers, holds, _ = cluster()
+    readers["a"].held = Held(2, 2048, frozenset({0, 1}), ("7 (bob)",))
+    holds.prime()  # what a Hub's start does before it kicks its first cycle
+    ask(core, "ann//1")
+    core.step()
+    assert gpus_of(core, "ann//1")[0] == "b"
+
+
+def test_two_pools_over_one_slurm_node_each_see_the_others_sessions():
+    pools = [Pool("gpu", PoolKind.GPU), Pool("long", PoolKind.GPU)]
+    nodes = [  # Slurm's node a, in both pools' partitions: the second names it a@long
+        builders.node("a", pool="gpu", gpus=2, cpus=8, memory_gib=32),
+        builders.node("a@long", pool="long", gpus=2, cpus=8, memory_gib=32),
+    ]
+    core = builders.scheduler(
+        pools=pools, nodes=nodes, teams=[Team("t", {"gpu": 1.0, "long": 1.0})]
+    )
+    readers = {"a": Charging(), "a@long": Charging()}
+    holds = ForeignHolds(core, readers, lambda: None, logging.getLogger("t"))
+    core.submit(Request("ann//1", "ann", "t", "gpu", 0.0, gpus=1, cpus=1, memory_gib=1))
+    core.step()
+    _, [index] = gpus_of(core, "ann//1")
+    job = Held(own=(("ann//1", NodeUse("a", 1, 1024, (index,))),))  # both read Slurm's a
+    readers["a"].held = readers["a@long"].held = job
+    assert holds.apply(holds.read(), 1.0)
+    assert "a" not in holds.current  # its own session, in its own pool
+    assert "ann//1 (another pool)" in holds.current["a@long"].request.labels["org.budgethub.jobs"]
+    core.submit(Request("bo//2", "bo", "t", "long", 0.0, gpus=1, cpus=1, memory_gib=1))
+    core.step()
+    assert gpus_of(core, "bo//2") == ("a@long", [1 - index])  # never ann's GPU
+    core.submit(Request("cy//3", "cy", "t", "long", 0.0, gpus=1, cpus=1, memory_gib=1))
+    core.step()
+    assert "cy//3" in core.pending  # the other GPU is ann's, through the other pool
