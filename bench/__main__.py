@@ -8,6 +8,8 @@ against its bar in bench/bars.toml.
 * bench.family — budget and legacy over 88-1,024 GPUs x loads x notebook shares, two seeds
 * bench.forecast — the form's forecast at submit against what happened, on the family's
   88-GPU workloads
+* bench.replay — `budgethub replay` on a 30-day, 1,024-GPU history written into a SQLite
+  store: the time to read it and the time to replay it
 * bench.restorable — restorable notebooks and idle-session release on five months
 * placement — the placement benchmark on the Alibaba trace (`budgethub bench placement`;
   printed, no bar)
@@ -56,6 +58,7 @@ MODULES: tuple[tuple[str, list[str]], ...] = (
     ("compare", []),
     ("family", []),
     ("forecast", []),
+    ("replay", []),
     ("restorable", []),
     (PLACEMENT, []),
     ("spawn", []),

@@ -1,0 +1,119 @@
+"""`budgethub replay` on a 30-day, 1,024-GPU history: the time to read the store, and the
+time to replay it (issue 51).
+
+Run: `.venv/bin/python -m bench.replay [--seed 1] [--days 30] [--gpus 1024]`.
+
+The history is the seed-like month of `bench.month` (`budgethub generate seed-like
+--seed 1`), simulated and written into a SQLite store as the Hub would have recorded it
+(`replay_write`; neither step is timed). Then, timed apart:
+
+* **read**: the store opened read-only and the month's history read (`replay_store`);
+* **replay**: the history made a scenario with its starting state, simulated, and
+  compared request by request (`replay.plan`, `simulate`, `compare`).
+
+Bar (issue 51): the replay within the month's own bar, 8 s (`month.simulated_s`), plus the
+time to read the store, which is reported beside it. The round trip must also hold at this
+size: the replay's start order agrees on every pair.
+
+Figures from the live run (`replay.order_agreement`, `replay.wait_error_p50_s`,
+`replay.wait_error_p90_s`) are measured on the Hub's own store by the live-run test;
+`live_figures` is where they are collected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+from scheduler_core.research.generator import SeedLikeOptions, seed_like
+from scheduler_core.research.replay import compare, plan, simulate
+from scheduler_core.research.replay_store import open_store, read_history
+from scheduler_core.research.replay_write import simulate_recorded, write_run
+from scheduler_core.scenario import parse_scenario
+from scheduler_core.store import Store
+
+BASE = 1_790_000_000.0
+"""The epoch second the written month starts at."""
+
+FIGURES = (
+    "replay.read_s",
+    "replay.month_s",
+    "replay.month_order_agreement",
+)
+"""The figures ``collect`` returns (bench/bars.toml)."""
+
+
+def live_figures() -> dict[str, float]:
+    """The figures of the live run compared (`replay.order_agreement`,
+    `replay.wait_error_p50_s`, `replay.wait_error_p90_s`): measured by the live-run test
+    on a real Hub's store; added here (and to FIGURES) by that work. None yet."""
+    return {}
+
+
+def measure(seed: int, days: int, gpus: int) -> dict[str, float]:
+    """Write the month into a fresh SQLite store, then time reading and replaying it."""
+    options = SeedLikeOptions(seed=seed, days=days, gpus=gpus)
+    scenario = parse_scenario(seed_like(options))
+    started = time.perf_counter()
+    recorded = simulate_recorded(scenario)
+    simulated_s = time.perf_counter() - started
+    with tempfile.TemporaryDirectory(prefix="bench-replay-") as folder:
+        path = os.path.join(folder, "store.sqlite")
+        store = Store.create(f"sqlite:///{path}")
+        started = time.perf_counter()
+        try:
+            write_run(store, recorded, BASE)
+        finally:
+            store.close()
+        write_s = time.perf_counter() - started
+        size_mb = os.path.getsize(path) / 1e6
+        started = time.perf_counter()
+        source = open_store(path)
+        try:
+            history = read_history(source, BASE, BASE + scenario.horizon, 0.0)
+        finally:
+            source.close()
+        read_s = time.perf_counter() - started
+    started = time.perf_counter()
+    the_plan = plan(history)
+    again = simulate(the_plan)
+    compared = compare(the_plan, again)["comparison"]
+    replay_s = time.perf_counter() - started
+    print(
+        f"replay (seed {seed}): {len(scenario.requests)} requests, {gpus} GPUs, {days} days; "
+        f"simulated in {simulated_s:.1f} s, written in {write_s:.1f} s ({size_mb:.1f} MB)"
+    )
+    print(
+        f"replay (seed {seed}): read {read_s:.2f} s + replay {replay_s:.2f} s "
+        f"(plan, simulate, compare) = {read_s + replay_s:.2f} s; start order "
+        f"{compared['order_agreement']:.4f} of {compared['order_pairs']:,} pairs, "
+        f"|wait error| p90 {compared['wait_abs_error_s']['p90']} s"
+    )
+    return {
+        "replay.read_s": round(read_s, 2),
+        "replay.month_s": round(replay_s, 2),
+        "replay.month_order_agreement": float(compared["order_agreement"] or 0.0),
+    }
+
+
+def collect(argv: list[str] | None = None) -> dict[str, float]:
+    """Print as ``main`` does; the figures (FIGURES)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.replay")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--gpus", type=int, default=1024)
+    args = parser.parse_args(argv or [])
+    return measure(args.seed, args.days, args.gpus) | live_figures()
+
+
+def main(argv: list[str] | None = None) -> int:
+    collect(argv)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
