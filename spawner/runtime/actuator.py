@@ -204,6 +204,7 @@ class SessionActuator:
         """Follow the sessions' ends, and what other jobs hold (Slurm: `ForeignHolds`)."""
         self.nodewatch.watch()
         if self.foreign is not None and self.foreign.readers:
+            self.foreign.prime()  # before the first cycle: it must see other jobs' GPUs
             self.nodes.background(self.foreign.follow())
 
     async def check_health(self) -> None:

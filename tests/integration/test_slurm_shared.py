@@ -29,7 +29,7 @@ from slurm_fixtures import (
     store_of,
 )
 
-from harness.hub import queue_events, wait_for
+from harness.hub import hub_kill, queue_events, wait_for
 from harness.kernels import Server
 from scheduler_core.store.admin import AdminStore
 from scheduler_core.verdict import HELD_ELSEWHERE
@@ -217,3 +217,35 @@ def test_a_batch_job_under_a_teams_account_is_charged_to_that_team(slurm_hub, sl
         page = web.get(f"{hub.url}/hub/home", timeout=30).content.decode()
     banner = page[page.find("<strong>nlp</strong>") :][:400]
     assert "GPU·h of it batch work seen in Slurm" in banner, banner
+
+
+def test_a_restarted_hubs_first_cycle_counts_other_jobs(slurm_hub, slurm):
+    hub = slurm_hub()
+    start(hub, "ann", TWO)  # both of bhs2's GPUs
+    job = batch_job(slurm, "bhs1", 0)  # and bhs1's one: every GPU is held
+    wait_for(
+        lambda: "node bhs1: other jobs hold GPUs 0" in hub.log_tail(400),
+        30,
+        "budgethub to count the batch job's GPU",
+    )
+    response = hub.spawn("cy", {"profile": "notebook", "gpus": 1})
+    assert response.status_code == 202, response.text
+    wait_for(lambda: "cy" in pending(hub), 30, "cy's request in the queue")
+    hub_kill(hub)
+    slurm.run("scancel", job_of(slurm, "ann")["id"])  # bhs2 is free while no Hub runs
+    wait_for(lambda: len(active_jobs(slurm)) == 1, 60, "ann's job to end")
+    hub.start()  # cy waits still; bhs1's GPU is still the batch job's
+    wait_for(lambda: "cy" in granted(hub), 60, "cy's grant after the restart")
+    assert granted(hub)["cy"][0] == "bhs2", granted(hub)  # best fit alone: bhs1
+    log = hub.log_tail(3000)
+    assert "Slurm kept job" not in log and "launch failed" not in log, log[-3000:]
+    slurm.run("scancel", job)
+
+
+def pending(hub) -> set[str]:
+    """The users whose requests wait in the Hub's store."""
+    store = store_of(hub)
+    try:
+        return {r.user for r in store.pending_requests()}
+    finally:
+        store.engine.dispose()
