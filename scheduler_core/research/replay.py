@@ -44,7 +44,14 @@ from scheduler_core.research.evaluation import RunOutcome, headline, waits_by_cl
 from scheduler_core.scenario import NodeEvent, Scenario, why_unplaceable
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.settings import Settings
-from scheduler_core.simulator import RequestRecord, Segment, SimActuator, SimRun, Simulation
+from scheduler_core.simulator import (
+    CycleObserver,
+    RequestRecord,
+    Segment,
+    SimActuator,
+    SimRun,
+    Simulation,
+)
 
 PREEMPTED = "preempted"
 LAUNCH_FAILED = "launch-failed"
@@ -447,11 +454,17 @@ class ReplayScheduler(Scheduler):
         self.reconfigure(settings=settings, teams=teams)
 
 
-def simulate(plan_: Plan, settings: Settings | None = None, pinned: Iterable[str] = ()) -> SimRun:
+def simulate(
+    plan_: Plan,
+    settings: Settings | None = None,
+    pinned: Iterable[str] = (),
+    observer: CycleObserver | None = None,
+) -> SimRun:
     """Run the plan's scenario (under ``settings`` if given; admin changes leave the
-    ``pinned`` settings alone) from its starting state, with its admin changes."""
+    ``pinned`` settings alone) from its starting state, with its admin changes;
+    ``observer`` sees every cycle, as `Simulation`'s does."""
     scenario = plan_.scenario if settings is None else replace(plan_.scenario, settings=settings)
-    sim = Simulation(scenario)
+    sim = Simulation(scenario, observer)
     if plan_.admin:
         replaying = ReplayScheduler(
             scenario.settings,

@@ -335,7 +335,7 @@ def _state_at(
     values: dict[str, Any] | None
     if start is not None:
         values = dict(start.payload.get("settings") or {})
-        for name, by_pool in (start.payload.get("teams") or {}).items():
+        for name, by_pool in _start_shares(start).items():
             shares.setdefault(name, {}).update(by_pool)
         for entry in audit:
             if start.time < entry.time <= since:
@@ -348,6 +348,21 @@ def _state_at(
     settings = _settings(values) if values is not None else None
     kept = [model.Team(t.name, shares.get(t.name, {}), t.parent) for t in teams]
     return settings, kept
+
+
+def _start_shares(start: _Event) -> dict[str, dict[str, float]]:
+    """A Hub start's shares by team and pool: ``{team: {pool: share}}`` (or, as the
+    first Hubs of issue 51 wrote it, ``{team: {"share": {pool: share}, ...}}``)."""
+    out: dict[str, dict[str, float]] = {}
+    for team, entry in (start.payload.get("teams") or {}).items():
+        by_pool = entry.get("share", entry) if isinstance(entry, dict) else {}
+        if isinstance(by_pool, dict):
+            out[team] = {
+                pool: float(share)
+                for pool, share in by_pool.items()
+                if isinstance(share, int | float) and not isinstance(share, bool)
+            }
+    return out
 
 
 def _apply(
@@ -642,8 +657,8 @@ def _admin_changes(
             continue
         settings = _settings_values(start.payload.get("settings") or {})
         shares = {
-            (team, pool): float(share)
-            for team, by_pool in (start.payload.get("teams") or {}).items()
+            (team, pool): share
+            for team, by_pool in _start_shares(start).items()
             for pool, share in by_pool.items()
         }
         changes.append(

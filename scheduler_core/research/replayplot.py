@@ -36,7 +36,8 @@ def plot_waits(path: str, report: Mapping[str, Any]) -> None:
         live, simulated = zip(*points, strict=True)
         biggest = max(biggest, *live, *simulated)
         ax.scatter(live, simulated, s=10, alpha=0.6, label=f"{klass} ({len(points)})")
-    ax.plot([0, biggest], [0, biggest], color="#444", linewidth=0.8, label="same wait")
+    line = [0.0, *(biggest ** (i / 200) for i in range(201))]  # straight on symlog axes
+    ax.plot(line, line, color="#444", linewidth=0.8, label="same wait")
     ax.set_xscale("symlog", linthresh=10)
     ax.set_yscale("symlog", linthresh=10)
     ax.set_xlabel("live wait (s)")

@@ -35,7 +35,9 @@ from scheduler_core.research.replay import (
     simulate,
     work_of,
 )
+from scheduler_core.scheduler import Scheduler
 from scheduler_core.settings import Settings
+from scheduler_core.view import Decisions
 
 T0 = 1_800_000_000.0
 POOL = Pool("g", PoolKind.GPU)
@@ -129,10 +131,34 @@ def test_an_admin_share_change_applies_at_its_time_unless_the_what_if_pins_it() 
     assert simulated.records["second"].funded == [True]
     without = plan(history([first, second], teams=teams))
     assert simulate(without).records["second"].funded == [False]
-    lookback = AdminChange(T0 + 1000, settings={"lookback": 3600.0})
-    pinned = plan(history([first], admin=(lookback,)))
-    settings = pinned.scenario.settings.replace(lookback=7200.0)
-    assert simulate(pinned, settings, pinned=["lookback"]).scenario.settings.lookback == 7200.0
+
+
+def test_a_what_if_keeps_its_policy_and_settings_through_a_hub_start_in_the_period() -> None:
+    """A Hub start inside the period brings the configured settings back (policy budget,
+    its lookback); a what-if run pins what it tries, and the rest still changes."""
+    work = [
+        LiveRequest(request("first", "a", 0), (run(0, 500, FINISHED),)),
+        LiveRequest(request("second", "b", 2000), (run(2000, 2500, FINISHED),)),
+    ]
+    start = AdminChange(
+        T0 + 1000,
+        settings={"name": "budget", "lookback": 3600.0, "cycle_tick": 10.0},
+        source="hub-start",
+    )
+    the_plan = plan(history(work, admin=(start,)))
+    seen: list[tuple[float, str, float, float]] = []
+
+    def observe(scheduler: Scheduler, decisions: Decisions, now: float) -> None:
+        settings = scheduler.settings
+        seen.append((now, settings.name, settings.lookback, settings.cycle_tick))
+
+    what_if = the_plan.scenario.settings.replace(name="legacy", lookback=7200.0)
+    simulate(the_plan, what_if, pinned={"name", "lookback"}, observer=observe)
+    assert {s[1:] for s in seen if s[0] < 1000} == {("legacy", 7200.0, 30.0)}
+    assert {s[1:] for s in seen if s[0] >= 1000} == {("legacy", 7200.0, 10.0)}
+    seen.clear()
+    simulate(the_plan, what_if, observer=observe)
+    assert {s[1:] for s in seen if s[0] >= 1000} == {("budget", 3600.0, 10.0)}
 
 
 def test_a_request_that_left_the_queue_is_one_the_simulator_cannot_see() -> None:

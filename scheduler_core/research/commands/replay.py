@@ -194,7 +194,8 @@ def replay_report(
         if policy is not None:
             changes["name"] = policy
         settings: Settings = history.settings.replace(**changes)
-        row = outcome_row(label, simulate(the_plan, settings, pinned=parsed), written, parsed)
+        pinned = set(parsed) | ({"name"} if policy is not None else set())
+        row = outcome_row(label, simulate(the_plan, settings, pinned=pinned), written, parsed)
         row["admin_applicable"] = sorted(k for k in parsed if k in ADMIN_KEYS)
         outcomes.append(row)
     settings_json = {
@@ -243,7 +244,9 @@ def _pct(value: float | None) -> str:
 def _signed(value: float | None) -> str:
     if value is None:
         return "-"
-    return ("+" if value > 0 else "-" if value < 0 else "") + fmt_wait(abs(value))
+    if abs(value) < 0.5:
+        return fmt_wait(0.0)
+    return ("+" if value > 0 else "-") + fmt_wait(abs(value))
 
 
 def print_report(report: Mapping[str, Any]) -> None:
@@ -252,15 +255,18 @@ def print_report(report: Mapping[str, Any]) -> None:
     history = report["history"]
     print(f"budgethub replay {report['store']} (schema {report['schema']})")
     cut = " (cut to now)" if span.get("cut_to_now") else ""
+    seconds = span["seconds"]
+    length = fmt_wait(seconds) if seconds < DAY else f"{seconds / DAY:.1f} days"
     print(
-        f"period {span['since_iso']} to {span['until_iso']}{cut} "
-        f"({span['seconds'] / DAY:.1f} days), live policy {report['policy']}"
+        f"period {span['since_iso']} to {span['until_iso']}{cut} ({length}), "
+        f"live policy {report['policy']}"
     )
     print(
         f"history: {history['requests']} requests ({history['submitted_in_period']} submitted "
         f"in the period, {history['running_at_start']} running and {history['queued_at_start']} "
         f"waiting at its start), {history['node_events']} node changes, "
-        f"{history['admin_changes']} admin changes, {history['hub_starts']} Hub restarts"
+        f"{history['admin_changes']} changes of settings or shares, "
+        f"{history['hub_starts']} Hub starts"
     )
     for line in history["missing"]:
         print(f"  not in the store: {line}")
@@ -297,7 +303,7 @@ def print_report(report: Mapping[str, Any]) -> None:
     print(f"  {'team':<16}{'live GPU-h':>12}{'sim GPU-h':>12}{'error':>9}")
     for name, team in c["teams"].items():
         print(
-            f"  {name:<16}{team['live_gpu_h']:>12.1f}{team['simulated_gpu_h']:>12.1f}"
+            f"  {name:<16}{team['live_gpu_h']:>12.2f}{team['simulated_gpu_h']:>12.2f}"
             f"{_pct(team['error']):>9}"
         )
     forecast = report["forecast"]
