@@ -20,7 +20,8 @@ WORKERS ?= 4
 XDIST := -n $(WORKERS)
 
 # Debian packages for the engine, the image base, the proxy and the Slurm test cluster
-# (slurmctld, slurmd, munge, and Debian's Python for the session environment), in one
+# (slurmctld, slurmd, munge, sudo for jobs submitted as each researcher, and Debian's
+# Python for the session environment), in one
 # apt-get call when any is missing. Chromium comes in `browser`, beside the image build
 # (mmdebstrap and debootstrap do not take the host's apt lock), so its download is off the longest path.
 packages:
@@ -32,6 +33,7 @@ packages:
 	  for pair in slurmctld:slurmctld slurmd:slurmd slurmdbd:slurmdbd munged:munge; do \
 	    test -x /usr/sbin/$${pair%%:*} || missing="$$missing $${pair#*:}"; done; \
 	  command -v sbatch >/dev/null || missing="$$missing slurm-client"; \
+	  command -v sudo >/dev/null || missing="$$missing sudo"; \
 	  /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	  if [ -n "$$missing" ]; then \
 	    echo "installing$$missing with apt-get"; \

@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,28 @@ def slurm_possible() -> str | None:
         if shutil.which(tool) is None:
             return f"the {tool} command is needed"
     return None
+
+
+def sudoers(name: str, hub: str, accounts: Iterable[str], conf: Path, log: Path) -> Path:
+    """``/etc/sudoers.d/NAME``: ``hub`` may run ``sbatch`` and ``scancel`` (through
+    ``env SLURM_CONF=conf``, as the Hub's ``slurm_exec_prefix`` does) as each account and
+    nothing else, without a password; sudo logs each command to ``log``. Checked with
+    ``visudo -c`` before it is put in place; the caller removes it."""
+    runas = ",".join(accounts)
+    commands = ", ".join(
+        f"/usr/bin/env SLURM_CONF={conf} /usr/bin/{command} *" for command in ("sbatch", "scancel")
+    )
+    text = f"Defaults:{hub} logfile={log}, loglinelen=0\n{hub} ALL=({runas}) NOPASSWD: {commands}\n"
+    target = Path("/etc/sudoers.d") / name
+    draft = target.with_name(f".{name}")
+    draft.write_text(text)
+    os.chmod(draft, 0o440)
+    checked = subprocess.run(["visudo", "-cf", str(draft)], capture_output=True, text=True)
+    if checked.returncode != 0:
+        draft.unlink()
+        raise SlurmUnavailable(f"visudo refused the drop-in: {checked.stdout}{checked.stderr}")
+    draft.rename(target)
+    return target
 
 
 def _worker() -> int:

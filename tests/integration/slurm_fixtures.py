@@ -44,6 +44,8 @@ def session_env() -> Path:
 
 ACCOUNTS = {user: f"bh{user}" for members in GROUPS.values() for user in members}
 """Each researcher's own Unix account (``c.BudgetScheduler.slurm_users``)."""
+HUB_ACCOUNT = "bhhub"
+"""A Unix account that is not root, for a Hub that submits through sudo."""
 
 
 def session_user() -> None:
@@ -54,7 +56,7 @@ def session_user() -> None:
             ["useradd", "-u", "1000", "-g", "100", "-M", "-s", "/usr/sbin/nologin", "bhsession"],
             check=True,
         )
-    for account in ACCOUNTS.values():
+    for account in (*ACCOUNTS.values(), HUB_ACCOUNT):
         if subprocess.run(["getent", "passwd", account], capture_output=True).returncode:
             subprocess.run(
                 ["useradd", "-M", "-N", "-g", "100", "-s", "/bin/sh", account], check=True

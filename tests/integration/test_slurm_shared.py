@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
+import subprocess
 import threading
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from slurm_fixtures import (
     ACCOUNTS,
+    HUB_ACCOUNT,
     TWO,
     active_jobs,
     foreign_job,
@@ -31,6 +35,7 @@ from slurm_fixtures import (
 
 from harness.hub import hub_kill, queue_events, wait_for
 from harness.kernels import Server
+from harness.slurm import sudoers
 from scheduler_core.store.admin import AdminStore
 from scheduler_core.verdict import HELD_ELSEWHERE
 from spawner.readmodel.service.views import team_pool
@@ -249,3 +254,37 @@ def pending(hub) -> set[str]:
         return {r.user for r in store.pending_requests()}
     finally:
         store.engine.dispose()
+
+
+def test_jobs_are_submitted_and_cancelled_through_sudo_as_each_researcher(slurm_hub, slurm):
+    if shutil.which("sudo") is None:
+        pytest.fail("this test needs sudo: make packages installs it")
+    log = Path(f"{slurm.root}-sudo.log")
+    log.unlink(missing_ok=True)
+    name = f"budgethub-test-{os.environ.get('PYTEST_XDIST_WORKER', 'gw0')}"
+    dropin = sudoers(name, HUB_ACCOUNT, ACCOUNTS.values(), slurm.conf, log)
+    try:
+        # What a Hub that is not root runs: sudo as the researcher, from the Hub's account.
+        hub = slurm_hub(
+            slurm_exec_prefix=["runuser", "-u", HUB_ACCOUNT, "--", "sudo", "-n", "-u", "{account}"],
+            slurm_bin_dir="/usr/bin",
+        )
+        start(hub, "ann")
+        job = job_of(slurm, "ann")["id"]
+        listed = slurm.run("squeue", "-h", "-j", job, "-o", "%u|%a").strip()
+        assert listed == f"{ACCOUNTS['ann']}|nlp", listed
+        said = " ".join(log.read_text().split())
+        assert f"{HUB_ACCOUNT} : " in said and f"USER={ACCOUNTS['ann']} ;" in said, said
+        assert f"COMMAND=/usr/bin/env SLURM_CONF={slurm.conf} /usr/bin/sbatch" in said, said
+        hub.stop_server("ann")
+        wait_for(lambda: job not in {j["id"] for j in active_jobs(slurm)}, 60, "ann's job to end")
+        said = " ".join(log.read_text().split())
+        assert f"/usr/bin/scancel {job}" in said, said
+        other = subprocess.run(  # the drop-in lets the Hub's account do nothing else
+            ["runuser", "-u", HUB_ACCOUNT, "--", "sudo", "-n", "-u", ACCOUNTS["ann"], "/bin/true"],
+            capture_output=True,
+            text=True,
+        )
+        assert other.returncode != 0, other
+    finally:
+        dropin.unlink(missing_ok=True)
