@@ -529,6 +529,16 @@ def simulate(
     return sim.run()
 
 
+def with_min_runtime(plan_: Plan, seconds: float) -> Plan:
+    """The plan with every request that has not started by the period's start asking for
+    ``seconds`` of protected minimum runtime (the scheduler caps it as at any submit)."""
+    requests = tuple(replace(r, min_runtime=seconds) for r in plan_.scenario.requests)
+    queued = tuple(
+        replace(q, request=replace(q.request, min_runtime=seconds)) for q in plan_.queued
+    )
+    return replace(plan_, scenario=replace(plan_.scenario, requests=requests), queued=queued)
+
+
 def _seed_usage(scheduler: Scheduler, plan_: Plan) -> None:
     """Charges before the period into the ledger, as the live Hub reads them at its start
     (a rate over each record); those of sessions adopted are charged by `adopt`."""

@@ -100,21 +100,21 @@ def test_what_if_runs_a_sweep_and_another_policy(
 ) -> None:
     path, scenario = history_file
     out = tmp_path / "whatif.json"
-    argv = ["replay", str(path), *period(scenario), "--set", "min_runtime=1h,4h"]
+    argv = ["replay", str(path), *period(scenario), "--set", "min_runtime=0s,4h"]
     argv += ["--set", "max_min_runtime=6h", "--json", str(out)]
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "min_runtime=4h max_min_runtime=6h" in table
     rows = json.loads(out.read_text())["outcomes"]
     assert [r["label"] for r in rows[2:]] == [
-        "min_runtime=1h max_min_runtime=6h",
+        "min_runtime=0s max_min_runtime=6h",
         "min_runtime=4h max_min_runtime=6h",
     ]
-    assert rows[3]["set"] == {"default_min_runtime": 14400.0, "max_min_runtime": 21600.0}
+    assert rows[3]["set"] == {"min_runtime": 14400.0, "max_min_runtime": 21600.0}
     assert rows[3]["written"] == {"min_runtime": "4h", "max_min_runtime": "6h"}
     assert rows[3]["admin_applicable"] == ["max_min_runtime"]
-    # Longer protection changes what happens: fewer preemptions than the shorter one.
-    assert rows[3]["headline"]["preemptions"] <= rows[2]["headline"]["preemptions"]
+    # Every request asks for the tried protection, and the runs differ by it.
+    assert rows[2]["headline"]["lost_gpu_h"] != rows[3]["headline"]["lost_gpu_h"]
 
     legacy = ["replay", str(path), *period(scenario), "--policy", "legacy", "--json", str(out)]
     assert main(legacy) == 0

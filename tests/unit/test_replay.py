@@ -185,7 +185,8 @@ def test_times_are_read_as_an_operator_writes_them() -> None:
         (["--policy", "nope"], "budgethub replay: --policy: unknown policy 'nope'"),
         (["--set", "warp=9"], "budgethub replay: --set warp: unknown setting"),
         (["--set", "name=legacy"], "budgethub replay: --set name: choose the policy with --policy"),
-        (["--set", "min_runtime=1h", "--set", "min_runtime=2h"], "--set default_min_runtime"),
+        (["--set", "min_runtime=1h", "--set", "min_runtime=2h"], "--set min_runtime: is given"),
+        (["--set", "min_runtime=1h,soon"], "budgethub replay: --set min_runtime: 'soon' is not a"),
         (["--until", "tomorrow"], "budgethub replay: --until: 'tomorrow' is not a time"),
     ],
 )

@@ -29,13 +29,16 @@ from scheduler_core.research.replay import (
     outcome_row,
     plan,
     simulate,
+    with_min_runtime,
 )
 from scheduler_core.research.replay_store import history_span, open_store, read_history
 from scheduler_core.settings import DAY, Settings, parse_duration
 from scheduler_core.store.admin import ADMIN_KEYS
 
-ALIASES = {"min_runtime": "default_min_runtime"}
-"""Setting names the command also takes (``--set min_runtime=4h``)."""
+MIN_RUNTIME = "min_runtime"
+"""The what-if no setting holds: every request's protected minimum runtime (a request
+keeps the one it was given at submit, so ``default_min_runtime`` would change none);
+the scheduler still caps it by class (``debug_min_runtime``, ``max_min_runtime``)."""
 
 _AGE = re.compile(r"^\s*\d+(\.\d+)?\s*(s|m|min|h|d|w)\s*$")
 
@@ -121,25 +124,31 @@ def what_ifs(
     if args.policy is not None and args.policy not in POLICIES:
         known = ", ".join(sorted(POLICIES))
         raise InputError("--policy", f"unknown policy {args.policy!r} (known: {known})")
-    axes: list[Axis] = []
-    for text in args.sets:
-        key, sep, values = text.partition("=")
-        name = ALIASES.get(key.strip(), key.strip())
-        axis = parse_axis(f"{name}{sep}{values}")
-        axes.append((key.strip() if sep else axis[0], axis[1], axis[2]))
-    names = [ALIASES.get(name, name) for name, _, _ in axes]
+    axes = [_axis(text) for text in args.sets]
+    names = [name for name, _, _ in axes]
     for name in names:
         if names.count(name) > 1:
             raise InputError(f"--set {name}", "is given twice")
-    combos = grid(axes) if axes else []
     prefix = f"{args.policy} " if args.policy is not None else ""
-    resolved = [
-        (prefix + label, written, {ALIASES.get(k, k): v for k, v in parsed.items()})
-        for label, written, parsed in combos
-    ]
+    combos = grid(axes) if axes else []
+    resolved = [(prefix + label, written, parsed) for label, written, parsed in combos]
     if args.policy is not None and not resolved:
         resolved = [(f"policy {args.policy}", {}, {})]
     return axes, resolved
+
+
+def _axis(text: str) -> Axis:
+    """``--set`` of a setting (`sweep.parse_axis`), or of `MIN_RUNTIME`."""
+    key, sep, values = text.partition("=")
+    if key.strip() != MIN_RUNTIME or not sep:
+        return parse_axis(text)
+    written = [v.strip() for v in values.split(",") if v.strip()]
+    if not written:
+        raise InputError(f"--set {MIN_RUNTIME}", "give at least one value")
+    try:
+        return MIN_RUNTIME, written, [parse_duration(v) for v in written]
+    except ValueError as error:
+        raise InputError(f"--set {MIN_RUNTIME}", str(error)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,12 +199,15 @@ def replay_report(
     compared = compare(the_plan, simulated)
     outcomes = [outcome_row("live", the_plan.live), outcome_row("replay", simulated)]
     for label, written, parsed in runs:
-        changes = dict(parsed)
+        changes = {k: v for k, v in parsed.items() if k != MIN_RUNTIME}
         if policy is not None:
             changes["name"] = policy
         settings: Settings = history.settings.replace(**changes)
-        pinned = set(parsed) | ({"name"} if policy is not None else set())
-        row = outcome_row(label, simulate(the_plan, settings, pinned=pinned), written, parsed)
+        varied = the_plan
+        if MIN_RUNTIME in parsed:
+            varied = with_min_runtime(the_plan, parsed[MIN_RUNTIME])
+        simulated_run = simulate(varied, settings, pinned=set(changes))
+        row = outcome_row(label, simulated_run, written, parsed)
         row["admin_applicable"] = sorted(k for k in parsed if k in ADMIN_KEYS)
         outcomes.append(row)
     settings_json = {
