@@ -14,6 +14,11 @@ What it builds
   MIG nodes (``h100-mig-00`` ...) split each of their 8 GPUs into 7 // g
   instances of ``mig_profile`` (7 x ``1g.10gb`` by default), so they still add
   8 GPU-equivalents each.
+* Pool ``b200`` (with ``b200_gpus``): ``b200_gpus / 8`` nodes ``b200-{i:03d}`` of 8
+  B200 GPUs (112 CPUs, 2048 GiB). Each team has a share of it drawn as for h100.
+  Capacity C is then both pools' GPUs; every GPU request draws its pool by the
+  pools' GPUs (a MIG debug session stays in h100), and a batch job's team is drawn
+  by share x demand in that pool.
 * Pool ``cpu``: ``cpu_nodes`` data-prep nodes (64 CPUs, 512 GiB) labelled
   ``{"storage": s}``, with ``s`` cycling through ``storages``.
 * Teams: ``teams`` allocations that users charge to. With ``program`` on (and at
@@ -25,7 +30,11 @@ What it builds
   top-level teams (outside the program) with the smallest drawn ``h100`` shares
   get ``small_team_gpus`` GPUs of share each (2.5: less than any batch job, which
   takes whole 8-GPU nodes), and the others split the rest in proportion to their
-  drawn shares. ``users`` users ``u001`` ... are spread over the teams (one each,
+  drawn shares. With ``orgs`` N, the top level is N organisations ``org-1`` ...
+  with drawn shares of every pool; the teams are dealt to them in turn (team k to
+  organisation k mod N) and each holds a float share of its organisation drawn
+  from the same Dirichlet law (``program`` then makes no pair; ``small_teams``
+  must be 0). ``users`` users ``u001`` ... are spread over the teams (one each,
   the rest in proportion to the team's ``h100`` share), each user in one team;
   with ``scale_users`` there are ``users x gpus / 1024`` of them (at least one
   per team), so an 88-GPU cluster gets 15, not 150.
@@ -55,6 +64,25 @@ debug       pool h100, 1 or 2 GPUs, a ``gpu_fraction`` of 0.25 or 0.5, or one ``
 dataprep    pool cpu, ``gpus`` 0, 4-32 CPUs with 4 GiB each (16-128 GiB), a ``storage``
             label of some cpu node, duration 1-8 h, min_runtime 1 h; ``off_hours`` as debug
 =========== ============================================================================
+
+Deadline burst and node failures
+--------------------------------
+* ``burst`` F: one team, drawn by its share of the GPUs x its demand factor, gets a
+  window of ``burst_days`` (starting on a whole hour, after the first day where the
+  horizon allows) in which its batch work submitted is F x what it is there without
+  the burst: extra batch jobs of that team, submitted uniformly in the window, until
+  their work reaches (F - 1) x the team's own (the last overshoots by one job).
+  ``burst_of(options)`` says which team and window; the scenario's ``description``
+  says it too.
+* ``failure_rate`` R: every GPU node fails R times a day on average (exponential
+  gaps from its last repair). A quarter of the failures are announced maintenance:
+  the node drains for 2 h first (``draining``: nothing new lands there, sessions go
+  once protected), then is ``down`` (its sessions end at once); the node is
+  ``ready`` again after ``repair_hours`` x a uniform 0.5-1.5. The scenario's
+  ``events`` carry these changes; ``down_gpu_seconds`` sums the GPU time of nodes
+  down per pool and day.
+* Both are drawn last from generators of their own (as the checkpoint prices are),
+  so the requests without them are the same; at their defaults nothing changes.
 
 Time 0 is a Monday, 00:00 UTC; working hours are Monday-Friday 9:00-18:00 at UTC
 ``+ tz_offset`` hours. Counts of interactive, debug and dataprep requests are
@@ -121,11 +149,13 @@ users               150           researchers, each in one team (>= teams)
 scale_users         False         users x gpus / 1024 of them instead (at least one per team)
 seed                0             seed of random.Random; same options, same scenario
 name                None          scenario name (default ``seed-like-<gpus>g-<days>d-s<seed>``)
+b200_gpus           0             B200 GPUs in a second GPU pool b200 (0: pool h100 alone)
 mig_nodes           1             h100 nodes whose 8 GPUs are MIG-partitioned (< gpus / 8)
 mig_profile         1g.10gb       MIG instance profile; each GPU holds 7 // g of them
 cpu_nodes           4             data-prep nodes in pool cpu (0: no cpu pool, no dataprep)
 storages            weka-a,weka-b storage labels the cpu nodes cycle through
 program             True          two teams are sub-teams of a parent team ``prior``
+orgs                0             every team a sub-team of one of this many organisations
 share_alpha         1.5           Dirichlet concentration of shares (smaller: more unequal)
 demand_min          0.4           lowest team demand factor (relative, per unit of share)
 demand_max          3.0           highest team demand factor
@@ -140,6 +170,10 @@ idle_share          None          share of each notebook's run, at its end, spen
 restorable          True          notebooks are restorable (snapshotted, as in the product)
 checkpointing       0.8           share of batch jobs that checkpoint every 15-60 min (the rest
                                   never do; none: all batch is snapshotted, as before issue 49)
+burst               None          one team's batch work in a window is this many times its own
+burst_days          2.0           the burst's window, in days
+failure_rate        0.0           GPU node failures per node per day (down, then ready again)
+repair_hours        8.0           mean hours a failed node is down (x 0.5-1.5, uniform)
 debug_per_day       260           debug sessions per weekday per 1024 GPUs
 debug_rate          None          debug sessions per user per weekday (overrides debug_per_day)
 dataprep_per_day    60            data-prep sessions per weekday per 1024 GPUs
@@ -209,6 +243,16 @@ DEBUG_MIN_RUNTIMES = (5 * MINUTE, 10 * MINUTE, 15 * MINUTE)
 DATAPREP_CPUS = (4, 8, 16, 32)
 DATAPREP_MEMORY_GIB_PER_CPU = 4
 
+B200_NODE_CPUS = 112
+B200_NODE_MEMORY_GIB = 2048
+MAX_FAILURE_RATE = 1.0
+"""At most one failure per node per day on average: beyond that a node is mostly down."""
+MAINTENANCE_SHARE = 0.25
+"""Share of node failures announced: the node drains for MAINTENANCE_LEAD first."""
+MAINTENANCE_LEAD = 2 * HOUR
+REPAIR_SPREAD = (0.5, 1.5)
+"""A repair takes repair_hours times a uniform draw in this range."""
+
 MIN_SHARE_UNITS = 10
 """Smallest top-level share, in 1/10000 of a pool (0.001)."""
 SHARE_UNITS = 10_000
@@ -216,6 +260,8 @@ SHARE_UNITS = 10_000
 MAX_TEAMS = SHARE_UNITS // (2 * MIN_SHARE_UNITS)
 """At most this many teams, so that each gets at least the smallest share."""
 PROGRAM_TEAM = "prior"
+ORG_PREFIX = "org-"
+"""Organisations (``orgs``) are parent teams ``org-1``, ``org-2`` ..."""
 TEAM_NAMES = (
     "olmo",
     "molmo",
@@ -257,6 +303,9 @@ class SeedLikeOptions:
     )
     seed: int = _knob(0, "seed of the random generator; same options, byte-identical output")
     name: str | None = _knob(None, "scenario name (default seed-like-<gpus>g-<days>d-s<seed>)")
+    b200_gpus: int = _knob(
+        0, "B200 GPUs in a second GPU pool b200 (a multiple of 8; 0: pool h100 alone)"
+    )
     mig_nodes: int = _knob(1, "h100 nodes whose 8 GPUs are MIG-partitioned (fewer than gpus/8)")
     mig_profile: str = _knob("1g.10gb", "MIG instance profile; each GPU holds 7 // g of them")
     cpu_nodes: int = _knob(4, "data-prep nodes in pool cpu (0: no cpu pool, no dataprep)")
@@ -264,6 +313,11 @@ class SeedLikeOptions:
         ("weka-a", "weka-b"), "comma-separated storage labels the cpu nodes cycle through"
     )
     program: bool = _knob(True, "make two teams sub-teams of a parent team 'prior'")
+    orgs: int = _knob(
+        0,
+        "organisations: every team a sub-team of one of this many parent teams, each with its"
+        " own shares (0: none; with orgs, --program makes no pair)",
+    )
     share_alpha: float = _knob(1.5, "Dirichlet concentration of team shares (smaller: unequal)")
     demand_min: float = _knob(0.4, "lowest team demand factor (relative, per unit of share)")
     demand_max: float = _knob(3.0, "highest team demand factor")
@@ -293,6 +347,16 @@ class SeedLikeOptions:
         "share of batch jobs that checkpoint every 15-60 min, the rest never do"
         " (none: every batch job is snapshotted, as before issue 49)",
     )
+    burst: float | None = _knob(
+        None,
+        "deadline burst: one team's batch work submitted in a window of --burst-days is this"
+        " many times what it would be (e.g. 3; not set: no burst)",
+    )
+    burst_days: float = _knob(2.0, "length of the --burst window in days")
+    failure_rate: float = _knob(
+        0.0, "GPU node failures per node per day (each node down, then ready after a repair)"
+    )
+    repair_hours: float = _knob(8.0, "mean hours a failed node stays down (uniform 0.5-1.5x)")
     debug_per_day: float = _knob(260.0, "debug sessions per weekday per 1024 GPUs")
     debug_rate: float | None = _knob(
         None, "debug sessions per user per weekday (overrides --debug-per-day)"
@@ -364,6 +428,10 @@ def _validate_cluster(options: SeedLikeOptions) -> None:
         raise _bad("mig_profile", str(error)) from None
     if slices > MIG_SLICES:  # pragma: no cover - mig_weight already refuses
         raise _bad("mig_profile", "too many compute slices")
+    if options.b200_gpus < 0 or options.b200_gpus % GPUS_PER_NODE:
+        raise _bad(
+            "b200_gpus", f"{options.b200_gpus} is not 0 or a positive multiple of {GPUS_PER_NODE}"
+        )
     if options.cpu_nodes < 0:
         raise _bad("cpu_nodes", f"{options.cpu_nodes} is negative")
     if options.cpu_nodes and not options.storages:
@@ -392,6 +460,17 @@ def _validate_teams(options: SeedLikeOptions) -> None:
         raise _bad("debug_rate", f"{options.debug_rate} is negative")
     if not options.small_team_gpus > 0:
         raise _bad("small_team_gpus", f"{options.small_team_gpus} is not positive")
+    if not 0 <= options.orgs <= options.teams:
+        raise _bad(
+            "orgs",
+            f"{options.orgs} is not in 0..{options.teams} (each organisation holds a team)",
+        )
+    if options.orgs and options.small_teams:
+        raise _bad(
+            "small_teams",
+            f"{options.small_teams} small teams cannot be set with --orgs: the shares drawn at"
+            " the top are the organisations'",
+        )
     plain = options.teams - 2 if options.program and options.teams >= 2 else options.teams
     if not 0 <= options.small_teams < max(1, plain):
         raise _bad(
@@ -424,6 +503,22 @@ def _validate_work(options: SeedLikeOptions) -> None:
         raise _bad("off_hours", f"{options.off_hours} is not a share in 0..1")
     if options.checkpointing is not None and not 0 <= options.checkpointing <= 1:
         raise _bad("checkpointing", f"{options.checkpointing} is not a share in 0..1")
+    if options.burst is not None and not options.burst >= 1:
+        raise _bad("burst", f"{options.burst} is not a factor >= 1 on a team's batch work")
+    if not options.burst_days > 0:
+        raise _bad("burst_days", f"{options.burst_days} is not a positive number of days")
+    if options.burst is not None and options.burst_days > options.days:
+        raise _bad(
+            "burst_days", f"{options.burst_days} days of burst do not fit in --days {options.days}"
+        )
+    if not 0 <= options.failure_rate <= MAX_FAILURE_RATE:
+        raise _bad(
+            "failure_rate",
+            f"{options.failure_rate} is not a rate in 0..{MAX_FAILURE_RATE:g} failures per node"
+            " per day",
+        )
+    if not options.repair_hours > 0:
+        raise _bad("repair_hours", f"{options.repair_hours} is not a positive number of hours")
     if not -12 <= options.tz_offset <= 14:
         raise _bad("tz_offset", f"{options.tz_offset} is not an offset in -12..14 hours")
     for policy_knob in ("lookback", "max_min_runtime"):
@@ -529,6 +624,22 @@ class _Team:
     h100_share: float
     """Effective share of pool h100 (a sub-team's is its parent's times its own)."""
     demand: float
+    b200_share: float = 0.0
+    """Effective share of pool b200 (0 without it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Burst:
+    """A deadline burst as drawn: ``team``'s batch work submitted in [start, end) is
+    ``factor`` times what the scenario without it has there (``base_work`` GPU-seconds;
+    ``extra_work`` is what the burst adds)."""
+
+    team: str
+    start: int
+    end: int
+    factor: float
+    base_work: float
+    extra_work: float
 
 
 def _units_to_shares(units: list[int]) -> list[float]:
@@ -637,9 +748,10 @@ class _SeedLike:
         # Checkpoints are drawn apart, so every other draw is as it was before them.
         self.price_rng = random.Random(f"checkpoints-{options.seed}")
         self.horizon = options.days * DAY
-        self.scale = options.gpus / REFERENCE_GPUS
-        self.capacity = float(options.gpus)
+        self.scale = (options.gpus + options.b200_gpus) / REFERENCE_GPUS
+        self.capacity = float(options.gpus + options.b200_gpus)
         self.whole_nodes = options.gpus // GPUS_PER_NODE - options.mig_nodes
+        self.b200_nodes = options.b200_gpus // GPUS_PER_NODE
         self.has_cpu_pool = options.cpu_nodes > 0
         self.storages = [
             options.storages[k % len(options.storages)] for k in range(options.cpu_nodes)
@@ -654,11 +766,14 @@ class _SeedLike:
         self.weekdays = self.in_hours.total / WORKDAY
         # A batch request spans at most a quarter of the whole nodes: 64-GPU jobs need
         # 256 GPUs.
-        max_nodes = max(1, self.whole_nodes // BATCH_MAX_NODES_DIVISOR)
-        self.node_table = [(n, w) for n, w in BATCH_NODES if n <= max_nodes]
+        self.node_tables = {
+            pool: [(n, w) for n, w in BATCH_NODES if n <= max(1, whole // BATCH_MAX_NODES_DIVISOR)]
+            for pool, whole in (("h100", self.whole_nodes), ("b200", self.b200_nodes))
+        }
         # Drawn in `scenario`:
         self.teams: list[_Team] = []
-        self.team_weights: list[float] = []
+        self.team_weights: dict[str, list[float]] = {}
+        self.burst: Burst | None = None
         self.users: list[tuple[str, str]] = []
         self.activity: list[float] = []
         self.cum_activity: list[float] = []
@@ -673,7 +788,10 @@ class _SeedLike:
         # The backlog is drawn after the sessions (so the default draws come in the
         # order they always did) unless notebooks fill a share of the arrivals, whose
         # size needs the backlog's work first.
-        self.team_weights = list(itertools.accumulate(t.h100_share * t.demand for t in self.teams))
+        self.team_weights = {
+            "h100": list(itertools.accumulate(t.h100_share * t.demand for t in self.teams)),
+            "b200": list(itertools.accumulate(t.b200_share * t.demand for t in self.teams)),
+        }
         if options.interactive_share is not None:
             self.draw_backlog()
         self.draw_notebooks()
@@ -682,6 +800,8 @@ class _SeedLike:
         if options.interactive_share is None:
             self.draw_backlog()
         self.draw_arrivals()
+        if options.burst is not None:
+            self.draw_burst(options.burst)
 
         drafts = self.drafts
         drafts.sort(key=lambda d: d.submit)  # stable: ties keep the order they were drawn in
@@ -694,9 +814,11 @@ class _SeedLike:
         if options.max_min_runtime is not None:
             policy["max_min_runtime"] = _number(options.max_min_runtime)
         pools = [{"name": "h100", "kind": "gpu"}]
+        if self.b200_nodes:
+            pools.append({"name": "b200", "kind": "gpu"})
         if self.has_cpu_pool:
             pools.append({"name": "cpu", "kind": "cpu"})
-        return {
+        out: dict[str, Any] = {
             "name": options.name or f"seed-like-{options.gpus}g-{options.days}d-s{options.seed}",
             "horizon": self.horizon,
             "policy": policy,
@@ -705,8 +827,15 @@ class _SeedLike:
             "teams": teams_json,
             "usage": [],
             "requests": requests,
-            "events": [],
+            "events": self.failures(),
         }
+        if self.burst is not None:
+            burst = self.burst
+            out["description"] = (
+                f"deadline burst: team {burst.team}'s batch work submitted in"
+                f" [{burst.start}, {burst.end}) s is {burst.factor:g}x what it would be"
+            )
+        return out
 
     # -- the cluster and its teams (no draws for the nodes) -------------------
 
@@ -736,6 +865,18 @@ class _SeedLike:
                     "mig": {str(g): [options.mig_profile] * per_gpu for g in range(GPUS_PER_NODE)},
                 }
             )
+        if self.b200_nodes:
+            nodes.append(
+                {
+                    "name": "b200-{i:03d}",
+                    "count": self.b200_nodes,
+                    "pool": "b200",
+                    "gpus": GPUS_PER_NODE,
+                    "gpu_model": "B200",
+                    "cpus": B200_NODE_CPUS,
+                    "memory_gib": B200_NODE_MEMORY_GIB,
+                }
+            )
         for k, storage in enumerate(self.storages):
             nodes.append(
                 {
@@ -753,8 +894,15 @@ class _SeedLike:
         """The teams' JSON; ``self.teams`` are the leaves, the teams users charge to."""
         options, rng = self.options, self.rng
         leaf_names = _team_names(options.teams)
-        with_program = options.program and options.teams >= 2
-        top_level = leaf_names[:-2] + [PROGRAM_TEAM] if with_program else list(leaf_names)
+        with_program = options.program and options.teams >= 2 and not options.orgs
+        members: dict[str, list[str]] = {}
+        if options.orgs:
+            top_level = [f"{ORG_PREFIX}{k + 1}" for k in range(options.orgs)]
+            members = {org: leaf_names[k :: options.orgs] for k, org in enumerate(top_level)}
+        elif with_program:
+            top_level = leaf_names[:-2] + [PROGRAM_TEAM]
+        else:
+            top_level = list(leaf_names)
         h100_shares = draw_shares(len(top_level), options.share_alpha, rng)
         if options.small_teams:
             plain = [k for k, name in enumerate(top_level) if name != PROGRAM_TEAM]
@@ -763,23 +911,43 @@ class _SeedLike:
         cpu_shares = (
             draw_shares(len(top_level), options.share_alpha, rng) if self.has_cpu_pool else []
         )
+        b200_shares = (
+            draw_shares(len(top_level), options.share_alpha, rng) if self.b200_nodes else []
+        )
         teams_json: list[dict[str, Any]] = []
-        effective: dict[str, float] = {}
+        effective: dict[str, tuple[float, float]] = {}
+        """(h100, b200) shares of each team, a sub-team's its parent's times its own."""
         for k, name in enumerate(top_level):
             share = {"h100": h100_shares[k]}
+            if self.b200_nodes:
+                share["b200"] = b200_shares[k]
             if self.has_cpu_pool:
                 share["cpu"] = cpu_shares[k]
             teams_json.append({"name": name, "share": share})
-            effective[name] = h100_shares[k]
+            effective[name] = (h100_shares[k], b200_shares[k] if self.b200_nodes else 0.0)
+        children: list[tuple[str, str, float]] = []
         if with_program:
             first = rng.randint(30, 70)
             split = _units_to_shares([first * 100, (100 - first) * 100])
-            for name, fraction in zip(leaf_names[-2:], split, strict=True):
-                teams_json.append({"name": name, "parent": PROGRAM_TEAM, "share": fraction})
-                effective[name] = effective[PROGRAM_TEAM] * fraction
+            children = [
+                (name, PROGRAM_TEAM, fraction)
+                for name, fraction in zip(leaf_names[-2:], split, strict=True)
+            ]
+        for org in top_level if options.orgs else ():
+            fractions = draw_shares(len(members[org]), options.share_alpha, rng)
+            pairs = zip(members[org], fractions, strict=True)
+            children += [(name, org, fraction) for name, fraction in pairs]
+        for name, parent, fraction in children:
+            teams_json.append({"name": name, "parent": parent, "share": fraction})
+            effective[name] = (effective[parent][0] * fraction, effective[parent][1] * fraction)
         log_low, log_high = math.log(options.demand_min), math.log(options.demand_max)
         self.teams = [
-            _Team(name, effective[name], math.exp(rng.uniform(log_low, log_high)))
+            _Team(
+                name,
+                effective[name][0],
+                math.exp(rng.uniform(log_low, log_high)),
+                effective[name][1],
+            )
             for name in leaf_names
         ]
         return teams_json
@@ -793,7 +961,7 @@ class _SeedLike:
         per_team = [
             1 + extra
             for extra in _largest_remainder(
-                headcount_total - options.teams, [t.h100_share for t in teams]
+                headcount_total - options.teams, [self.gpu_share(t) for t in teams]
             )
         ]
         width = max(3, len(str(headcount_total)))
@@ -807,13 +975,28 @@ class _SeedLike:
         for k, (_, team_name) in enumerate(users):
             self.team_members[team_name].append(k)
 
+    def gpu_share(self, team: _Team) -> float:
+        """The team's share of the GPUs: of pool h100 alone (as always) without pool b200,
+        else of both pools' GPUs together."""
+        if not self.b200_nodes:
+            return team.h100_share
+        gpus = self.options.gpus * team.h100_share + self.options.b200_gpus * team.b200_share
+        return gpus / self.capacity
+
+    def gpu_pool(self, rng: random.Random) -> str:
+        """The pool a request goes to: h100 without pool b200 (no draw), else drawn by the
+        pools' GPUs."""
+        if not self.b200_nodes or rng.random() * self.capacity < self.options.gpus:
+            return "h100"
+        return "b200"
+
     def any_user(self) -> tuple[str, str]:
         users = self.users
         return users[self.rng.choices(range(len(users)), cum_weights=self.cum_activity)[0]]
 
-    def member_of(self, team_name: str) -> tuple[str, str]:
+    def member_of(self, team_name: str, rng: random.Random | None = None) -> tuple[str, str]:
         members = self.team_members[team_name]
-        k = self.rng.choices(members, weights=[self.activity[m] for m in members])[0]
+        k = (rng or self.rng).choices(members, weights=[self.activity[m] for m in members])[0]
         return self.users[k]
 
     def session_time(self, off_share: float) -> int:
@@ -826,11 +1009,16 @@ class _SeedLike:
 
     # -- requests ---------------------------------------------------------------
 
-    def batch(self, submit: int) -> _Draft:
-        rng = self.rng
-        team = rng.choices(self.teams, cum_weights=self.team_weights)[0]
-        user, _ = self.member_of(team.name)
-        nodes_wanted = _weighted(rng, self.node_table)
+    def batch(
+        self, submit: int, rng: random.Random | None = None, team: _Team | None = None
+    ) -> _Draft:
+        """A batch job of a team drawn by share x demand in its pool (or of ``team``)."""
+        rng = rng or self.rng
+        pool = self.gpu_pool(rng)
+        if team is None:
+            team = rng.choices(self.teams, cum_weights=self.team_weights[pool])[0]
+        user, _ = self.member_of(team.name, rng)
+        nodes_wanted = _weighted(rng, self.node_tables[pool])
         log_short, log_long = math.log(BATCH_MIN_DURATION), math.log(BATCH_MAX_DURATION)
         duration = _minutes(math.exp(rng.uniform(log_short, log_long)))
         min_runtime = min(duration, rng.choice(BATCH_MIN_RUNTIMES))
@@ -840,7 +1028,7 @@ class _SeedLike:
                 "user": user,
                 "team": team.name,
                 "submit": submit,
-                "pool": "h100",
+                "pool": pool,
                 "class": "batch",
                 "gpus": GPUS_PER_NODE,
                 "nodes": nodes_wanted,
@@ -919,7 +1107,7 @@ class _SeedLike:
                         "user": user,
                         "team": team,
                         "submit": submit,
-                        "pool": "h100",
+                        "pool": self.gpu_pool(rng),
                         "class": "interactive",
                         "gpus": gpus,
                         "nodes": 1,
@@ -957,7 +1145,7 @@ class _SeedLike:
                         "user": user,
                         "team": team,
                         "submit": submit,
-                        "pool": "h100",
+                        "pool": "h100" if kind == "mig" else self.gpu_pool(rng),
                         "class": "debug",
                         **size,
                         "min_runtime": min_runtime,
@@ -1050,6 +1238,123 @@ class _SeedLike:
             draft.body["submit"] = draft.submit
         self.drafts.extend(arrivals)
 
+    def draw_burst(self, factor: float) -> None:
+        """A deadline: one team (drawn by its share of the GPUs x its demand) submits, in a
+        window of ``burst_days`` starting on a whole hour after the first day where the
+        horizon allows, ``factor`` x the batch work it submits there without the burst.
+        Drawn last, from a generator of its own, so the rest of the scenario is the one
+        without it (but for the ids, given in submit order)."""
+        options, horizon = self.options, self.horizon
+        rng = random.Random(f"burst-{options.seed}")
+        weights = [self.gpu_share(t) * t.demand for t in self.teams]
+        team = rng.choices(self.teams, weights=weights)[0]
+        length = round(options.burst_days * DAY)
+        latest = (horizon - length) // HOUR
+        start = rng.randint(min(DAY // HOUR, latest), latest) * HOUR
+        end = start + length
+
+        def arriving(draft: _Draft) -> bool:
+            return draft.body["class"] == "batch" and draft.submit >= BACKLOG_WINDOW
+
+        base = sum(
+            d.gpu_seconds
+            for d in self.drafts
+            if arriving(d) and d.body["team"] == team.name and start <= d.submit < end
+        )
+        if not base:  # none fell in the window: what the team's pace would put there
+            arrival_work = sum(d.gpu_seconds for d in self.drafts if arriving(d))
+            base = (
+                arrival_work
+                * self.gpu_share(team)
+                * team.demand
+                / sum(weights)
+                * length
+                / (horizon - BACKLOG_WINDOW)
+            )
+        extra = 0.0
+        while extra < (factor - 1) * base:
+            submit = max(BACKLOG_WINDOW, start + rng.randrange(length))
+            draft = self.batch(submit, rng, team)
+            self.drafts.append(draft)
+            extra += draft.gpu_seconds
+        self.burst = Burst(team.name, start, end, factor, base, extra)
+
+    def failures(self) -> list[dict[str, Any]]:
+        """Node health events: each GPU node fails at ``failure_rate`` per day (exponential
+        gaps, counted from its last repair); a failure is a crash (down at once) or, for
+        MAINTENANCE_SHARE of them, announced (draining for MAINTENANCE_LEAD, then down);
+        the node is ready again after ``repair_hours`` x 0.5-1.5. Drawn from a generator
+        of their own: the requests are the ones without failures."""
+        options, horizon = self.options, self.horizon
+        if not options.failure_rate:
+            return []
+        rng = random.Random(f"failures-{options.seed}")
+        names = [f"h100-{i:03d}" for i in range(self.whole_nodes)]
+        names += [f"h100-mig-{k:02d}" for k in range(options.mig_nodes)]
+        names += [f"b200-{i:03d}" for i in range(self.b200_nodes)]
+        events: list[tuple[int, str, str]] = []
+        for name in names:
+            t = 0.0
+            while True:
+                t += rng.expovariate(options.failure_rate / DAY)
+                if t >= horizon:
+                    break
+                repair = round(options.repair_hours * HOUR * rng.uniform(*REPAIR_SPREAD))
+                down = at = int(t)
+                if rng.random() < MAINTENANCE_SHARE:
+                    events.append((at, name, "draining"))
+                    down = at + MAINTENANCE_LEAD
+                events += [(down, name, "down"), (down + repair, name, "ready")]
+                t = down + repair
+        return [
+            {"at": at, "node": name, "state": state}
+            for at, name, state in sorted(events)
+            if at < horizon
+        ]
+
+
+def burst_of(options: SeedLikeOptions) -> Burst | None:
+    """The deadline burst ``seed_like(options)`` draws (None without ``burst``)."""
+    validate(options)
+    drawn = _SeedLike(options)
+    drawn.scenario()
+    return drawn.burst
+
+
+def down_gpu_seconds(scenario: Mapping[str, Any]) -> dict[str, list[float]]:
+    """GPU-seconds each GPU pool's nodes are down, day by day (days of 24 h from time 0,
+    the last one possibly shorter), from the scenario's node events: from ``down`` to
+    ``ready`` (a draining node still runs what it holds, so it counts as up)."""
+    horizon = float(scenario["horizon"])
+    days = max(1, math.ceil(horizon / DAY))
+    gpus: dict[str, tuple[str, int]] = {}
+    for node in scenario["nodes"]:
+        if not node.get("gpus"):
+            continue
+        for i in range(int(node.get("count", 1))):
+            gpus[str(node["name"]).format(i=i)] = (str(node["pool"]), int(node["gpus"]))
+    out = {pool: [0.0] * days for pool, _ in gpus.values()}
+    since: dict[str, float] = {}
+
+    def book(name: str, start: float, end: float) -> None:
+        pool, count = gpus[name]
+        for day in range(int(start // DAY), min(days, math.ceil(end / DAY))):
+            overlap = min(end, (day + 1) * DAY) - max(start, day * DAY)
+            out[pool][day] += count * max(0.0, overlap)
+
+    for event in sorted(scenario.get("events", []), key=lambda e: e["at"]):
+        name = event["node"]
+        if name not in gpus:
+            continue
+        if event["state"] == "ready":
+            if name in since:
+                book(name, since.pop(name), min(horizon, float(event["at"])))
+        elif event["state"] == "down":
+            since.setdefault(name, float(event["at"]))
+    for name, start in since.items():
+        book(name, start, horizon)
+    return out
+
 
 def _number(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
@@ -1140,7 +1445,8 @@ def outstanding_estimate(
 
 @dataclass(frozen=True, slots=True)
 class LoadReport:
-    """Offered-load figures of a scenario (pool h100, and pool cpu if present)."""
+    """Offered-load figures of a scenario (its GPU pools together: h100, and b200 if
+    present; pool cpu if present)."""
 
     capacity_gpus: float
     horizon: int
@@ -1158,7 +1464,7 @@ class LoadReport:
     """`outstanding_estimate` at the end of each day."""
     counts: Mapping[str, int]
     team_demand: Mapping[str, float]
-    """Each team's offered h100 work over its share of capacity x horizon."""
+    """Each team's offered GPU work over its share of the GPU pools' capacity x horizon."""
     cpu_capacity: float
     cpu_load: float
 
@@ -1166,9 +1472,11 @@ class LoadReport:
 def load_report(scenario: Mapping[str, Any]) -> LoadReport:
     """The figures a user checks a generated scenario against (see the module docstring)."""
     horizon = int(scenario["horizon"])
-    capacity = _pool_capacity(scenario, "h100", "gpus")
+    gpu_pools = [p["name"] for p in scenario["pools"] if p["kind"] == "gpu"]
+    by_pool = {pool: _pool_capacity(scenario, pool, "gpus") for pool in gpu_pools}
+    capacity = sum(by_pool.values())
     cpu_capacity = _pool_capacity(scenario, "cpu", "cpus")
-    h100 = [r for r in scenario["requests"] if r["pool"] == "h100"]
+    h100 = [r for r in scenario["requests"] if r["pool"] in by_pool]
     offered: dict[str, float] = {"batch": 0.0, "backlog": 0.0, "interactive": 0.0, "debug": 0.0}
     by_team: dict[str, float] = {}
     backlog_gpus = 0.0
@@ -1192,11 +1500,15 @@ def load_report(scenario: Mapping[str, Any]) -> LoadReport:
     for request in scenario["requests"]:
         klass = request.get("class", "interactive")
         counts[klass] = counts.get(klass, 0) + 1
-    shares = _effective_shares(scenario, "h100")
+    shares = {pool: _effective_shares(scenario, pool) for pool in gpu_pools}
+    team_gpus = {
+        name: sum(shares[pool][name] * by_pool[pool] for pool in gpu_pools)
+        for name in shares.get("h100", {})
+    }
     team_demand = {
-        name: by_team.get(name, 0.0) / (share * capacity * horizon)
-        for name, share in shares.items()
-        if name in by_team and share > 0
+        name: by_team.get(name, 0.0) / (gpus * horizon)
+        for name, gpus in team_gpus.items()
+        if name in by_team and gpus > 0
     }
     return LoadReport(
         capacity_gpus=capacity,

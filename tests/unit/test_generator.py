@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from scheduler_core.errors import InputError
 from scheduler_core.research import cli, generator
 from scheduler_core.research.generator import SeedLikeOptions, dumps, load_report, seed_like
+from scheduler_core.scenario import parse_scenario
+from scheduler_core.simulator import Simulation
 
 SCENARIO_KEYS = {
     "name",
@@ -718,3 +720,234 @@ def test_most_batch_work_checkpoints_and_the_rest_never_does() -> None:
     assert [tuple(r[k] for k in keys) for r in bare if r["class"] == "batch"] == [
         tuple(r[k] for k in keys) for r in batch
     ]
+
+
+# --- issue 49's widened family: pools, organisations, a burst, node failures ---------
+
+FAMILY_LIKE = {"days": 7, "load": 1.0, "interactive_share": 0.35, "scale_users": True}
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"gpus": 88, "seed": 1, "mig_nodes": 0, **FAMILY_LIKE},
+        {"gpus": 128, "days": 5, "seed": 3, "idle_share": 0.3, "checkpointing": 0.5},
+    ],
+)
+def test_the_widening_knobs_at_their_defaults_change_nothing(changes: dict[str, Any]) -> None:
+    """SHA-256 recorded before b200_gpus, orgs, burst and failure_rate existed."""
+    digests = {
+        88: "200617e8f36f600fe1d43db580e61ada350ec3fe6b43c411de3e2c2d78975c24",
+        128: "39ff8a45ed18c7a42abba0868a5e8c196d9d51dcd4078ff06a3c53bc7f8366ed",
+    }
+    text = dumps(seed_like(SeedLikeOptions(**changes)))
+    assert hashlib.sha256(text.encode()).hexdigest() == digests[changes["gpus"]]
+    explicit = {"b200_gpus": 0, "orgs": 0, "burst": None, "failure_rate": 0.0}
+    assert dumps(seed_like(SeedLikeOptions(**changes, **explicit))) == text
+
+
+WIDE = SeedLikeOptions(
+    gpus=48,
+    b200_gpus=40,
+    days=4,
+    seed=5,
+    load=1.0,
+    interactive_share=0.35,
+    scale_users=True,
+    mig_nodes=0,
+    orgs=3,
+    burst=3.0,
+    failure_rate=0.2,
+    idle_share=0.3,
+    checkpointing=0.5,
+)
+"""Every widening knob at once, small."""
+
+
+def test_every_widening_knob_is_byte_identical_for_the_same_options_and_seed() -> None:
+    first = dumps(seed_like(WIDE))
+    assert dumps(seed_like(dataclasses.replace(WIDE))) == first
+    assert dumps(seed_like(dataclasses.replace(WIDE, seed=6))) != first
+    parse_scenario(json.loads(first))  # a valid scenario
+
+
+def test_two_pools_hold_b200_nodes_and_a_share_of_each_per_team() -> None:
+    scenario = seed_like(dataclasses.replace(WIDE, orgs=0, burst=None, failure_rate=0.0))
+    assert [p["name"] for p in scenario["pools"]] == ["h100", "b200", "cpu"]
+    b200 = [n for n in scenario["nodes"] if n["pool"] == "b200"]
+    assert [(n["count"], n["gpu_model"], n["gpus"]) for n in b200] == [(5, "B200", 8)]
+    top = [t for t in scenario["teams"] if "parent" not in t]
+    for pool in ("h100", "b200", "cpu"):
+        assert 0.99 <= sum(t["share"][pool] for t in top) <= 1.0
+    assert [t["share"]["b200"] for t in top] != [t["share"]["h100"] for t in top]
+    work = Counter()
+    for request in scenario["requests"]:
+        work[request["pool"], request["class"]] += gpu_equivalents(request) * request["duration"]
+    for klass in ("batch", "interactive", "debug"):
+        assert work["h100", klass] > 0 and work["b200", klass] > 0
+    # Work goes to each pool about as its GPUs: 48 and 40.
+    gpu = {pool: sum(v for (p, _), v in work.items() if p == pool) for pool in ("h100", "b200")}
+    assert 0.3 < gpu["b200"] / (gpu["h100"] + gpu["b200"]) < 0.6
+
+
+def test_two_pools_really_carry_work_in_both_in_the_simulator() -> None:
+    options = SeedLikeOptions(gpus=16, b200_gpus=16, days=1, seed=2, load=1.0, mig_nodes=0)
+    options = dataclasses.replace(options, scale_users=True, interactive_share=0.2)
+    run = Simulation(parse_scenario(seed_like(options))).run()
+    busy: Counter[str] = Counter()
+    for segment in run.segments:
+        busy[segment.pool] += segment.rate * (segment.end - segment.start)
+    day = 16 * 86400
+    assert busy["h100"] > 0.5 * day and busy["b200"] > 0.5 * day
+    used = {n for r in run.records.values() for run_nodes in r.nodes for n in run_nodes}
+    assert any(n.startswith("b200-") for n in used) and any(n.startswith("h100-") for n in used)
+
+
+def test_orgs_make_every_team_a_sub_team_of_an_organisation() -> None:
+    scenario = seed_like(dataclasses.replace(WIDE, burst=None, failure_rate=0.0))
+    teams = {t["name"]: t for t in scenario["teams"]}
+    orgs = [name for name, t in teams.items() if "parent" not in t]
+    assert orgs == ["org-1", "org-2", "org-3"]
+    leaves = [t for t in teams.values() if "parent" in t]
+    assert len(leaves) == 15 and "prior" not in teams
+    for org in orgs:
+        members = [t["share"] for t in leaves if t["parent"] == org]
+        assert len(members) == 5 and 0.99 <= sum(members) <= 1.0
+    charged = {r["team"] for r in scenario["requests"]}
+    assert charged <= {t["name"] for t in leaves}
+    tree = parse_scenario(scenario).teams
+    assert {t.name for t in tree if t.parent} == {t["name"] for t in leaves}
+
+
+def burst_work(scenario: dict[str, Any], team: str, start: int, end: int) -> float:
+    return sum(
+        gpu_equivalents(r) * r["duration"]
+        for r in scenario["requests"]
+        if r["class"] == "batch"
+        and r["team"] == team
+        and start <= r["submit"] < end
+        and r["submit"] >= 3600
+    )
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_burst_triples_one_teams_batch_work_in_its_window_and_nothing_else(seed: int) -> None:
+    plain = SeedLikeOptions(gpus=128, days=7, seed=seed, load=1.0, scale_users=True)
+    options = dataclasses.replace(plain, burst=3.0, burst_days=2.0)
+    burst = generator.burst_of(options)
+    assert burst is not None and burst.end - burst.start == 2 * 86400
+    assert 86400 <= burst.start and burst.end <= 7 * 86400
+    before, after = seed_like(plain), seed_like(options)
+    base = burst_work(before, burst.team, burst.start, burst.end)
+    found = burst_work(after, burst.team, burst.start, burst.end)
+    largest_job = 8 * 4 * 36 * 3600  # 128 GPUs: at most 4 nodes, 36 h
+    assert base == burst.base_work > 0
+    assert 3 * base <= found <= 3 * base + largest_job
+    # Everything else is the scenario without the burst (ids aside).
+    extra = len(after["requests"]) - len(before["requests"])
+    assert extra > 0
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(sorted((k, json.dumps(v)) for k, v in r.items() if k != "id"))
+
+    assert Counter(map(key, before["requests"])) <= Counter(map(key, after["requests"]))
+    assert f"team {burst.team}'s" in after["description"]
+    assert generator.burst_of(plain) is None
+
+
+def test_node_failures_are_down_then_ready_events_drawn_apart() -> None:
+    plain = SeedLikeOptions(gpus=128, days=7, seed=4, load=1.0, scale_users=True)
+    options = dataclasses.replace(plain, failure_rate=0.1, repair_hours=6.0)
+    before, after = seed_like(plain), seed_like(options)
+    assert before["requests"] == after["requests"] and before["events"] == []
+    events = after["events"]
+    assert len(events) >= 5 and events == sorted(events, key=lambda e: (e["at"], e["node"]))
+    by_node: dict[str, list[str]] = {}
+    for event in events:
+        by_node.setdefault(event["node"], []).append(event["state"])
+        assert 0 <= event["at"] < 7 * 86400
+    for states in by_node.values():
+        text = " ".join(states)
+        for step in text.replace("draining down", "down").split(" ready"):
+            assert step.strip() in {"", "down"}, states
+    assert any("draining" in states for states in by_node.values())
+    down = generator.down_gpu_seconds(after)
+    total = sum(sum(days) for days in down.values())
+    assert 0 < total < 0.2 * 128 * 7 * 86400
+    assert set(down) == {"h100"}
+
+
+def test_node_failures_really_take_nodes_down_in_the_simulator() -> None:
+    """No run is on a node while it is down; a run there when it goes down ends then."""
+    options = SeedLikeOptions(
+        gpus=32, days=2, seed=3, load=1.2, scale_users=True, mig_nodes=0, failure_rate=1.0
+    )
+    scenario = seed_like(options)
+    run = Simulation(parse_scenario(scenario)).run()
+    downs: dict[str, list[tuple[float, float]]] = {}
+    since: dict[str, float] = {}
+    for event in scenario["events"]:
+        if event["state"] == "down":
+            since[event["node"]] = event["at"]
+        elif event["state"] == "ready" and event["node"] in since:
+            downs.setdefault(event["node"], []).append((since.pop(event["node"]), event["at"]))
+    for node, at in since.items():
+        downs.setdefault(node, []).append((at, 2 * 86400))
+    assert sum(len(v) for v in downs.values()) >= 3
+    cut = 0
+    for record in run.records.values():
+        for start, end, nodes in zip(record.starts, record.ends, record.nodes, strict=False):
+            for node in nodes:
+                for down, ready in downs.get(node, []):
+                    assert not down <= start < ready, (record.id, node)
+                    if start < down <= end:  # running when the node went down
+                        assert end == down, (record.id, node, start, end, down)
+                        cut += 1
+    assert cut > 0  # some work was running on a node when it failed
+
+
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [
+        ({"b200_gpus": 12}, "--b200-gpus"),
+        ({"b200_gpus": -8}, "--b200-gpus"),
+        ({"orgs": 6}, "--orgs"),
+        ({"orgs": -1}, "--orgs"),
+        ({"orgs": 2, "small_teams": 1}, "--small-teams"),
+        ({"burst": 0.5}, "--burst"),
+        ({"burst": 3.0, "burst_days": 4.0}, "--burst-days"),
+        ({"burst_days": 0.0}, "--burst-days"),
+        ({"failure_rate": -0.1}, "--failure-rate"),
+        ({"failure_rate": 1.5}, "--failure-rate"),
+        ({"repair_hours": 0.0}, "--repair-hours"),
+    ],
+)
+def test_bad_widening_knobs_name_the_flag_and_the_reason(
+    changes: dict[str, Any], flag: str
+) -> None:
+    with pytest.raises(InputError) as caught:
+        seed_like(dataclasses.replace(SMALL, **changes))
+    assert caught.value.where == flag
+    assert caught.value.reason and str(list(changes.values())[-1]) in caught.value.reason
+
+
+def test_the_cli_takes_the_widening_knobs(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [*SMALL_ARGS, "--b200-gpus", "16", "--orgs", "2", "--burst", "3"]
+    args += ["--failure-rate", "0.2", "--idle-share", "0.25"]
+    assert cli.main(args) == 0
+    scenario = json.loads(capsys.readouterr().out)
+    options = SeedLikeOptions(
+        gpus=64,
+        days=3,
+        teams=5,
+        users=12,
+        seed=4,
+        b200_gpus=16,
+        orgs=2,
+        burst=3.0,
+        failure_rate=0.2,
+        idle_share=0.25,
+    )
+    assert scenario == json.loads(dumps(seed_like(options)))
+    assert cli.main([*SMALL_ARGS, "--burst", "lots"]) == 2
+    assert "--burst" in capsys.readouterr().err

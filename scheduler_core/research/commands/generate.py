@@ -69,7 +69,7 @@ def register(subparsers: Any) -> None:
     seed_like.set_defaults(func=run_seed_like)
 
 
-OPTIONAL_NUMBERS = ("load", "interactive_share", "debug_rate")
+OPTIONAL_NUMBERS = ("load", "interactive_share", "debug_rate", "idle_share", "burst")
 """Knobs whose default is None (not set) and whose value is a number."""
 
 
