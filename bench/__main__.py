@@ -5,7 +5,9 @@ against its bar in bench/bars.toml.
 * bench.month — the simulator on a generated 30-day, 1,024-GPU month, seeds 1-5
 * bench.idle — where the idle GPU time of the seed-1 month goes
 * bench.compare — budget and the four baselines on that month (`budgethub compare`)
-* bench.family — budget and legacy over 88-1,024 GPUs x loads x notebook shares, two seeds
+* bench.family — budget and legacy over 88-1,024 GPUs x loads x notebook shares, and at
+  88 and 128 GPUs the kinds issue 49 adds (two pools, organisations, a deadline burst,
+  node failures, idle notebooks, batch that never checkpoints, all at once), two seeds
 * bench.forecast — the form's forecast at submit against what happened, on the family's
   88-GPU workloads
 * bench.replay — `budgethub replay` on a 30-day, 1,024-GPU history written into a SQLite

@@ -1,10 +1,21 @@
 """The budget policy and legacy over a family of seed-like workloads, against issue 12's bars.
 
-Run: `.venv/bin/python -m bench.family [--gpus 88,256,1024] [--loads 0.8,1.0,1.2]
-[--shares 0.05,0.35] [--seeds 1,2] [--days 7] [--baselines] [--set NAME=VALUE]
+Run: `.venv/bin/python -m bench.family [--gpus 88,128,256,1024] [--loads 0.8,1.0,1.2]
+[--shares 0.05,0.35] [--kinds base,pools,...] [--kind-gpus 88,128] [--kind-loads 1.0]
+[--kind-shares 0.35] [--seeds 1,2] [--days 7] [--baselines] [--set NAME=VALUE]
 [--against NAME=VALUE] [--save PATH] [--paired-with PATH] [--plot PATH]`.
 
-Each cell of the grid is a cluster size, an arrival load and a notebook share.
+Each cell of the grid is a cluster size, an arrival load, a notebook share and a kind
+(KINDS): ``base`` is the seed-like workload below; the others add what real clusters
+have (issue 49): two GPU pools (H100 and B200 nodes, a share of each per team), teams
+in organisations, a deadline burst (one team 3x for two days), node failures and
+repairs, notebooks that go idle, half the batch work never checkpointing, and ``all``
+of these at once. Base runs over --gpus x --loads x --shares (24 cells), the other
+kinds over --kind-gpus x --kind-loads x --kind-shares (88 and 128 GPUs at load 1 with
+35 % notebooks, where fairness is hardest and a run takes seconds: 14 cells). The
+``up`` column is the GPU time on nodes not down, from the scenario's events: where it
+is below a bar, occupancy and the worst team cannot reach that bar by construction
+(every team is owed its share of the whole pool), and the verdict says so with a star.
 For each of its seeds it generates `budgethub generate seed-like --gpus G
 --days D --load L --interactive-share S --scale-users --mig-nodes G/1024
 --seed N` (15 teams, a standing backlog of 2.5x capacity, arrivals at L x
@@ -60,8 +71,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from scheduler_core.errors import InputError
 from scheduler_core.metrics import result
-from scheduler_core.research.generator import SeedLikeOptions, seed_like
+from scheduler_core.research.generator import (
+    SeedLikeOptions,
+    down_gpu_seconds,
+    seed_like,
+    validate,
+)
 from scheduler_core.scenario import Scenario, parse_scenario
 from scheduler_core.settings import SettingError, settings_from_mapping
 from scheduler_core.simulator import Simulation
@@ -75,6 +92,10 @@ LOST_BAR_POINTS = 1.0
 """Issue 49: budget's lost work at most legacy's + this many points of the GPU time, and
 its goodput at least legacy's - this many, run by run on the same scenario."""
 DEFAULT_PLOT = Path("out") / "bench" / "family.png"
+GPUS = (88, 128, 256, 1024)
+LOADS = (0.8, 1.0, 1.2)
+SHARES = (0.05, 0.35)
+"""The base grid's sizes, loads and notebook shares."""
 MIG_EVERY = 1024
 """One MIG-partitioned node per this many GPUs (none below)."""
 FIGURES = (
@@ -89,14 +110,73 @@ FIGURES = (
 where it holds on every seed of every cell."""
 
 
+FAILURE_RATE = 0.05
+"""Node failures per node per day in the ``failures`` cells: 13x the interruption rate
+Llama 3's training reported (419 in 54 days on 2,048 nodes, 0.0038), so that a week on
+11 nodes sees a few rather than none."""
+REPAIR_HOURS = 8.0
+IDLE_SHARE = 0.3
+"""The ``idle`` cells: each notebook sits idle for the last 30 % of its run."""
+CHECKPOINTING = 0.5
+"""The ``ckpt`` cells: half the batch jobs never checkpoint (the default mix is 80 / 20)."""
+ORGS = 3
+BURST = 3.0
+BURST_DAYS = 2.0
+
+
+def _pools(gpus: int, days: int) -> dict[str, Any]:
+    """Half the nodes H100 (rounded down), the rest B200."""
+    h100 = gpus // (2 * 8) * 8
+    return {"gpus": h100, "b200_gpus": gpus - h100}
+
+
+KINDS: dict[str, tuple[str, Callable[[int, int], dict[str, Any]]]] = {
+    "base": ("the seed-like workload as issue 12 drew it", lambda gpus, days: {}),
+    "pools": ("two GPU pools, H100 and B200 nodes, a share of each per team", _pools),
+    "orgs": (f"the 15 teams in {ORGS} organisations", lambda gpus, days: {"orgs": ORGS}),
+    "burst": (
+        f"one team's batch work {BURST:g}x for {BURST_DAYS:g} days (a deadline)",
+        lambda gpus, days: {"burst": BURST, "burst_days": min(BURST_DAYS, days)},
+    ),
+    "failures": (
+        f"{FAILURE_RATE:g} node failures per node and day, {REPAIR_HOURS:g} h repairs",
+        lambda gpus, days: {"failure_rate": FAILURE_RATE, "repair_hours": REPAIR_HOURS},
+    ),
+    "idle": (
+        f"notebooks idle for the last {IDLE_SHARE:.0%} of their run",
+        lambda gpus, days: {"idle_share": IDLE_SHARE},
+    ),
+    "ckpt": (
+        f"{1 - CHECKPOINTING:.0%} of batch jobs never checkpoint",
+        lambda gpus, days: {"checkpointing": CHECKPOINTING},
+    ),
+}
+"""The cells' kinds: each a change of the generator's knobs (``all`` takes every one)."""
+ALL = "all"
+KIND_NAMES = (*KINDS, ALL)
+
+
+def kind_changes(kind: str, gpus: int, days: int) -> dict[str, Any]:
+    """The generator knobs a kind of cell sets (``all``: every kind's together)."""
+    if kind == ALL:
+        out: dict[str, Any] = {}
+        for _, changes in KINDS.values():
+            out |= changes(gpus, days)
+        return out
+    return KINDS[kind][1](gpus, days)
+
+
 @dataclass(frozen=True)
 class Cell:
     gpus: int
     load: float
     share: float
+    kind: str = "base"
+    """A name of KIND_NAMES: what the workload has beside the seed-like base."""
 
     def label(self) -> str:
-        return f"{self.gpus} GPUs, load {self.load:g}, notebooks {self.share:.0%}"
+        text = f"{self.gpus} GPUs, load {self.load:g}, notebooks {self.share:.0%}"
+        return text if self.kind == "base" else f"{text}, {self.kind}"
 
 
 @dataclass(frozen=True)
@@ -131,10 +211,15 @@ class Outcome:
     """Occupancy less ``lost_share``: the GPU time that went to work not thrown away."""
     lost_by_class: tuple[float, float, float] = (math.nan, math.nan, math.nan)
     """``lost_gpu_h`` of batch, interactive and debug work (NaN in runs saved before)."""
+    up_share: float = 1.0
+    """The GPU time on nodes not down, from the scenario's node events (the lowest of its
+    GPU pools): occupancy cannot pass it, and where every team asks for its share all the
+    time, neither can the worst team's daily fulfilment (what is owed is the whole
+    pool's share, what can be delivered only the up part)."""
 
 
 def options(job: Job) -> SeedLikeOptions:
-    return SeedLikeOptions(
+    plain = SeedLikeOptions(
         gpus=job.cell.gpus,
         days=job.days,
         seed=job.seed,
@@ -144,14 +229,30 @@ def options(job: Job) -> SeedLikeOptions:
         small_teams=job.small_teams,
         mig_nodes=job.cell.gpus // MIG_EVERY,
     )
+    return replace(plain, **kind_changes(job.cell.kind, job.cell.gpus, job.days))
 
 
-def scenario_of(job: Job) -> Scenario:
+def up_share(scenario: dict[str, Any]) -> float:
+    """The lowest GPU pool's share of GPU time on nodes that are not down."""
+    down = down_gpu_seconds(scenario)
+    horizon = float(scenario["horizon"])
+    shares = [1.0]
+    for pool, seconds in down.items():
+        gpus = sum(
+            int(n.get("count", 1)) * int(n.get("gpus", 0))
+            for n in scenario["nodes"]
+            if n["pool"] == pool
+        )
+        shares.append(1 - sum(seconds) / (gpus * horizon))
+    return min(shares)
+
+
+def scenario_of(job: Job, generated: dict[str, Any] | None = None) -> Scenario:
     """The job's generated scenario under its policy, with its ``--set`` settings if the
     policy is budget: the baselines run as they do without ``--set``, so that a setting
     is weighed against the same legacy figures (the scheduler's cycles, which every
     policy shares, also follow some settings)."""
-    scenario = parse_scenario(seed_like(options(job)))
+    scenario = parse_scenario(generated or seed_like(options(job)))
     base = scenario.settings.replace(name=job.policy)
     if job.policy != "budget":
         return replace(scenario, settings=base)
@@ -160,11 +261,13 @@ def scenario_of(job: Job) -> Scenario:
 
 def run(job: Job) -> Outcome:
     """Generate the job's scenario, simulate it under the job's policy, reduce to figures."""
-    scenario = scenario_of(job)
+    generated = seed_like(options(job))
+    scenario = scenario_of(job, generated)
     started = time.perf_counter()
     metrics = result(Simulation(scenario).run())["metrics"]
     wall = time.perf_counter() - started
     waits = metrics["wait_s"]
+    by_class = metrics["lost_gpu_h_by_class"]
     daily = {n: t["daily_fulfilment"] for n, t in metrics["teams"].items()}
     team, worst = min(
         ((n, v) for n, v in daily.items() if v is not None),
@@ -184,9 +287,12 @@ def run(job: Job) -> Outcome:
         preemptions=int(metrics["preemptions"]),
         lost_share=float(metrics["lost_share"]),
         goodput=float(metrics["goodput"]),
-        lost_by_class=tuple(
-            float(metrics["lost_gpu_h_by_class"][k]) for k in ("batch", "interactive", "debug")
+        lost_by_class=(
+            float(by_class["batch"]),
+            float(by_class["interactive"]),
+            float(by_class["debug"]),
         ),
+        up_share=up_share(generated),
     )
 
 
@@ -202,8 +308,14 @@ def fmt_wait(seconds: float) -> str:
 
 
 def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
+    """``low-high`` over the seeds (one figure where they agree); with three seeds or
+    more ``min/median/max``."""
     low, high = min(values), max(values)
-    return fmt(low) if fmt(low) == fmt(high) else f"{fmt(low)}-{fmt(high)}"
+    if fmt(low) == fmt(high):
+        return fmt(low)
+    if len(values) >= 3:
+        return "/".join(fmt(v) for v in (low, statistics.median(values), high))
+    return f"{fmt(low)}-{fmt(high)}"
 
 
 def percent(value: float) -> str:
@@ -262,15 +374,33 @@ def ratio_text(budget: Sequence[Outcome], legacy: Sequence[Outcome]) -> str:
     return spread(finite, lambda r: "inf" if math.isinf(r) else f"{r:.1f}x")
 
 
+KEY = f"{'gpus':>5} {'load':>4} {'nb':>4} {'kind':>8}"
 HEADER = (
-    f"{'gpus':>5} {'load':>4} {'nb':>4} | {'debug p90':>11} {'all p50':>11} {'occup.':>11}"
-    f" {'worst team daily':>24} | {'legacy p90':>11} {'legacy occ.':>11} {'ratio':>11}"
-    f" | {'p90':>4} {'occ':>4} {'team':>4} {'5x':>4}"
+    f"{KEY} | {'debug p90':>11} {'all p50':>11} {'occup.':>11}"
+    f" {'worst team daily':>24} {'up':>6} | {'legacy p90':>11} {'legacy occ.':>11}"
+    f" {'ratio':>11} | {'p90':>4} {'occ':>5} {'team':>5} {'5x':>4}"
 )
+
+
+def key(cell: Cell) -> str:
+    """A cell's columns at the start of a row (KEY)."""
+    return f"{cell.gpus:>5} {cell.load:>4g} {cell.share:>4.0%} {cell.kind:>8}"
 
 
 def mark(held: bool) -> str:
     return "ok" if held else "MISS"
+
+
+def capped_mark(held: bool, budget: Sequence[Outcome], bar: float) -> str:
+    """``mark``, with a star where a seed's nodes were down for so long that the bar was
+    out of reach by construction (its up share below the bar)."""
+    return mark(held) + ("*" if any(o.up_share < bar for o in budget) else "")
+
+
+def up_text(budget: Sequence[Outcome]) -> str:
+    """The lowest up share over the seeds; ``-`` where no node went down."""
+    low = min(o.up_share for o in budget)
+    return "-" if low >= 1 else f"{low:.1%}"
 
 
 def table(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
@@ -283,22 +413,22 @@ def table(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
         daily = spread([o.worst_daily for o in budget], percent)
         bars = verdict(budget, legacy)
         lines.append(
-            f"{cell.gpus:>5} {cell.load:>4g} {cell.share:>4.0%} |"
+            f"{key(cell)} |"
             f" {spread([o.debug_p90_s for o in budget], fmt_wait):>11}"
             f" {spread([o.all_p50_s for o in budget], fmt_wait):>11}"
             f" {spread([o.occupancy for o in budget], percent):>11}"
-            f" {daily + ' ' + worst.worst_team:>24} |"
+            f" {daily + ' ' + worst.worst_team:>24} {up_text(budget):>6} |"
             f" {spread([o.debug_p90_s for o in legacy], fmt_wait):>11}"
             f" {spread([o.occupancy for o in legacy], percent):>11}"
             f" {ratio_text(budget, legacy):>11} |"
-            f" {mark(bars.debug):>4} {mark(bars.occupancy):>4} {mark(bars.teams):>4}"
-            f" {mark(bars.legacy):>4}"
+            f" {mark(bars.debug):>4} {capped_mark(bars.occupancy, budget, OCCUPANCY_BAR):>5}"
+            f" {capped_mark(bars.teams, budget, DAILY_BAR):>5} {mark(bars.legacy):>4}"
         )
     return lines
 
 
 LOST_HEADER = (
-    f"{'gpus':>5} {'load':>4} {'nb':>4} | {'budget lost h':>13} {'lost %':>11} {'goodput':>11}"
+    f"{KEY} | {'budget lost h':>13} {'lost %':>11} {'goodput':>11}"
     f" | {'legacy lost h':>13} {'lost %':>11} {'goodput':>11} | {'goodput b-l':>13} bar"
 )
 
@@ -335,7 +465,7 @@ def lost_table(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
         "-" * len(LOST_HEADER),
     ]
     for cell in cells:
-        row = f"{cell.gpus:>5} {cell.load:>4g} {cell.share:>4.0%}"
+        row = key(cell)
         runs = {
             policy: [o for o in outcomes if o.job.cell == cell and o.job.policy == policy]
             for policy in ("budget", "legacy")
@@ -353,7 +483,9 @@ def lost_table(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
         gap = gaps(runs["budget"], runs["legacy"])
         held = lost_mark(runs["budget"], runs["legacy"])
         lines.append(row + f" | {point_spread(gap) if gap else '-':>13} {held}")
-        lines.append(f"{'':>15} | by class, GPU-h (batch/interactive/debug): {by_class(runs)}")
+        lines.append(
+            f"{'':>{len(KEY)}} | by class, GPU-h (batch/interactive/debug): {by_class(runs)}"
+        )
     return lines
 
 
@@ -416,6 +548,44 @@ def lost_summary(outcomes: Sequence[Outcome]) -> list[str]:
             f" lower on {sum(g < 0 for g in gap)} of {len(gap)}"
         )
     return lines
+
+
+def kind_lines(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
+    """Per kind of cell, over its cells and seeds (min / median / max): budget's goodput
+    and legacy's, budget's worst team daily, occupancy and debug p90, the up share, and
+    the cells within every bar (lost work and goodput against legacy included)."""
+    lines = []
+    for kind in KIND_NAMES:
+        mine = [c for c in cells if c.kind == kind]
+        budget = [o for o in outcomes if o.job.cell in mine and o.job.policy == "budget"]
+        legacy = [o for o in outcomes if o.job.cell in mine and o.job.policy == "legacy"]
+        if not budget or not legacy:
+            continue
+        held = sum(
+            1
+            for cell in mine
+            if cell_held(
+                [o for o in budget if o.job.cell == cell],
+                [o for o in legacy if o.job.cell == cell],
+            )
+        )
+        what = KINDS[kind][0] if kind in KINDS else "every kind above at once"
+        lines.append(
+            f"family: {kind} ({what}), {len(budget)} runs, min / median / max: goodput"
+            f" {three([o.goodput for o in budget], percent)} (legacy"
+            f" {three([o.goodput for o in legacy], percent)}); worst team daily"
+            f" {three([o.worst_daily for o in budget], percent)}; occupancy"
+            f" {three([o.occupancy for o in budget], percent)}; debug p90"
+            f" {three([o.debug_p90_s for o in budget], fmt_wait)}; up"
+            f" {three([o.up_share for o in budget], percent)}; every bar on {held} of"
+            f" {len(mine)} cells"
+        )
+    return lines
+
+
+def cell_held(budget: Sequence[Outcome], legacy: Sequence[Outcome]) -> bool:
+    """Every bar of a cell, issue 49's lost work and goodput against legacy included."""
+    return verdict(budget, legacy).all and lost_mark(budget, legacy) == mark(True)
 
 
 def baseline_lines(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
@@ -641,6 +811,38 @@ def numbers(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return parse
 
 
+def kinds(text: str) -> list[str]:
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in chosen if name not in KIND_NAMES]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown) or 'nothing'}: not a kind of cell (one of"
+            f" {', '.join(KIND_NAMES)})"
+        )
+    return chosen
+
+
+def grid(args: argparse.Namespace) -> list[Cell]:
+    """The cells: base over --gpus x --loads x --shares, each other kind over --kind-gpus
+    x --kind-loads x --kind-shares. Without --kinds, every kind; but a command that
+    narrows the base grid (as every one did before the kinds) runs base alone, so an
+    older command line still runs the cells it ran."""
+    narrowed = any(v is not None for v in (args.gpus, args.loads, args.shares))
+    if args.kinds is None:
+        args.kinds = ["base"] if narrowed else list(KIND_NAMES)
+    args.gpus = args.gpus or list(GPUS)
+    args.loads = args.loads or list(LOADS)
+    args.shares = args.shares or list(SHARES)
+    cells = []
+    for kind in args.kinds:
+        if kind == "base":
+            sizes, loads, shares = args.gpus, args.loads, args.shares
+        else:
+            sizes, loads, shares = args.kind_gpus, args.kind_loads, args.kind_shares
+        cells += [Cell(g, lo, sh, kind) for g, lo, sh in itertools.product(sizes, loads, shares)]
+    return cells
+
+
 def _number_or_text(value: str) -> float | str:
     """A ``--set`` value: a number where it reads as one (weights, counts, seconds)."""
     try:
@@ -655,10 +857,29 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m bench.family",
         description="budget and legacy over a grid of seed-like workloads, against the bars",
     )
-    out.add_argument("--gpus", type=numbers(int), default=[88, 256, 1024], help="88,256,1024")
-    out.add_argument("--loads", type=numbers(float), default=[0.8, 1.0, 1.2], help="0.8,1.0,1.2")
+    out.add_argument("--gpus", type=numbers(int), help=f"{','.join(map(str, GPUS))}")
+    out.add_argument("--loads", type=numbers(float), help=f"{','.join(map(str, LOADS))}")
     out.add_argument(
-        "--shares", type=numbers(float), default=[0.05, 0.35], help="notebook shares (0.05,0.35)"
+        "--shares", type=numbers(float), help=f"notebook shares ({','.join(map(str, SHARES))})"
+    )
+    out.add_argument(
+        "--kinds",
+        type=kinds,
+        help="kinds of cell (" + ",".join(KIND_NAMES) + "): base over --gpus x --loads x"
+        " --shares, the others over --kind-gpus x --kind-loads x --kind-shares (default: all;"
+        " base alone where --gpus, --loads or --shares is given, as before the kinds)",
+    )
+    out.add_argument(
+        "--kind-gpus", type=numbers(int), default=[88, 128], help="the other kinds' sizes (88,128)"
+    )
+    out.add_argument(
+        "--kind-loads", type=numbers(float), default=[1.0], help="the other kinds' loads (1.0)"
+    )
+    out.add_argument(
+        "--kind-shares",
+        type=numbers(float),
+        default=[0.35],
+        help="the other kinds' notebook shares (0.35)",
     )
     out.add_argument("--seeds", type=numbers(int), default=[1, 2], help="generator seeds (1,2)")
     out.add_argument("--days", type=int, default=7, help="simulated days per scenario (7)")
@@ -769,9 +990,11 @@ def collect(argv: list[str] | None = None) -> dict[str, float]:
         parser().error(f"--days: {args.days} is not a number of days >= 1")
     if args.jobs < 1:
         parser().error(f"--jobs: {args.jobs} is not >= 1")
-    for gpus in args.gpus:
-        if gpus <= 0 or gpus % 8:
-            parser().error(f"--gpus: {gpus} is not a positive multiple of 8")
+    cells = grid(args)
+    for flag, sizes in (("--gpus", args.gpus), ("--kind-gpus", args.kind_gpus)):
+        for gpus in sizes:
+            if gpus <= 0 or gpus % 8:
+                parser().error(f"{flag}: {gpus} is not a positive multiple of 8")
     settings = _settings("--set", args.set)
     against = _settings("--against", args.against)
     saved: list[Outcome] = []
@@ -780,7 +1003,6 @@ def collect(argv: list[str] | None = None) -> dict[str, float]:
             saved = same_scenarios(load_budget(args.paired_with), args.days, args.small_teams)
         except ValueError as error:
             parser().error(f"--paired-with: {error}")
-    cells = [Cell(*point) for point in itertools.product(args.gpus, args.loads, args.shares)]
     policies = ("budget", "legacy", *(BASELINES if args.baselines else ()))
     jobs = [
         Job(cell, seed, policy, args.days, args.small_teams, tuple(settings))
@@ -792,8 +1014,11 @@ def collect(argv: list[str] | None = None) -> dict[str, float]:
             Job(cell, seed, "budget", args.days, args.small_teams, variant)
             for cell, seed in itertools.product(cells, args.seeds)
         ]
-    for job in jobs[:1]:
-        options(job)  # a bad --small-teams fails here, before any run
+    for job in jobs:
+        try:  # a bad --small-teams or a kind the days cannot hold fails here, before any run
+            validate(options(job))
+        except InputError as error:
+            parser().error(f"{job.cell.label()}: {error}")
     started = time.perf_counter()
     outcomes = list(execute(jobs, args.jobs))
     wall = time.perf_counter() - started
@@ -842,6 +1067,8 @@ def print_grid(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> None:
     )
     for line in [*lost_table(cells, outcomes), *lost_summary(outcomes)]:
         print(line)
+    for line in kind_lines(cells, outcomes):
+        print(line)
     for line in baseline_lines(cells, outcomes):
         print(line)
 
@@ -858,7 +1085,10 @@ def show(paths: Sequence[Path]) -> dict[str, float]:
         except ValueError as error:
             parser().error(f"--show: {error}")
     outcomes = list(found.values())
-    cells = sorted({o.job.cell for o in outcomes}, key=lambda c: (c.gpus, c.load, c.share))
+    cells = sorted(
+        {o.job.cell for o in outcomes},
+        key=lambda c: (KIND_NAMES.index(c.kind), c.gpus, c.load, c.share),
+    )
     seeds = sorted({o.job.seed for o in outcomes})
     print(
         f"family: {len(outcomes)} saved runs of {len(cells)} cells, seeds"

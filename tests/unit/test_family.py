@@ -353,3 +353,114 @@ def test_issue_49s_figures_are_the_worst_gap_to_legacy_run_by_run() -> None:
     # Seed 1: 5 points more lost, goodput 93 against 96; seed 2: 1 more, 96 against 97.
     assert found["family.lost_over_legacy_points"] == pytest.approx(5.0)
     assert found["family.goodput_under_legacy_points"] == pytest.approx(3.0)
+
+
+# --- issue 49's widened grid: kinds of cell ---------------------------------------
+
+
+def test_the_default_grid_has_88_and_128_gpus_and_every_kind() -> None:
+    cells = family.grid(family.parser().parse_args([]))
+    base = [c for c in cells if c.kind == "base"]
+    assert {c.gpus for c in base} == {88, 128, 256, 1024} and len(base) == 24
+    others = [c for c in cells if c.kind != "base"]
+    assert {c.kind for c in others} == set(family.KIND_NAMES) - {"base"}
+    assert {(c.gpus, c.load, c.share) for c in others} == {(88, 1.0, 0.35), (128, 1.0, 0.35)}
+    assert len(cells) == 24 + 7 * 2
+
+
+def test_an_older_command_that_narrows_the_grid_runs_base_alone() -> None:
+    args = family.parser().parse_args(["--gpus", "88,128", "--loads", "1.0"])
+    assert {c.kind for c in family.grid(args)} == {"base"}
+    args = family.parser().parse_args(["--gpus", "88", "--kinds", "base,burst"])
+    assert [c.kind for c in family.grid(args)].count("burst") == 2  # --kind-gpus 88,128
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("pools", {"gpus": 40, "b200_gpus": 48}),
+        ("orgs", {"orgs": 3}),
+        ("burst", {"burst": 3.0, "burst_days": 2.0}),
+        ("failures", {"failure_rate": 0.05, "repair_hours": 8.0}),
+        ("idle", {"idle_share": 0.3}),
+        ("ckpt", {"checkpointing": 0.5}),
+    ],
+)
+def test_each_kind_sets_its_generator_knobs(kind: str, expected: dict[str, object]) -> None:
+    options = family.options(Job(Cell(88, 1.0, 0.35, kind), 1, "budget", 7, 0))
+    base = family.options(Job(Cell(88, 1.0, 0.35), 1, "budget", 7, 0))
+    assert {k: getattr(options, k) for k in expected} == expected
+    assert {k: getattr(base, k) for k in expected} != expected
+    everything = family.options(Job(Cell(88, 1.0, 0.35, "all"), 1, "budget", 7, 0))
+    assert {k: getattr(everything, k) for k in expected} == expected
+
+
+def test_a_burst_fits_a_short_run() -> None:
+    options = family.options(Job(Cell(88, 1.0, 0.35, "burst"), 1, "budget", 1, 0))
+    assert options.burst_days == 1
+
+
+def test_up_share_is_the_gpu_time_on_nodes_not_down() -> None:
+    scenario = {
+        "horizon": 100,
+        "nodes": [
+            {"name": "a-{i:03d}", "count": 2, "pool": "h100", "gpus": 8},
+            {"name": "b-000", "pool": "b200", "gpus": 8},
+            {"name": "prep-01", "pool": "cpu", "gpus": 0},
+        ],
+        "events": [
+            {"at": 10, "node": "a-001", "state": "draining"},
+            {"at": 20, "node": "a-001", "state": "down"},
+            {"at": 60, "node": "a-001", "state": "ready"},
+            {"at": 90, "node": "b-000", "state": "down"},
+        ],
+    }
+    # h100: 8 GPUs down from 20 to 60 s of 16 GPUs x 100 s (draining counts as up), so
+    # 1 - 320/1600; b200: 8 down from 90 s to the end, 1 - 80/800; the lowest pool's.
+    assert family.up_share(scenario) == pytest.approx(0.8)
+    assert family.up_share({**scenario, "events": []}) == 1.0
+
+
+def test_the_table_stars_a_bar_out_of_reach_by_construction() -> None:
+    cell = Cell(88, 1.0, 0.35, "failures")
+    down = replace(outcome("budget", 1, occupancy=0.95, worst_daily=0.93), up_share=0.94)
+    down = replace(down, job=Job(cell, 1, "budget", 7, 0))
+    theirs = replace(legacy(1), job=Job(cell, 1, "legacy", 7, 0))
+    header, _, row = family.table([cell], [down, theirs])
+    assert " up " in header and "failures" in row and "94.0%" in row
+    assert row.split("|")[-1].split() == ["ok", "MISS*", "MISS*", "ok"]
+    fine = replace(down, up_share=0.99)
+    row = family.table([cell], [fine, theirs])[2]
+    assert row.split("|")[-1].split() == ["ok", "MISS", "MISS", "ok"]
+
+
+def test_each_kind_gets_its_min_median_max_line() -> None:
+    cell = Cell(88, 1.0, 0.35, "orgs")
+    runs = [
+        replace(outcome("budget", s, worst_daily=w), job=Job(cell, s, "budget", 7, 0))
+        for s, w in ((1, 0.90), (2, 0.99), (3, 0.95))
+    ]
+    runs += [replace(legacy(s), job=Job(cell, s, "legacy", 7, 0)) for s in (1, 2, 3)]
+    (line,) = family.kind_lines([cell], runs)
+    assert line.startswith("family: orgs (the 15 teams in 3 organisations), 3 runs")
+    assert "worst team daily 90.0% / 95.0% / 99.0%" in line
+    assert "every bar on 0 of 1 cells" in line
+    assert family.spread([0.90, 0.99, 0.95], family.percent) == "90.0%/95.0%/99.0%"
+
+
+def test_a_bad_kind_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        family.main(["--kinds", "pools,gpus"])
+    assert exit_.value.code == 2
+    assert "gpus: not a kind of cell" in capsys.readouterr().err
+
+
+def test_saved_runs_of_before_the_kinds_load_as_base(tmp_path: Path) -> None:
+    path = tmp_path / "old.json"
+    family.save(path, [outcome("budget", 1)], [])
+    text = path.read_text()
+    assert '"kind": "base"' in text
+    path.write_text(text.replace(',\n     "kind": "base"', ""))
+    assert '"kind"' not in path.read_text()
+    (run,) = family.load_runs(path)
+    assert run.job.cell == CELL and run.job.cell.kind == "base"
