@@ -141,7 +141,11 @@ def _axis(text: str) -> Axis:
     """``--set`` of a setting (`sweep.parse_axis`), or of `MIN_RUNTIME`."""
     key, sep, values = text.partition("=")
     if key.strip() != MIN_RUNTIME or not sep:
-        return parse_axis(text)
+        try:
+            return parse_axis(text)
+        except InputError as error:  # name the what-if the settings do not list
+            reason = error.reason.replace("(known: ", f"(known: {MIN_RUNTIME}, ", 1)
+            raise InputError(error.where, reason) from None
     written = [v.strip() for v in values.split(",") if v.strip()]
     if not written:
         raise InputError(f"--set {MIN_RUNTIME}", "give at least one value")
