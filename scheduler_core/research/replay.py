@@ -639,9 +639,15 @@ def order_agreement(pairs: Sequence[tuple[float, float]]) -> tuple[float | None,
     return (counted - discordant) / counted, counted, total - counted
 
 
-def compare(plan_: Plan, simulated: SimRun) -> dict[str, Any]:
+def compare(
+    plan_: Plan,
+    simulated: SimRun,
+    live_out: RunOutcome | None = None,
+    simulated_out: RunOutcome | None = None,
+) -> dict[str, Any]:
     """Request by request: start order, wait, node, funding, preemptions, and each team's
-    delivered GPU-hours; every difference with its causes where known."""
+    delivered GPU-hours; every difference with its causes where known. ``live_out`` and
+    ``simulated_out``: the two runs' outcomes (`outcome`) where the caller has them."""
     history = plan_.history
     live = plan_.live
     tick = plan_.scenario.settings.cycle_tick
@@ -700,8 +706,8 @@ def compare(plan_: Plan, simulated: SimRun) -> dict[str, Any]:
     if plan_.unseen:
         causes["unseen"] += len(plan_.unseen)
     agreement, pairs, ties = order_agreement(order)
-    live_teams = outcome("live", live).metrics["teams"]
-    sim_teams = outcome("simulated", simulated).metrics["teams"]
+    live_teams = (live_out or outcome("live", live)).metrics["teams"]
+    sim_teams = (simulated_out or outcome("replay", simulated)).metrics["teams"]
     teams = {}
     for name, figures in live_teams.items():
         live_h = figures["delivered_gpu_h"]
@@ -817,16 +823,16 @@ def forecast_accuracy(plan_: Plan) -> dict[str, Any] | None:
 
 def outcome_row(
     label: str,
-    run: SimRun,
+    run: SimRun | RunOutcome,
     written: Mapping[str, str] | None = None,
     parsed: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One entry of the report's ``outcomes``: the headline of a run."""
-    figures = headline(outcome(label, run, parsed))
+    """One entry of the report's ``outcomes``: the headline of a run (or of its outcome)."""
+    counted = run if isinstance(run, RunOutcome) else outcome(label, run, parsed)
     return {
         "label": label,
-        "policy": run.scenario.settings.name,
+        "policy": counted.policy,
         "set": {k: (v.value if hasattr(v, "value") else v) for k, v in (parsed or {}).items()},
         "written": dict(written or {}),
-        "headline": figures,
+        "headline": headline(counted),
     }

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, func, inspect, make_url, or_, select, text
+from sqlalchemy import Engine, and_, create_engine, func, inspect, make_url, or_, select, text
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 
@@ -425,6 +425,14 @@ def _requests(
         AllocationRow.start_time < until,
     )
     columns = RequestRow.__table__.c
+    wanted = and_(
+        columns.submit < until,
+        or_(
+            columns.submit >= since,
+            columns.state.in_([s.value for s in waiting]),
+            columns.id.in_(live_ids),
+        ),
+    )
     query = (
         select(
             columns.id,
@@ -447,14 +455,7 @@ def _requests(
             columns.state,
             columns.spec,
         )
-        .where(columns.submit < until)
-        .where(
-            or_(
-                columns.submit >= since,
-                columns.state.in_([s.value for s in waiting]),
-                columns.id.in_(live_ids),
-            )
-        )
+        .where(wanted)
         .order_by(columns.submit, columns.id)
     )
     with _reading(engine) as session:
@@ -464,7 +465,7 @@ def _requests(
             session.scalars(
                 select(AllocationRow)
                 .where(AllocationRow.start_time < until)
-                .where(AllocationRow.request_id.in_([r.id for r in request_rows]))
+                .where(AllocationRow.request_id.in_(select(columns.id).where(wanted)))
                 .options(selectinload(AllocationRow.grants), selectinload(AllocationRow.slices))
                 .order_by(AllocationRow.start_time, AllocationRow.id)
             )

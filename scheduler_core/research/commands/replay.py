@@ -26,6 +26,7 @@ from scheduler_core.research.replay import (
     CAUSES,
     compare,
     forecast_accuracy,
+    outcome,
     outcome_row,
     plan,
     simulate,
@@ -200,8 +201,9 @@ def replay_report(
     started = time.perf_counter()
     the_plan = plan(history)
     simulated = simulate(the_plan)
-    compared = compare(the_plan, simulated)
-    outcomes = [outcome_row("live", the_plan.live), outcome_row("replay", simulated)]
+    live_out, replay_out = outcome("live", the_plan.live), outcome("replay", simulated)
+    compared = compare(the_plan, simulated, live_out, replay_out)
+    outcomes = [outcome_row("live", live_out), outcome_row("replay", replay_out)]
     for label, written, parsed in runs:
         changes = {k: v for k, v in parsed.items() if k != MIN_RUNTIME}
         if policy is not None:
