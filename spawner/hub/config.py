@@ -49,6 +49,7 @@ from spawner.runtime.slurm import (
     SlurmRuntime,
     SlurmSettings,
     parse_accounts,
+    parse_home,
     parse_partitions,
     read_cluster,
 )
@@ -303,6 +304,12 @@ class SchedulerConfig(SingletonConfigurable):
         '{account}'] (sudoers must let the Hub run sbatch and scancel so). Empty: a root
         Hub submits with sbatch --uid/--gid.""",
     ).tag(config=True)
+    slurm_home = Unicode(
+        "",
+        help="""A Slurm session's home as a path template: "/home/{account}" runs each
+        session in its user's own Unix account's home ({account}: slurm_users' account,
+        {user}: the Hub user), owned by that account. Empty: home_root/<hub>/<user>.""",
+    ).tag(config=True)
     slurm_runtime_class = Type(
         SlurmRuntime, help="The runtime of Slurm nodes (a site may subclass it)."
     ).tag(config=True)
@@ -479,6 +486,7 @@ class SchedulerConfig(SingletonConfigurable):
                     qos=self.slurm_qos,
                     users=self.slurm_users,
                     exec_prefix=tuple(self.slurm_exec_prefix),
+                    home=parse_home(self.slurm_home),
                 )
                 read = read_cluster(
                     configs,

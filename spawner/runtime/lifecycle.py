@@ -29,6 +29,8 @@ from spawner.runtime.snapshots import (
     SnapshotLayout,
     ensure_home,
     restored_dir_in_home,
+    session_home,
+    session_owner,
     state_dir_in_home,
 )
 from spawner.runtime.spec import LaunchSpec, build_launch_spec
@@ -88,11 +90,14 @@ class Lifecycle:
 
     def _home(self, user: str, node: str) -> str | None:
         """The user's home on shared storage, made if new (None: the named volume)."""
-        home = self.layout.home(user) if self.layout is not None else None
+        if self.layout is None:
+            return None
+        runtime = self.nodes.backends.get(node)
+        home = session_home(runtime, self.layout, user)  # the account's home on Slurm
         if home is None:
             return None
         try:
-            ensure_home(home)
+            ensure_home(home, session_owner(runtime, user))
         except (OSError, SnapshotError) as error:
             raise LaunchFailed(node, f"its home {home} cannot be made ({error})") from None
         return str(home)

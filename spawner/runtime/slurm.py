@@ -46,7 +46,7 @@ from scheduler_core.model import Gpu, Node, PoolKind
 from spawner.runtime.dockernodes import EngineConfig
 from spawner.runtime.interface import Answer, SessionState
 from spawner.runtime.slurmheld import Held, JobDetails, hostnames
-from spawner.runtime.slurmusers import Account, give, lookup, submit_prefix
+from spawner.runtime.slurmusers import Account, NoAccount, give, lookup, submit_prefix
 from spawner.runtime.spec import (
     LABEL_PREFIX,
     RESTORE_PATH,
@@ -120,6 +120,9 @@ class SlurmSettings:
     exec_prefix: tuple[str, ...] = ()
     """Words before ``sbatch`` and ``scancel`` to run them as the account
     (``sudo -n -u {account}``); empty: ``--uid/--gid`` where the Hub is root."""
+    home: str = ""
+    """A session's home as a path template (``/home/{account}``: the account's own home;
+    ``{user}`` is the Hub user); "": ``home_root/<hub>/<user>``."""
 
 
 def slurm_seconds(text: str) -> float | None:
@@ -533,6 +536,28 @@ class SlurmRuntime:
         taken. One ``scontrol`` per round for every node. Blocking."""
         return self.partition.details.held(newer_than).get(self.slurm_node, Held())
 
+    def home_of(self, user: str) -> Path | None:
+        """The Hub user's home for sessions on this node: ``slurm_home`` filled in with
+        their account (None: the Hub's ``home_root`` layout). NoAccount where the user
+        has none."""
+        if not self.settings.home:
+            return None
+        account = lookup(self.settings.users, user)
+        name = account.name if account is not None else user
+        return Path(self.settings.home.format(account=name, user=user))
+
+    def owner_of(self, user: str) -> tuple[int, int] | None:
+        """(uid, gid) of the account the Hub user's jobs run as, which owns their home
+        and snapshots from their making (None: the session user's, 1000:100). Only a
+        root Hub can give files away."""
+        if os.geteuid() != 0:
+            return None
+        try:
+            account = lookup(self.settings.users, user)
+        except NoAccount:
+            return None
+        return None if account is None else (account.uid, account.gid)
+
     def team_of(self, account: str) -> str:
         """The team a Slurm account's jobs are charged to: the one ``slurm_accounts``
         maps to it, else the team of the account's own name (the default map)."""
@@ -831,6 +856,24 @@ def parse_accounts(raw: Any) -> dict[str, str]:
                 f"slurm_accounts.{team}", f"must be a Slurm account name, not {account!r}"
             )
     return {str(team): account for team, account in raw.items()}
+
+
+def parse_home(raw: Any) -> str:
+    """``c.BudgetScheduler.slurm_home``: "" or an absolute path template whose only
+    fields are ``{account}`` and ``{user}``."""
+    if not isinstance(raw, str):
+        raise SlurmConfigError("slurm_home", f"must be a path template, not {raw!r}")
+    if not raw:
+        return raw
+    try:
+        filled = raw.format(account="a", user="u")
+    except (KeyError, IndexError, ValueError) as error:
+        raise SlurmConfigError(
+            "slurm_home", f"{raw!r} may name only {{account}} and {{user}} ({error})"
+        ) from None
+    if not filled.startswith("/") or "/../" in f"{filled}/":
+        raise SlurmConfigError("slurm_home", f"{raw!r} must be an absolute path without '..'")
+    return raw
 
 
 def max_time(config: PartitionConfig, record: Mapping[str, str], cap: float) -> float | None:

@@ -8,9 +8,9 @@ and the snapshot it restores from are given to the account (0700) before the job
 submitted: the Hub writes them as the images' session user (1000:100, for Docker), and
 a job running as another uid could not read them otherwise.
 
-Ownership is taken at each start, not kept in step with every write: a snapshot taken
-while the session stops is written as the session user, and becomes the account's at
-its next start (docs/slurm.md says so).
+The home and every snapshot are the account's from their making (the runtime's
+``owner_of``, which `spawner.runtime.snapshots` writes them as); ``give`` at each start
+covers what an older Hub wrote as the session user.
 """
 
 from __future__ import annotations

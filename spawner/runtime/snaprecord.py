@@ -19,12 +19,15 @@ from scheduler_core.model import Allocation
 from spawner.runtime.context import Nodes
 from spawner.runtime.snapshots import (
     HOME_TARGET,
+    SESSION_OWNER,
     Captured,
     SnapshotError,
     SnapshotLayout,
     capture,
     new_key,
     remove,
+    session_home,
+    session_owner,
     state_dir_in_home,
     tree_bytes,
     write_report,
@@ -252,8 +255,12 @@ class SnapshotRecording:
         assert layout is not None
         user, server = agent.user, agent.server
         key = new_key(now)
-        home = layout.home(user)
-        captured, store_error = await self._capture(layout, user, server, key, home, got.archive)
+        runtime = self.nodes.backends.get(node)
+        home = session_home(runtime, layout, user)
+        owner = session_owner(runtime, user)  # the researcher's own account on Slurm
+        captured, store_error = await self._capture(
+            layout, user, server, key, home, got.archive, owner
+        )
         kernels = _kernel_entries(got.answer, captured.manifests if captured else [])
         notebooks = (got.answer or {}).get("notebooks") or {}
         unsaved = unsaved_entries(kernels, notebooks)
@@ -284,7 +291,7 @@ class SnapshotRecording:
             "checkpoint_elapsed": (got.answer or {}).get("elapsed"),
         }
         if captured is not None:
-            await self._write_report(captured, report)
+            await self._write_report(captured, report, owner)
         self._save(allocation, report)
         if captured is not None:
             await asyncio.to_thread(self.prune, user, server)
@@ -298,6 +305,7 @@ class SnapshotRecording:
         key: str,
         home: Path | None,
         archive: bytes | None,
+        owner: tuple[int, int] = SESSION_OWNER,
     ) -> tuple[Captured | None, str | None]:
         """The kernel state copied into the store (from the home, or from ``archive``);
         or None and why not."""
@@ -311,16 +319,19 @@ class SnapshotRecording:
                 home=home,
                 state_relative=state_dir_in_home(server),
                 archive=archive,
+                owner=owner,
             )
         except SnapshotError as error:
             return None, str(error)
         return captured, None
 
-    async def _write_report(self, captured: Captured, report: dict[str, Any]) -> None:
+    async def _write_report(
+        self, captured: Captured, report: dict[str, Any], owner: tuple[int, int] = SESSION_OWNER
+    ) -> None:
         """The report and the restore notice beside the snapshot's files."""
         try:
-            await asyncio.to_thread(write_report, captured.path, report)
-            await asyncio.to_thread(write_restore_notice, captured.path, report)
+            await asyncio.to_thread(write_report, captured.path, report, owner)
+            await asyncio.to_thread(write_restore_notice, captured.path, report, owner)
         except (OSError, SnapshotError) as error:
             self.nodes.log.warning("budgethub: %s: writing its report: %s", report["key"], error)
 

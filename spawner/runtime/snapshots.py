@@ -37,6 +37,9 @@ from spawner.runtime.spec import safe_name
 
 SESSION_UID = 1000
 SESSION_GID = 100
+SESSION_OWNER = (SESSION_UID, SESSION_GID)
+"""Who owns a session's home and snapshots unless its runtime names another owner (a
+Slurm job running as the researcher's own account: `session_owner`)."""
 STATE_SUBDIR = ".budgethub/servers"
 """Under the home: one kernel-state directory per server (``{server}/kernels``), so two
 servers of one user, sharing the home, never mix their notebooks' state."""
@@ -104,18 +107,35 @@ class SnapshotLayout:
         return path if path.is_dir() and not path.is_symlink() else None
 
 
-def _owned_dir(path: Path, mode: int = 0o700) -> None:
-    """``path`` exists as a real directory owned by the session's user, with ``mode``."""
+def session_home(runtime: Any, layout: SnapshotLayout, user: str) -> Path | None:
+    """The user's home for a session on ``runtime``'s node: the runtime's own word where
+    it has one (`SlurmRuntime.home_of`: the account's home), else the layout's."""
+    own = getattr(runtime, "home_of", None)
+    found = own(user) if callable(own) else None
+    return found if found is not None else layout.home(user)
+
+
+def session_owner(runtime: Any, user: str) -> tuple[int, int]:
+    """(uid, gid) that the user's home and snapshots belong to, for a session on
+    ``runtime``'s node: its own word where it has one, else the session user's."""
+    own = getattr(runtime, "owner_of", None)
+    found = own(user) if callable(own) else None
+    return found if found is not None else SESSION_OWNER
+
+
+def _owned_dir(path: Path, mode: int = 0o700, owner: tuple[int, int] = SESSION_OWNER) -> None:
+    """``path`` exists as a real directory owned by ``owner``, with ``mode``."""
     path.mkdir(mode=mode, exist_ok=True)
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
         raise SnapshotError(f"{path} is not a directory")
-    os.chown(path, SESSION_UID, SESSION_GID)
+    os.chown(path, *owner)
     os.chmod(path, mode)
 
 
-def ensure_home(path: Path) -> None:
-    """Create the user's home (and its ``work`` folder) if new: owner 1000:100, 0700.
+def ensure_home(path: Path, owner: tuple[int, int] = SESSION_OWNER) -> None:
+    """Create the user's home (and its ``work`` folder) if new: ``owner``'s (1000:100 by
+    default), 0700; a home that was another's becomes ``owner``'s, all of it.
 
     The directories above it belong to the Hub (0711: passable, not listable)."""
     for parent in reversed(path.parents[:2]):
@@ -125,12 +145,19 @@ def ensure_home(path: Path) -> None:
     if path.is_symlink():
         raise SnapshotError(f"the home {path} is a link")
     created = not path.exists()
-    _owned_dir(path)
+    was = None if created else os.lstat(path).st_uid
+    _owned_dir(path, owner=owner)
     if created:
-        _owned_dir(path / "work", 0o755)
+        _owned_dir(path / "work", 0o755, owner)
+    elif was != owner[0]:
+        for folder, dirs, files in os.walk(path):
+            for name in (*dirs, *files):
+                os.chown(os.path.join(folder, name), *owner, follow_symlinks=False)
 
 
-def _ensure_store_dirs(layout: SnapshotLayout, user: str, server: str) -> Path:
+def _ensure_store_dirs(
+    layout: SnapshotLayout, user: str, server: str, owner: tuple[int, int] = SESSION_OWNER
+) -> Path:
     root = layout.snapshot_root
     hub_dir = root / safe_name(layout.hub)
     # Passable, not listable (0711), as above the homes: a session that reads its
@@ -139,9 +166,9 @@ def _ensure_store_dirs(layout: SnapshotLayout, user: str, server: str) -> Path:
         if not made.is_dir():
             made.mkdir(parents=True, exist_ok=True)
             os.chmod(made, 0o711)
-    _owned_dir(layout.user_dir(user))
+    _owned_dir(layout.user_dir(user), owner=owner)
     server_dir = layout.server_dir(user, server)
-    _owned_dir(server_dir)
+    _owned_dir(server_dir, owner=owner)
     return server_dir
 
 
@@ -159,12 +186,18 @@ def _open_dir_nofollow(base: Path, relative: str) -> int:
     return fd
 
 
-def _copy_tree_fd(source_fd: int, dest: Path, skipped: list[str], prefix: str = "") -> int:
+def _copy_tree_fd(
+    source_fd: int,
+    dest: Path,
+    skipped: list[str],
+    prefix: str = "",
+    owner: tuple[int, int] = SESSION_OWNER,
+) -> int:
     """Copy the directory open at ``source_fd`` into ``dest`` (new); bytes copied.
 
     Regular files and directories only, opened without following links; anything
     else (links, sockets, devices) is named in ``skipped``."""
-    _owned_dir(dest)
+    _owned_dir(dest, owner=owner)
     total = 0
     for entry in os.scandir(source_fd):
         name = entry.name
@@ -172,7 +205,7 @@ def _copy_tree_fd(source_fd: int, dest: Path, skipped: list[str], prefix: str = 
         if stat.S_ISDIR(info.st_mode):
             child = os.open(name, _DIR_FLAGS, dir_fd=source_fd)
             try:
-                total += _copy_tree_fd(child, dest / name, skipped, f"{prefix}{name}/")
+                total += _copy_tree_fd(child, dest / name, skipped, f"{prefix}{name}/", owner)
             finally:
                 os.close(child)
         elif stat.S_ISREG(info.st_mode):
@@ -186,17 +219,19 @@ def _copy_tree_fd(source_fd: int, dest: Path, skipped: list[str], prefix: str = 
             finally:
                 os.close(fd)
                 os.close(out)
-            os.chown(target, SESSION_UID, SESSION_GID)
+            os.chown(target, *owner)
         else:
             skipped.append(prefix + name)
     return total
 
 
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+def _write_json(
+    path: Path, data: Mapping[str, Any], owner: tuple[int, int] = SESSION_OWNER
+) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchown(fd, *owner)  # the owner's before a byte is written
     with os.fdopen(fd, "w") as out:
         json.dump(data, out, indent=1, sort_keys=True, default=str)
-    os.chown(path, SESSION_UID, SESSION_GID)
 
 
 def describe_os_error(error: OSError, where: str) -> str:
@@ -226,21 +261,23 @@ def capture(
     home: Path | None,
     state_relative: str,
     archive: bytes | None = None,
+    owner: tuple[int, int] = SESSION_OWNER,
 ) -> Captured:
     """Copy the session's kernel state into the snapshot store as snapshot ``key``.
 
     From the shared home (``home``) when there is one, else from ``archive`` (a tar
     of the state directory fetched from the session). SnapshotError says why it
-    failed; nothing is left behind then."""
+    failed; nothing is left behind then. Every folder and file belongs to ``owner`` from
+    its making (the session user, or the researcher's own account on Slurm)."""
     final = layout.snapshot_dir(user, server, key)
     try:
-        server_dir = _ensure_store_dirs(layout, user, server)
+        server_dir = _ensure_store_dirs(layout, user, server, owner)
     except OSError as error:
         raise SnapshotError(describe_os_error(error, "snapshot store")) from None
     partial = server_dir / f".{key}.partial"
     skipped: list[str] = []
     try:
-        _owned_dir(partial)
+        _owned_dir(partial, owner=owner)
         kernels = partial / "kernels"
         total = 0
         if home is not None:
@@ -254,11 +291,11 @@ def capture(
                 raise
             if fd >= 0:
                 try:
-                    total = _copy_tree_fd(fd, kernels, skipped)
+                    total = _copy_tree_fd(fd, kernels, skipped, owner=owner)
                 finally:
                     os.close(fd)
         elif archive is not None:
-            total = _extract(archive, kernels, skipped)
+            total = _extract(archive, kernels, skipped, owner)
         manifests = _read_manifests(kernels)
         os.rename(partial, final)
     except SnapshotError:
@@ -270,13 +307,15 @@ def capture(
     return Captured(final, total, manifests, skipped)
 
 
-def _extract(archive: bytes, dest: Path, skipped: list[str]) -> int:
+def _extract(
+    archive: bytes, dest: Path, skipped: list[str], owner: tuple[int, int] = SESSION_OWNER
+) -> int:
     """Unpack a tar of the state directory (as Docker's archive API gives it: one top
     directory) into ``dest``; regular files and directories only."""
     import io
     import tarfile
 
-    _owned_dir(dest)
+    _owned_dir(dest, owner=owner)
     total = 0
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         for member in tar.getmembers():
@@ -285,15 +324,15 @@ def _extract(archive: bytes, dest: Path, skipped: list[str]) -> int:
                 continue
             target = dest.joinpath(*parts)
             if member.isdir():
-                _owned_dir(target)
+                _owned_dir(target, owner=owner)
             elif member.isfile():
-                _owned_dir(target.parent)
+                _owned_dir(target.parent, owner=owner)
                 source = tar.extractfile(member)
                 assert source is not None
                 fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                os.fchown(fd, *owner)
                 with os.fdopen(fd, "wb") as out:
                     shutil.copyfileobj(source, out, _COPY_CHUNK)
-                os.chown(target, SESSION_UID, SESSION_GID)
                 total += member.size
             else:
                 skipped.append("/".join(parts))
@@ -318,9 +357,11 @@ def _read_manifests(kernels: Path) -> list[dict[str, Any]]:
     return found
 
 
-def write_report(path: Path, report: Mapping[str, Any]) -> None:
+def write_report(
+    path: Path, report: Mapping[str, Any], owner: tuple[int, int] = SESSION_OWNER
+) -> None:
     """``report.json`` of a captured snapshot (0600, the user's)."""
-    _write_json(path / "report.json", report)
+    _write_json(path / "report.json", report, owner)
 
 
 RESTORE_NOTICE = "restore-notice.json"
@@ -328,12 +369,14 @@ RESTORE_NOTICE = "restore-notice.json"
 what the snapshot brings back, for the notice in the session's JupyterLab."""
 
 
-def write_restore_notice(path: Path, report: Mapping[str, Any]) -> None:
+def write_restore_notice(
+    path: Path, report: Mapping[str, Any], owner: tuple[int, int] = SESSION_OWNER
+) -> None:
     """``kernels/restore-notice.json`` of a captured snapshot: its key and time, each
     notebook's variables, what was not kept, and the edits saved at the preemption."""
     kernels = path / "kernels"
     try:
-        _owned_dir(kernels)
+        _owned_dir(kernels, owner=owner)
     except OSError as error:
         raise SnapshotError(describe_os_error(error, "snapshot store")) from None
     notebooks = dict(report.get("notebooks") or {})
@@ -351,6 +394,7 @@ def write_restore_notice(path: Path, report: Mapping[str, Any]) -> None:
             "edits_saved": list(notebooks.get("edits_saved") or []),
             "files": report.get("files"),
         },
+        owner,
     )
 
 

@@ -29,6 +29,7 @@ from slurm_fixtures import (
     foreign_job,
     granted,
     job_of,
+    snapshots,
     start,
     store_of,
 )
@@ -288,3 +289,46 @@ def test_jobs_are_submitted_and_cancelled_through_sudo_as_each_researcher(slurm_
         assert other.returncode != 0, other
     finally:
         dropin.unlink(missing_ok=True)
+
+
+def test_the_accounts_own_home_and_its_snapshots_are_its_own_from_their_making(slurm_hub, slurm):
+    homes = Path(f"{slurm.root}-homes")  # as /home: each account's home below it
+    shutil.rmtree(homes, ignore_errors=True)
+    homes.mkdir()
+    os.chmod(homes, 0o755)
+    hub = slurm_hub(slurm_home=f"{homes}/{{account}}")
+    start(hub, "gus")  # guests have no share: unallocated, on bhs1
+    start(hub, "cy", TWO)  # bhs2
+    gus = pwd.getpwnam(ACCOUNTS["gus"])
+    home = homes / gus.pw_name
+    assert f"WorkDir={home}" in slurm.job_detail(job_of(slurm, "gus")["id"])
+    info = os.stat(home)
+    assert (info.st_uid, info.st_mode & 0o777) == (gus.pw_uid, 0o700)
+    server = Server(hub, "gus")
+    server.put_notebook("analysis.ipynb")
+    kernel = server.open("analysis.ipynb")
+    try:
+        asked = "import os\nn = 42\nseen = (os.environ['HOME'], os.getuid())"
+        assert kernel.run(asked).error is None
+        assert kernel.value("seen") == [str(home), gus.pw_uid]
+    finally:
+        kernel.close()
+
+    start(hub, "ann")  # funded: it needs gus's GPU, and gus's session is snapshotted
+    wait_for(lambda: snapshots(hub, "gus"), 60, "gus's snapshot")
+    [snapshot] = snapshots(hub, "gus")
+    assert "gus" not in granted(hub)  # no start of gus's since: nothing given away later
+    [folder] = [p for p in Path(f"{slurm.root}-shared").rglob(snapshot.key) if p.is_dir()]
+    made = [folder, folder.parent, folder.parent.parent]  # the snapshot, its server, gus's
+    for top, dirs, files in os.walk(folder):
+        made += [Path(top, name) for name in (*dirs, *files)]
+    assert any(p.name == "report.json" for p in made) and any("kernels" in p.parts for p in made)
+    for path in made:
+        info = os.lstat(path)
+        mode = info.st_mode & 0o777
+        assert info.st_uid == gus.pw_uid, (path, info.st_uid)  # gus's, not uid 1000's
+        assert mode & 0o077 == 0, (path, oct(mode))  # its owner and the Hub only
+    other = subprocess.run(
+        ["runuser", "-u", ACCOUNTS["cy"], "--", "ls", str(folder)], capture_output=True
+    )
+    assert other.returncode != 0  # another researcher cannot read it

@@ -13,7 +13,14 @@ import pytest
 from test_slurm_parsing import spec, whole
 
 from spawner.runtime.dockernodes import EngineConfig
-from spawner.runtime.slurm import SlurmGpu, SlurmPartition, SlurmRuntime, SlurmSettings
+from spawner.runtime.slurm import (
+    SlurmConfigError,
+    SlurmGpu,
+    SlurmPartition,
+    SlurmRuntime,
+    SlurmSettings,
+    parse_home,
+)
 from spawner.runtime.slurmusers import (
     SESSION_GID,
     SESSION_UID,
@@ -23,6 +30,14 @@ from spawner.runtime.slurmusers import (
     give,
     lookup,
     submit_prefix,
+)
+from spawner.runtime.snapshots import (
+    SnapshotLayout,
+    capture,
+    ensure_home,
+    session_home,
+    session_owner,
+    write_report,
 )
 
 NOBODY = pwd.getpwnam("nobody")
@@ -98,3 +113,42 @@ def test_the_home_and_the_snapshot_to_restore_become_the_accounts(tmp_path: Path
     for path in (home, snapshot, snapshot.parent, hub_dir / "ann"):
         assert os.stat(path).st_mode & 0o777 == 0o700, path
     assert os.stat(hub_dir).st_uid == 0 and os.stat(hub_dir).st_mode & 0o777 == 0o711
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root gives files away")
+def test_slurm_home_is_the_accounts_home_and_its_files_are_the_accounts(tmp_path: Path):
+    settings = SlurmSettings(users={"ann": "nobody"}, home=f"{tmp_path}/{{account}}")
+    partition = SlurmPartition("gpu", settings, "hub")
+    runtime = SlurmRuntime(EngineConfig(node="n1"), partition, {})
+    assert runtime.home_of("ann") == tmp_path / "nobody"
+    assert runtime.owner_of("ann") == (NOBODY.pw_uid, NOBODY.pw_gid)
+    other = SlurmRuntime(EngineConfig(node="n1"), SlurmPartition("gpu", SlurmSettings(), "h"), {})
+    assert other.home_of("ann") is None and other.owner_of("ann") is None  # the layout's
+    layout = SnapshotLayout("hub", tmp_path / "homes", tmp_path / "snapshots")
+    home = session_home(runtime, layout, "ann")
+    assert home == tmp_path / "nobody"
+    ensure_home(home, session_owner(runtime, "ann"))
+    assert os.stat(home).st_uid == NOBODY.pw_uid and os.stat(home).st_mode & 0o777 == 0o700
+    captured = capture(
+        layout,
+        "ann",
+        "",
+        "20261207T010000-0a0b0c0d",
+        home=home,
+        state_relative="x",
+        owner=session_owner(runtime, "ann"),
+    )
+    write_report(captured.path, {"key": "k"}, session_owner(runtime, "ann"))
+    for path in (captured.path, captured.path / "report.json", layout.user_dir("ann")):
+        assert os.stat(path).st_uid == NOBODY.pw_uid and os.stat(path).st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [("home/{account}", "absolute"), ("/home/{name}", "only"), ("/x/../{user}", "absolute")],
+)
+def test_a_bad_slurm_home_names_the_field(template: str, why: str):
+    with pytest.raises(SlurmConfigError) as raised:
+        parse_home(template)
+    assert raised.value.key == "slurm_home" and why in raised.value.reason
+    assert parse_home("/home/{account}") == "/home/{account}" and parse_home("") == ""
