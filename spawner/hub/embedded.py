@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tornado.httpclient import HTTPClientError
+from traitlets import Unicode
 
 from scheduler_core.model import Allocation, Health, Node, Pool, Request, Team
 from scheduler_core.scenario import why_unplaceable
@@ -92,6 +93,13 @@ class Waiter:
 
 class BudgetScheduler(StartHookConfig, SchedulerConfig):
     """The budget scheduler embedded in the Hub (one per Hub process)."""
+
+    replay_reports = Unicode(
+        "",
+        help="""Directory of `budgethub replay --json` reports (and their plots); the budget
+        service's admin page links to the newest and applies its what-ifs' settings.
+        Empty: ``replay/`` beside a SQLite store (none for PostgreSQL).""",
+    ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

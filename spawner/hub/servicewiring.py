@@ -20,6 +20,7 @@ from jupyterhub.spawner import Spawner
 from traitlets.config import Config
 
 from spawner.hub.embedded import BudgetScheduler
+from spawner.readmodel.service.replays import REPORTS_ENV, default_directory
 
 NAME = "budget"
 READ = "custom:budget:read"
@@ -47,6 +48,13 @@ def store_url(_spawner: Spawner | None = None) -> str:
     return str(BudgetScheduler.instance(config=JupyterHub.instance().config).store_url)
 
 
+def replay_reports(_spawner: Spawner | None = None) -> str:
+    """Where replay reports are kept (`BudgetScheduler.replay_reports`, else ``replay/``
+    beside a SQLite store), for the admin page's link (called at service start)."""
+    scheduler = BudgetScheduler.instance(config=JupyterHub.instance().config)
+    return str(scheduler.replay_reports) or default_directory(str(scheduler.store_url))
+
+
 def configure_budget_service(c: Config) -> None:
     services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
     if not any(s.get("name") == NAME for s in services):
@@ -55,7 +63,7 @@ def configure_budget_service(c: Config) -> None:
                 "name": NAME,
                 "url": f"http://127.0.0.1:{_free_port()}",
                 "command": [sys.executable, "-m", "spawner.readmodel.service"],
-                "environment": {"BUDGETHUB_STORE_URL": store_url},
+                "environment": {"BUDGETHUB_STORE_URL": store_url, REPORTS_ENV: replay_reports},
                 "oauth_client_allowed_scopes": [READ, ADMIN],
                 "oauth_no_confirm": True,
             }

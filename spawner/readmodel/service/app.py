@@ -28,7 +28,7 @@ from tornado.web import Application, HTTPError, RedirectHandler, RequestHandler
 from scheduler_core.verdict import NO_SHARE
 from spawner import admin as checks
 from spawner.profiles import rounded_duration
-from spawner.readmodel.service import charts, openapi, views
+from spawner.readmodel.service import charts, openapi, replays, views
 from spawner.readmodel.service.metrics import registry
 from spawner.readmodel.service.views import Viewer
 from spawner.readmodel.status import amount, not_funded_words, number, percent, plural
@@ -357,6 +357,7 @@ class AdminPage(Base):
             error=error,
             form=form or {},
             done=self.get_argument("done", ""),
+            replay=await _off_loop(lambda: replays.newest(self.settings["reports"])),
             title="Admin",
         )
 
@@ -391,6 +392,20 @@ class AdminPage(Base):
             await self.show(error, form)
             return
         self.redirect(f"{self.prefix}admin?done={quote(action)}", status=303)
+
+
+class ReplayFile(Base):
+    """A replay report of the reports' directory (its JSON, or its plot), by name."""
+
+    needs_admin = True
+
+    def get(self, name: str) -> None:
+        path = replays.report_file(self.settings["reports"], name)
+        if path is None:
+            raise HTTPError(404, f"no replay report {name!r}")
+        kind = "image/png" if path.suffix == ".png" else "application/json"
+        self.set_header("Content-Type", kind)
+        self.finish(path.read_bytes())
 
 
 def _number_or_text(raw: str) -> float | str:
@@ -617,6 +632,7 @@ def make_app(
     hub_api_url: str = "",
     api_token: str = "",
     cookie_secret: bytes | None = None,
+    reports: str = "",
 ) -> Application:
     if not prefix.endswith("/"):
         prefix += "/"
@@ -633,6 +649,7 @@ def make_app(
         (prefix + "queue", QueuePage),
         (prefix + "nodes", NodesPage),
         (prefix + "admin", AdminPage),
+        (prefix + r"admin/replay/([^/]+)", ReplayFile),
         (prefix + "oauth_callback", Callback),
         (prefix + "metrics", Metrics),
         (prefix + "api/v1/openapi.json", OpenApi),
@@ -656,5 +673,6 @@ def make_app(
         hub_api_url=hub_api_url,
         api_token=api_token,
         cookie_secret=cookie_secret,
+        reports=reports,
         xsrf_cookies=True,
     )

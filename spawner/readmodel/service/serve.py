@@ -2,7 +2,8 @@
 
 Reads JupyterHub's service environment (``JUPYTERHUB_SERVICE_URL``,
 ``JUPYTERHUB_SERVICE_PREFIX``, ``JUPYTERHUB_API_URL``, ``JUPYTERHUB_API_TOKEN``) and
-``BUDGETHUB_STORE_URL``, the scheduler's store. The Hub's scheduler owns the
+``BUDGETHUB_STORE_URL``, the scheduler's store (and ``BUDGETHUB_REPLAY_REPORTS``, where
+replay reports are kept: `replays`). The Hub's scheduler owns the
 store's migrations; until they ran, routes answer 503.
 
 The service ends with the Hub: on SIGTERM or SIGINT, and also when the Hub that
@@ -25,6 +26,7 @@ from tornado.httpserver import HTTPServer
 from scheduler_core.store import Store
 from spawner.logfilters import redact_log_handlers
 from spawner.readmodel.service.app import make_app
+from spawner.readmodel.service.replays import directory_from_env
 from spawner.readmodel.storeview import StoreModel
 
 
@@ -56,6 +58,7 @@ async def serve(listening: socket.socket, hub: int) -> None:
         hub_api_url=os.environ.get("JUPYTERHUB_API_URL", ""),
         api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""),
         cookie_secret=secrets.token_bytes(32),
+        reports=directory_from_env(),
     )
     server = HTTPServer(app, xheaders=True)
     listening.setblocking(False)
