@@ -44,6 +44,7 @@ BASE = 1_790_000_000.0
 FIGURES = (
     "replay.read_s",
     "replay.month_s",
+    "replay.history_simulated_s",
     "replay.month_order_agreement",
     "replay.order_agreement",
     "replay.wait_error_p50_s",
