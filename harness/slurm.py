@@ -87,6 +87,9 @@ class SlurmNode:
     netns: str = ""
     veth: str = ""
     slurmd: subprocess.Popen[bytes] | None = None
+    mig: tuple[str, ...] = ()
+    """MIG instances beside the whole GPUs, by type (``1g.10gb``), as AutoDetect=nvml
+    declares a GPU in MIG mode: each a GRES ``gpu`` of that type with a device of its own."""
 
 
 @dataclass
@@ -319,6 +322,8 @@ class SlurmCluster:
             found = f"gpu:{self.gpu_model}:{node.gpus}"
         else:
             found = ",".join(f"gpu:g{g}:1" for g in range(node.gpus))
+        for kind in dict.fromkeys(node.mig):
+            found += f",gpu:{kind}:{node.mig.count(kind)}"
         if self.shards:
             found += f",shard:{self.gpu_model or 'g'}:{self.shards * node.gpus}"
         return found
@@ -341,6 +346,11 @@ class SlurmCluster:
                     f"NodeName={node.name} Name=shard Type={self.gpu_model or 'g'} "
                     f"Count={self.shards} File={device}"
                 )
+        for m, kind in enumerate(node.mig):  # as nvidia-caps devices stand for instances
+            device = dev / f"nvidia-cap{m + 1}"
+            if not device.exists():
+                os.mknod(device, 0o666 | 0o020000, os.makedev(237, m + 1))
+            found.append(f"NodeName={node.name} Name=gpu Type={kind} File={device}")
         return found
 
     @property

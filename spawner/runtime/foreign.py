@@ -88,15 +88,19 @@ def stand_in(
     sessions hold there (a GPU Slurm gives to both is this Hub's conflict to find, not
     capacity to count twice); None when it holds nothing."""
     by_index = {gpu.index: gpu for gpu in node.whole_gpus}
+    migs = mig_slices_of(node.gpus)
     if held.reserved:  # Slurm keeps the node for its reservation: all of it is taken
         held = _Held(
-            int(node.cpus), int(node.memory_gib * 1024), frozenset(by_index), (held.reserved,)
+            int(node.cpus),
+            int(node.memory_gib * 1024),
+            frozenset(by_index) | frozenset(migs),
+            (held.reserved,),
         )
     slices = tuple(
         Slice(by_index[i].uuid, SliceKind.WHOLE)
         for i in sorted(held.gpus)
         if i in by_index and by_index[i].uuid not in own_gpus
-    )
+    ) + tuple(migs[i] for i in sorted(held.gpus) if i in migs and migs[i].device_id not in own_gpus)
     cpus = max(0.0, min(float(held.cpus), node.cpus - own_cpus))
     memory = max(0.0, min(held.memory_mib / 1024, node.memory_gib - own_memory_gib))
     if not slices and cpus <= 0 and memory <= 0:
@@ -228,14 +232,14 @@ class ForeignHolds:
             allocation = self.core.running.get(request_id)
             if allocation is None or is_foreign(request_id):
                 continue
-            new = rebound(allocation, name, use, by_index)
+            new = rebound(allocation, name, use, by_index, node.gpus)
             if new is not None:
                 moved.append((allocation, new))
         if not moved:
             return
         leaving = {a.id for a, _ in moved}
         taken = {
-            s.gpu_uuid
+            s.device_id
             for a in self.core.running.values()
             if a.id not in leaving
             for g in a.grants
@@ -243,11 +247,11 @@ class ForeignHolds:
             for s in g.slices
         }
         clash = [
-            s.gpu_uuid
+            s.device_id
             for _, new in moved
             for g in new.grants
             for s in g.slices
-            if s.gpu_uuid in taken
+            if s.device_id in taken
         ]
         if clash:  # the core holds them for another session: Slurm's word is not taken
             self.log.warning(
@@ -269,7 +273,7 @@ class ForeignHolds:
                 "budgethub: %s holds the GPUs Slurm bound on %s: %s",
                 new.id,
                 name,
-                ", ".join(s.gpu_uuid for g in new.grants for s in g.slices),
+                ", ".join(s.device_id for g in new.grants for s in g.slices),
             )
         if self.store is not None:
             try:
@@ -286,7 +290,7 @@ class ForeignHolds:
                 continue
             for grant in allocation.grants:
                 if grant.node == node.name:
-                    own_gpus.update(s.gpu_uuid for s in grant.slices)
+                    own_gpus.update(s.device_id for s in grant.slices)
                     own_cpus += math.ceil(grant.cpus)  # Slurm gives whole CPUs
                     own_memory += grant.memory_gib
         self._serial += 1
@@ -324,6 +328,7 @@ class ForeignUsage:
                 continue
             kind = self.core.pools[node.pool].kind
             indices = {gpu.index for gpu in node.whole_gpus}
+            migs = mig_slices_of(node.gpus)
             for job, account, use in getattr(what, "charges", ()):
                 if (job, use.node) in counted:
                     continue
@@ -339,8 +344,9 @@ class ForeignUsage:
                             job,
                         )
                     continue
-                if kind is PoolKind.GPU:
+                if kind is PoolKind.GPU:  # a MIG instance: its share of a GPU
                     rate = float(len((set(use.gpus) | set(use.shards)) & indices))
+                    rate += sum(migs[i].weight for i in set(use.gpus) if i in migs)
                 else:
                     rate = float(use.cpus)
                 if rate <= 0:
@@ -450,7 +456,11 @@ def _with_unbooked(held: HeldLike, running: Mapping[str, Allocation], node: str)
 
 
 def rebound(
-    allocation: Allocation, node: str, use: Any, by_index: Mapping[int, Any]
+    allocation: Allocation,
+    node: str,
+    use: Any,
+    by_index: Mapping[int, Any],
+    node_gpus: Sequence[Any] = (),
 ) -> Allocation | None:
     """``allocation`` with its GPUs on ``node`` those Slurm bound to its job (``use``:
     whole GPUs and the GPU of its shards, by index), or None when they are the same
@@ -458,14 +468,55 @@ def rebound(
     for i, grant in enumerate(allocation.grants):
         if grant.node != node:
             continue
-        slices = _moved(grant.slices, SliceKind.WHOLE, use.gpus, by_index)
+        whole = [i for i in use.gpus if i in by_index]  # not a MIG instance's index
+        slices = _moved(grant.slices, SliceKind.WHOLE, whole, by_index)
         slices = _moved(slices, SliceKind.FRACTION, getattr(use, "shards", ()), by_index)
-        if slices == grant.slices or len({s.gpu_uuid for s in slices}) != len(slices):
+        slices = _moved_mig(slices, use.gpus, mig_slices_of(node_gpus))
+        if slices == grant.slices or len({s.device_id for s in slices}) != len(slices):
             return None  # unchanged, or one GPU twice (a fraction beside a whole GPU)
         grants = list(allocation.grants)
         grants[i] = replace(grant, slices=slices)
         return replace(allocation, grants=tuple(grants))
     return None
+
+
+def mig_slices_of(gpus: Sequence[Any]) -> dict[int, Slice]:
+    """Per Slurm index, the MIG instance of a Slurm node's GPUs as a slice (its uuid ends
+    in the index: `spawner.runtime.slurm.node_gpus`)."""
+    found: dict[int, Slice] = {}
+    for gpu in gpus:
+        for instance in gpu.mig:
+            index = instance.uuid.rsplit(":", 1)[-1]
+            if index.isdigit():
+                found[int(index)] = Slice(
+                    gpu.uuid,
+                    SliceKind.MIG,
+                    mig_uuid=instance.uuid,
+                    mig_profile=instance.profile,
+                )
+    return found
+
+
+def _moved_mig(
+    slices: tuple[Slice, ...], bound: Sequence[int], migs: Mapping[int, Slice]
+) -> tuple[Slice, ...]:
+    """``slices`` with their MIG instances those Slurm bound (``bound``: indices), an
+    instance of the same profile for each one booked (as they are where that cannot be)."""
+    mine = [s for s in slices if s.kind is SliceKind.MIG]
+    found = [migs[i] for i in sorted(bound) if i in migs]
+    if not mine or len(found) != len(mine):
+        return slices
+    left = [f for f in found if f.mig_uuid not in {s.mig_uuid for s in mine}]
+    moved: dict[int, Slice] = {}
+    for s in mine:
+        if any(f.mig_uuid == s.mig_uuid for f in found):
+            continue
+        match = next((f for f in left if f.mig_profile == s.mig_profile), None)
+        if match is None:
+            return slices
+        left.remove(match)
+        moved[id(s)] = match
+    return tuple(moved.get(id(s), s) for s in slices)
 
 
 def _moved(
@@ -501,7 +552,7 @@ def _same(old: Allocation | None, new: Allocation | None) -> bool:
 
 def describe(allocation: Allocation) -> str:
     grant = allocation.grants[0]
-    gpus = ", ".join(s.gpu_uuid.rsplit(":", 1)[-1] for s in grant.slices) or "none"
+    gpus = ", ".join(s.device_id.rsplit(":", 1)[-1] for s in grant.slices) or "none"
     jobs = allocation.request.labels.get("org.budgethub.jobs", "")
     return f"GPUs {gpus}, {grant.cpus:g} CPUs, {grant.memory_gib:.3g} GiB" + (
         f" (jobs {jobs})" if jobs else ""

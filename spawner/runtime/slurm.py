@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scheduler_core.model import Gpu, Node, PoolKind
+from scheduler_core.model import MIG_SLICES, Gpu, MigInstance, Node, PoolKind, mig_weight
 from spawner.runtime.dockernodes import EngineConfig
 from spawner.runtime.interface import Answer, SessionState
 from spawner.runtime.slurmheld import Held, JobDetails, hostnames
@@ -893,29 +893,77 @@ def max_time(config: PartitionConfig, record: Mapping[str, str], cap: float) -> 
     return found
 
 
+MIG_TYPE = re.compile(r"(?:^|[_-])(\d+g\.\d+gb)$")
+"""A GPU GRES type that is a MIG instance: ``1g.10gb``, or with its model before it
+(``a100_1g.10gb``, ``nvidia_a100_3g.20gb``), as AutoDetect=nvml names them."""
+
+
+def mig_profile(kind: str) -> str | None:
+    """The MIG profile of a GPU GRES type (``a100_3g.20gb`` → ``3g.20gb``); None when the
+    type is no MIG instance."""
+    match = MIG_TYPE.search(kind)
+    if match is None:
+        return None
+    try:
+        mig_weight(match.group(1))
+    except ValueError:
+        return None
+    return match.group(1)
+
+
 def node_gpus(
     name: str, entries: Sequence[GresEntry], gres: Sequence[GresEntry]
 ) -> tuple[list[Gpu], dict[str, SlurmGpu]]:
-    """A node's GPUs (``entries``: its GPU GRES) and how each is asked of Slurm; its
-    ``shard`` GRES, if any, split evenly over them."""
+    """A node's GPUs (``entries``: its GPU GRES, in Slurm's order) and how each is asked
+    of Slurm; its ``shard`` GRES, if any, split evenly over the whole GPUs.
+
+    Slurm numbers a node's GPU GRES in the order its ``Gres=`` lists them (``IDX``), MIG
+    instances included, and every GPU's or instance's uuid ends in that number. MIG
+    instances (types such as ``1g.10gb``) become budgethub's MIG slices, on GPUs of
+    seven compute slices filled in order: Slurm does not say which GPU an instance is
+    on, and budgethub needs only which instances there are and which are taken."""
     gpus: list[Gpu] = []
     binding: dict[str, SlurmGpu] = {}
     shard_entries = [e for e in gres if e.name == "shard"]
-    shards = sum(e.count for e in shard_entries) // max(1, sum(e.count for e in entries))
+    whole = sum(e.count for e in entries if mig_profile(e.type) is None)
+    shards = sum(e.count for e in shard_entries) // max(1, whole)
     kind = shard_entries[0].type if shard_entries else ""
+    instances: list[tuple[int, str, GresEntry]] = []
+    index = 0
     for entry in entries:
+        profile = mig_profile(entry.type)
         for _ in range(entry.count):
-            uuid = f"slurm:{name}:{len(gpus)}"
-            index = len(gpus)
-            gpus.append(Gpu(uuid=uuid, index=index, model=entry.type or "GPU"))
-            binding[uuid] = SlurmGpu(
-                gres=entry.spec if entry.count == 1 else None,
-                typed=f"{entry.name}:{entry.type}:1" if entry.type else f"{entry.name}:1",
-                index=index,
-                shards=shards,
-                shard=f"shard:{kind}" if kind else "shard",
+            uuid = f"slurm:{name}:{index}"
+            typed = f"{entry.name}:{entry.type}:1" if entry.type else f"{entry.name}:1"
+            if profile is not None:
+                instances.append((index, profile, entry))
+                binding[uuid] = SlurmGpu(gres=None, typed=typed, index=index)
+            else:
+                gpus.append(Gpu(uuid=uuid, index=index, model=entry.type or "GPU"))
+                binding[uuid] = SlurmGpu(
+                    gres=entry.spec if entry.count == 1 else None,
+                    typed=typed,
+                    index=index,
+                    shards=shards,
+                    shard=f"shard:{kind}" if kind else "shard",
+                )
+            index += 1
+    groups: list[list[tuple[int, str, GresEntry]]] = []
+    for instance in instances:
+        used = sum(round(mig_weight(p) * MIG_SLICES) for _, p, _ in groups[-1]) if groups else 0
+        if not groups or used + round(mig_weight(instance[1]) * MIG_SLICES) > MIG_SLICES:
+            groups.append([])
+        groups[-1].append(instance)
+    for k, group in enumerate(groups):
+        gpus.append(
+            Gpu(
+                uuid=f"slurm:{name}:mig{k}",
+                index=group[0][0],
+                model="MIG",
+                mig=tuple(MigInstance(f"slurm:{name}:{i}", profile) for i, profile, _ in group),
             )
-    return gpus, binding
+        )
+    return sorted(gpus, key=lambda gpu: gpu.index), binding
 
 
 @dataclass

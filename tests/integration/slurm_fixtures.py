@@ -63,9 +63,10 @@ def session_user() -> None:
             )
 
 
-def cluster_up(**options: Any) -> Iterator[SlurmCluster]:
-    """A two-node cluster (bhs1: one GPU, bhs2: two) for a test module; ``options`` are
-    `SlurmCluster`'s (``gpu_model``, ``shards``, ``extra`` slurm.conf lines)."""
+def cluster_up(nodes: list[SlurmNode] | None = None, **options: Any) -> Iterator[SlurmCluster]:
+    """A two-node cluster (bhs1: one GPU, bhs2: two; or ``nodes``) for a test module;
+    ``options`` are `SlurmCluster`'s (``gpu_model``, ``shards``, ``extra`` slurm.conf
+    lines)."""
     why = slurm_possible()
     if why:
         pytest.fail(f"the Slurm tests need a Slurm cluster here: {why}")
@@ -74,7 +75,8 @@ def cluster_up(**options: Any) -> Iterator[SlurmCluster]:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     root = Path(f"/var/tmp/budgethub-slurm-{worker}")
     shutil.rmtree(root, ignore_errors=True)
-    cluster = SlurmCluster(root, [SlurmNode("bhs1", gpus=1), SlurmNode("bhs2", gpus=2)], **options)
+    nodes = nodes or [SlurmNode("bhs1", gpus=1), SlurmNode("bhs2", gpus=2)]
+    cluster = SlurmCluster(root, nodes, **options)
     try:
         cluster.start()
         yield cluster
@@ -225,6 +227,15 @@ def gres_indices(detail: str) -> list[int]:
 
 def store_of(hub: Hub) -> Store:
     return Store.create(f"sqlite:///{hub.directory}/budgethub.sqlite")
+
+
+def waiting(hub: Hub) -> set[str]:
+    """The users whose requests wait in the Hub's store."""
+    store = store_of(hub)
+    try:
+        return {r.user for r in store.pending_requests()}
+    finally:
+        store.engine.dispose()
 
 
 def snapshots(hub: Hub, user: str, server: str = "") -> list[SnapshotRecord]:

@@ -32,6 +32,7 @@ from slurm_fixtures import (
     snapshots,
     start,
     store_of,
+    waiting,
 )
 
 from harness.hub import hub_kill, queue_events, wait_for
@@ -236,7 +237,7 @@ def test_a_restarted_hubs_first_cycle_counts_other_jobs(slurm_hub, slurm):
     )
     response = hub.spawn("cy", {"profile": "notebook", "gpus": 1})
     assert response.status_code == 202, response.text
-    wait_for(lambda: "cy" in pending(hub), 30, "cy's request in the queue")
+    wait_for(lambda: "cy" in waiting(hub), 30, "cy's request in the queue")
     hub_kill(hub)
     slurm.run("scancel", job_of(slurm, "ann")["id"])  # bhs2 is free while no Hub runs
     wait_for(lambda: len(active_jobs(slurm)) == 1, 60, "ann's job to end")
@@ -246,15 +247,6 @@ def test_a_restarted_hubs_first_cycle_counts_other_jobs(slurm_hub, slurm):
     log = hub.log_tail(3000)
     assert "Slurm kept job" not in log and "launch failed" not in log, log[-3000:]
     slurm.run("scancel", job)
-
-
-def pending(hub) -> set[str]:
-    """The users whose requests wait in the Hub's store."""
-    store = store_of(hub)
-    try:
-        return {r.user for r in store.pending_requests()}
-    finally:
-        store.engine.dispose()
 
 
 def test_jobs_are_submitted_and_cancelled_through_sudo_as_each_researcher(slurm_hub, slurm):

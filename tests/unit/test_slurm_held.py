@@ -9,8 +9,10 @@ import time
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+import pytest
+
 from harness import builders
-from scheduler_core.model import Pool, PoolKind, Request, Team
+from scheduler_core.model import Pool, PoolKind, Request, SliceKind, Team
 from scheduler_core.ranking import PoolRanking
 from scheduler_core.simulator import VirtualClock
 from scheduler_core.store import Store
@@ -18,7 +20,7 @@ from scheduler_core.verdict import HELD_ELSEWHERE, NO_ROOM, NO_VICTIMS
 from spawner.readmodel.elsewhere import OTHER_JOBS
 from spawner.readmodel.status import QueueView
 from spawner.runtime.foreign import FOREIGN_USER, SLURM_USAGE, ForeignHolds, is_foreign
-from spawner.runtime.slurm import comment
+from spawner.runtime.slurm import comment, node_gpus, parse_gres
 from spawner.runtime.slurmheld import (
     Held,
     JobDetails,
@@ -432,3 +434,35 @@ def test_two_pools_over_one_slurm_node_each_see_the_others_sessions():
     core.submit(Request("cy//3", "cy", "t", "long", 0.0, gpus=1, cpus=1, memory_gib=1))
     core.step()
     assert "cy//3" in core.pending  # the other GPU is ann's, through the other pool
+
+
+def test_other_jobs_mig_instances_are_taken_and_a_session_follows_slurms_instance():
+    gres = parse_gres("gpu:fake:1,gpu:1g.10gb:2")
+    gpus, _ = node_gpus("a", gres, gres)
+    node = builders.node("a", pool="gpu", gpus=0, cpus=8, memory_gib=32)
+    node = replace(node, gpus=tuple(gpus))
+    core = builders.scheduler(
+        pools=builders.pools().values(), nodes=[node], teams=builders.teams("t")
+    )
+    readers = {"a": Charging()}
+    holds = ForeignHolds(core, readers, lambda: None, logging.getLogger("t"))
+    use = NodeUse("a", 1, 64, (1,))  # another job holds the 1g.10gb instance of IDX 1
+    readers["a"].held = Held(1, 64, frozenset({1}), ("7 (bob)",), charges=(("7", "t", use),))
+    holds.apply(holds.read(), 0.0)
+    [taken] = holds.current["a"].grants[0].slices
+    assert (taken.kind, taken.mig_uuid) == (SliceKind.MIG, "slurm:a:1")
+    core.submit(Request("ann//1", "ann", "t", "gpu", 0.0, mig="1g.10gb", cpus=1, memory_gib=1))
+    core.step()
+    [mine] = core.running["ann//1"].grants[0].slices
+    assert mine.mig_uuid == "slurm:a:2"  # the one left
+    core.submit(Request("bo//2", "bo", "t", "gpu", 0.0, mig="1g.10gb", cpus=1, memory_gib=1))
+    core.step()
+    assert "bo//2" in core.pending
+    assert holds.usage.open[("t", "gpu")][0] == pytest.approx(1 / 7)  # charged its share
+    readers["a"].held = None  # job 7 ended
+    holds.apply(holds.read(), 1.0)
+    readers["a"].held = Held(own=(("ann//1", NodeUse("a", 1, 64, (1,))),))
+    holds.apply(holds.read(), 2.0)  # Slurm says ann's job has the instance of IDX 1
+    [mine] = core.running["ann//1"].grants[0].slices
+    assert mine.mig_uuid == "slurm:a:1"  # the core books the instance Slurm bound
+    builders.check_no_double_booking(core)

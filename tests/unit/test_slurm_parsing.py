@@ -20,6 +20,7 @@ from spawner.runtime.slurm import (
     comment,
     job_row,
     max_time,
+    mig_profile,
     node_gpus,
     node_health,
     parse_accounts,
@@ -257,3 +258,28 @@ def test_a_session_never_asks_for_more_than_the_partitions_maxtime():
         max_time(config, {"MaxTime": "01:00:00"}, 8 * 3600.0)
     assert error.value.key == "slurm_partitions.gpu.partition"
     assert "below max_min_runtime (0-08:00:00)" in error.value.reason
+
+
+def test_mig_instances_as_autodetect_declares_them_are_budgethubs_mig_slices():
+    assert mig_profile("1g.10gb") == "1g.10gb" and mig_profile("a100_3g.20gb") == "3g.20gb"
+    assert mig_profile("nvidia_h100_80gb_hbm3_1g.10gb") == "1g.10gb"
+    assert mig_profile("a100") is None and mig_profile("9g.90gb") is None  # 7 slices at most
+    gres = parse_gres("gpu:fake:1,gpu:1g.10gb:2,gpu:2g.20gb:1,gpu:3g.40gb:2")
+    gpus, binding = node_gpus("bhs1", gres, gres)
+    whole_gpu, first, second = gpus  # 1+1+2+3 compute slices on one GPU, 3 on another
+    assert (whole_gpu.index, whole_gpu.mig) == (0, ())
+    assert [(m.uuid, m.profile) for m in first.mig] == [
+        ("slurm:bhs1:1", "1g.10gb"),
+        ("slurm:bhs1:2", "1g.10gb"),
+        ("slurm:bhs1:3", "2g.20gb"),
+        ("slurm:bhs1:4", "3g.40gb"),
+    ]
+    assert [m.uuid for m in second.mig] == ["slurm:bhs1:5"]  # Slurm's IDX, in its order
+    assert binding["slurm:bhs1:3"] == SlurmGpu(None, "gpu:2g.20gb:1", 3)
+    settings = SlurmSettings(session_env="/shared/env")
+    node = SlurmRuntime(
+        EngineConfig(node="bhs1", address="10.0.0.2"), SlurmPartition("gpu", settings, "h"), binding
+    )
+    mig = Slice(first.uuid, SliceKind.MIG, mig_uuid="slurm:bhs1:2", mig_profile="1g.10gb")
+    _, options = node.job_script(spec(mig))
+    assert "--gres=gpu:1g.10gb:1" in options  # by type: Slurm picks the instance
