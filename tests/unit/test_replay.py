@@ -119,18 +119,23 @@ def test_the_running_session_and_the_queue_at_the_start_are_taken_in() -> None:
     assert not comparison["causes"]
 
 
-def test_an_admin_share_change_applies_at_its_time_unless_the_what_if_pins_it() -> None:
+def test_an_admin_share_change_applies_at_its_time() -> None:
     teams = (Team("a", {"g": 0.0}), Team("b", {"g": 1.0}))
     first = LiveRequest(request("first", "a", 0), (run(0, 500, FINISHED, funded=False),))
     second = LiveRequest(request("second", "a", 2000), (run(2000, 2500, FINISHED),))
     change = AdminChange(T0 + 1000, shares={("a", "g"): 0.5})
     the_plan = plan(history([first, second], teams=teams, admin=(change,)))
     assert [c.at for c in the_plan.admin] == [1000.0]
-    simulated = simulate(the_plan)
-    assert simulated.records["first"].funded == [False]
-    assert simulated.records["second"].funded == [True]
-    without = plan(history([first, second], teams=teams))
-    assert simulate(without).records["second"].funded == [False]
+    shares: list[tuple[float, float, float]] = []
+
+    def observe(scheduler: Scheduler, decisions: Decisions, now: float) -> None:
+        tree = scheduler.teams.teams
+        shares.append((now, tree["a"].share["g"], tree["b"].share["g"]))
+
+    simulate(the_plan, observer=observe)
+    assert {s[1:] for s in shares if s[0] < 1000} == {(0.0, 1.0)}
+    assert {s[1:] for s in shares if s[0] >= 1000} == {(0.5, 1.0)}
+    assert any(s[0] >= 1000 for s in shares)
 
 
 def test_a_what_if_keeps_its_policy_and_settings_through_a_hub_start_in_the_period() -> None:
