@@ -682,8 +682,10 @@ def compare(
             only_live.append(rid)
         if sim_side["preemptions"] and not live_side["preemptions"]:
             only_sim.append(rid)
-        fresh = live_record.submit >= 0
         started = live_side["start"] is not None and sim_side["start"] is not None
+        # Waits and order count requests that started inside the period on both sides
+        # (not the sessions running at its start).
+        fresh = started and live_side["start"] >= 0 and sim_side["start"] >= 0
         differs = live_side["preemptions"] != sim_side["preemptions"] or (
             (live_side["start"] is None) != (sim_side["start"] is None)
         )

@@ -26,10 +26,7 @@ def plot_waits(path: str, report: Mapping[str, Any]) -> None:
         points = [
             (row["live"]["wait"], row["simulated"]["wait"])
             for row in report["requests"]
-            if row["class"] == klass
-            and row["submit"] >= 0
-            and row["live"]["wait"] is not None
-            and row["simulated"]["wait"] is not None
+            if row["class"] == klass and row["wait_error_s"] is not None
         ]
         if not points:
             continue
