@@ -95,18 +95,23 @@ def measure(seed: int, days: int, gpus: int) -> dict[str, float]:
         finally:
             source.close()
         read_s = time.perf_counter() - started
-    started = time.perf_counter()
+    steps = [time.perf_counter()]
     the_plan = plan(history)
+    steps.append(time.perf_counter())
     again = simulate(the_plan)
+    steps.append(time.perf_counter())
     compared = compare(the_plan, again)["comparison"]
-    replay_s = time.perf_counter() - started
+    steps.append(time.perf_counter())
+    plan_s, simulate_s, compare_s = (b - a for a, b in zip(steps, steps[1:], strict=False))
+    replay_s = steps[-1] - steps[0]
     print(
         f"replay (seed {seed}): {len(scenario.requests)} requests, {gpus} GPUs, {days} days; "
         f"simulated in {simulated_s:.1f} s, written in {write_s:.1f} s ({size_mb:.1f} MB)"
     )
     print(
         f"replay (seed {seed}): read {read_s:.2f} s + replay {replay_s:.2f} s "
-        f"(plan, simulate, compare) = {read_s + replay_s:.2f} s; start order "
+        f"(plan {plan_s:.2f}, simulate {simulate_s:.2f}, compare {compare_s:.2f}) = "
+        f"{read_s + replay_s:.2f} s; start order "
         f"{compared['order_agreement']:.4f} of {compared['order_pairs']:,} pairs, "
         f"|wait error| p90 {compared['wait_abs_error_s']['p90']} s"
     )
