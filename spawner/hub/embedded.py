@@ -124,6 +124,9 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         """(user, server) → the start of its latest session that ended other than by a
         preemption (from the SESSION_ENDED events, read once)."""
         self._waiters: dict[str, Waiter] = {}
+        self._respawning: set[str] = set()
+        """Resumable requests preempted and queued again that no spawner waits for yet:
+        the Hub's stop of their old spawn must not end them (`_preempted`)."""
         self._unclaimed: dict[str, tuple[Allocation, float]] = {}
         self._by_session: dict[tuple[str, str], str] = {}
         self._options: dict[str, dict[str, Any]] = {}
@@ -426,7 +429,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
 
     async def _respawn_through_hub(self, request_id: str) -> None:
         for _attempt in range(20):  # the Hub finishes the stop first
-            if request_id not in self.core.pending or request_id in self._waiters:
+            if request_id in self._waiters or not self._waits_again(request_id):
                 return
             try:
                 await self.hub.spawn_server(request_id, self._options.get(request_id, {}))
@@ -435,6 +438,19 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
             except (HTTPClientError, OSError) as error:
                 self.log.info("budgethub: respawning %s: %s; trying again", request_id, error)
             await asyncio.sleep(1.0)
+        self._respawning.discard(request_id)
+
+    def preempted_again(self, request_id: str) -> bool:
+        """Preempted (resumable) and queued again, with no spawner waiting for it yet: its
+        old spawn's failure or end is the preemption's, not the request's."""
+        return request_id in self._respawning
+
+    def _waits_again(self, request_id: str) -> bool:
+        """Queued, or preempted and already granted again (booked once its own take-down
+        is over) with no spawner waiting for it yet."""
+        return request_id in self.core.pending or (
+            request_id in self._respawning and request_id in self.core.running
+        )
 
     # -- loops ---------------------------------------------------------------------------
 
@@ -513,9 +529,17 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         """A grant that was preempted is no grant any more: a parked one is dropped, and
         a waiting spawner's progress hears of it."""
         self._unclaimed.pop(request_id, None)
+        # Once the cycle is applied: if it waits again (or was granted again at once), the
+        # Hub's stop of its old spawn ends neither the request nor that grant (`cancel`,
+        # `stop_session`); they did, and it never started again (issue 51's live run).
+        asyncio.get_running_loop().call_soon(self._mark_respawning, request_id)
         waiter = self._waiters.get(request_id)
         if waiter is not None:
             waiter.changed.set()
+
+    def _mark_respawning(self, request_id: str) -> None:
+        if request_id in self.core.pending or request_id in self.core.running:
+            self._respawning.add(request_id)
 
     def _expire_unclaimed(self) -> None:
         now = time.time()
@@ -539,7 +563,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         request_id = self._by_session.get((user, server))
         if request_id is None:
             return None
-        if request_id in self.core.pending or request_id in self._unclaimed:
+        if request_id in self._unclaimed or self._waits_again(request_id):
             return request_id
         return None
 
@@ -587,6 +611,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         loop = asyncio.get_running_loop()
         waiter = Waiter(loop.create_future(), asyncio.Event())
         self._waiters[request_id] = waiter
+        self._respawning.discard(request_id)
         parked = self._unclaimed.pop(request_id, None)
         if parked is not None:
             waiter.future.set_result(parked[0])
@@ -596,7 +621,11 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         self._waiters.pop(request_id, None)
 
     def cancel(self, request_id: str, reason: str) -> None:
-        """The user gave up waiting (or the wait ran out): out of the queue, slices freed."""
+        """The user gave up waiting (or the wait ran out): out of the queue, slices freed.
+        Not a preempted request's old spawn ending: that request waits again."""
+        if request_id in self._respawning:
+            self.log.info("budgethub: %s waits again after its preemption", request_id)
+            return
         self._waiters.pop(request_id, None)
         self._unclaimed.pop(request_id, None)
         if self.core.cancel(request_id):
@@ -642,6 +671,7 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
     ) -> None:
         """The session ended: stop charging, free its slices and its port."""
         self._waiters.pop(request_id, None)
+        self._respawning.discard(request_id)
         self.actuator.booking.release(request_id, state, reason)
         self.kick()
 
@@ -698,8 +728,15 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         return await actuator.poll_session(request_id, node, runtime_id, release=self.started)
 
     async def stop_session(self, request_id: str, node: str, runtime_id: str) -> None:
-        """End the session on its runtime (bounded) and free what it held."""
+        """End the session on its runtime (bounded) and free what it held. The old spawn
+        of a request preempted and queued again only loses its runtime session (if one is
+        left): the request, and a grant it may hold again, are the next spawn's."""
         actuator: SessionActuator | None = getattr(self, "actuator", None)
+        if request_id in self._respawning:
+            if actuator is not None:
+                await actuator.stop_session(node, runtime_id)
+            self.log.info("budgethub: %s's old spawn stopped; it waits again", request_id)
+            return
         running = self.core.running.get(request_id) if self.started and request_id else None
         if actuator is not None:
             await actuator.stop_session(node, runtime_id, request_id)

@@ -434,6 +434,8 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
         scheduler = self.scheduler
         if not self.request_id or not scheduler.started or self._withdrawn:
             return  # an administrator's cancel says why itself
+        if scheduler.preempted_again(self.request_id):
+            return  # it did not leave: preempted, it waits again (the preemption's notice)
         status = scheduler.queue_status(self.request_id)
         if status is not None:
             scheduler.notices[(self.user.name, self.name)] = (
@@ -571,6 +573,15 @@ class BudgetSpawner(Spawner):  # type: ignore[misc]
             try:
                 return await self._launch(allocation)
             except LaunchFailed as failure:
+                if scheduler.preempted_again(request_id):
+                    # Stopped for other work while it started: it waits in the queue again
+                    # and the scheduler spawns it anew (this spawn is the Hub's to end).
+                    raise SpawnException(
+                        f"Your session was stopped while it started ({failure.reason}); it "
+                        "waits in the queue again and starts by itself.",
+                        reason="preempted",
+                        status_code=503,
+                    ) from None
                 if failure.final or attempt == scheduler.launch_attempts:
                     scheduler.finish(request_id, state=RequestState.CANCELLED, reason=str(failure))
                     tries = f" (attempt {attempt} of {scheduler.launch_attempts})"
