@@ -42,6 +42,7 @@ from scheduler_core.research.replay import (
 )
 from scheduler_core.scenario import NodeEvent
 from scheduler_core.settings import SETTING_NAMES, SettingError, Settings, settings_from_mapping
+from scheduler_core.store import Store
 from scheduler_core.store.engine import alembic_config, make_engine, migrate
 from scheduler_core.store.mapping import (
     node_from_row,
@@ -63,7 +64,7 @@ from scheduler_core.store.models import (
     TeamRow,
     UsageRow,
 )
-from scheduler_core.store.records import RequestState
+from scheduler_core.store.records import RequestForecast, RequestState
 
 OLDEST = "0003"
 """The oldest schema read as it is: the admin tables (audit log, settings) came with it."""
@@ -240,7 +241,7 @@ def read_history(source: Source, since: float, until: float, window: float) -> H
     nodes = _health_at(since, nodes, events, before[-1] if before else None)
     requests, notes = _requests(engine, since, until, events)
     missing.extend(notes)
-    forecasts = _forecasts(engine, source, since, until)
+    forecasts = _forecasts(engine, since, until)
     if forecasts is None:
         missing.append("requests.forecast_* (each request's forecast at submit, migration 0004)")
     elif forecasts:
@@ -653,24 +654,18 @@ def _latency(launched: Sequence[_Event]) -> float | None:
     return None
 
 
-def _forecasts(engine: Engine, source: Source, since: float, until: float) -> dict[str, Any] | None:
-    """Each request's forecast at submit (`Store.request_forecasts`), or None where the
-    store has no such columns."""
+def _forecasts(engine: Engine, since: float, until: float) -> dict[str, RequestForecast] | None:
+    """Each request's forecast at submit, for requests of the period
+    (`Store.request_forecasts`); None where the store predates them (migration 0004)."""
     with engine.connect() as connection:
         columns = {c["name"] for c in inspect(connection).get_columns("requests")}
     if "forecast_start" not in columns:
         return None
-    from scheduler_core.store import Store
-
-    store = Store(engine)
-    reader = getattr(store, "request_forecasts", None)
-    if reader is None:
-        return None
-    return dict(reader(since=None, until=until))
+    return Store(engine).request_forecasts(since=since, until=until)
 
 
-def _with_forecast(live: LiveRequest, forecast: Any) -> LiveRequest:
-    if forecast is None or getattr(forecast, "time", None) is None:
+def _with_forecast(live: LiveRequest, forecast: RequestForecast | None) -> LiveRequest:
+    if forecast is None:
         return live
     return replace(
         live,

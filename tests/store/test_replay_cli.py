@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, make_url, text
 
 from scheduler_core.research.cli import main
 from scheduler_core.research.generator import SeedLikeOptions, seed_like
+from scheduler_core.research.replay import History, forecast_accuracy, plan
 from scheduler_core.research.replay_store import open_store, read_history
 from scheduler_core.research.replay_write import simulate_recorded, write_run
 from scheduler_core.scenario import Scenario, parse_scenario
@@ -45,6 +46,15 @@ def history_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Scenar
     finally:
         store.close()
     return path, scenario
+
+
+def history_of(path: Path, since: float, until: float) -> History:
+    """The store's history of the period, read as the command reads it."""
+    source = open_store(str(path))
+    try:
+        return read_history(source, since, until, 0.0)
+    finally:
+        source.close()
 
 
 def period(scenario: Scenario) -> list[str]:
@@ -236,11 +246,7 @@ def test_admin_changes_come_from_the_audit_log_at_their_times(tmp_path: Path) ->
                 )
     finally:
         store.close()
-    source = open_store(str(path))
-    try:
-        history = read_history(source, BASE, BASE + scenario.horizon, 0.0)
-    finally:
-        source.close()
+    history = history_of(path, BASE, BASE + scenario.horizon)
     assert history.settings.lookback == 7 * 86400.0
     assert {t.name: t.share.get(pool) for t in history.teams}[team] == 0.05
     changes = [(c.at - BASE, dict(c.settings), dict(c.shares)) for c in history.admin]
@@ -249,3 +255,40 @@ def test_admin_changes_come_from_the_audit_log_at_their_times(tmp_path: Path) ->
         (7200.0, {}, {(team, pool): now_share}),
     ]
     assert any("hub-start events" in line for line in history.missing)
+
+
+def test_the_forecast_kept_at_submit_is_measured_against_what_happened(tmp_path: Path) -> None:
+    scenario = day()
+    path = tmp_path / "store.sqlite"
+    recorded = simulate_recorded(scenario)
+    store = Store.create(f"sqlite:///{path}")
+    try:
+        write_run(store, recorded, BASE)
+        started = [r for r in recorded.run.records.values() if r.starts][:2]
+        said = [
+            (started[0], -60.0, started[0].funded[0]),
+            (started[1], 30.0, not started[1].funded[0]),
+        ]
+        with store.engine.begin() as connection:
+            for record, delta, funded in said:
+                connection.execute(
+                    text(
+                        "UPDATE requests SET forecast_time = :t, forecast_start = :s, "
+                        "forecast_starts_now = 0, forecast_funded = :f WHERE id = :id"
+                    ),
+                    {
+                        "t": BASE + record.submit,
+                        "s": BASE + record.starts[0] + delta,
+                        "f": funded,
+                        "id": record.id,
+                    },
+                )
+    finally:
+        store.close()
+    history = history_of(path, BASE, BASE + scenario.horizon)
+    accuracy = forecast_accuracy(plan(history))
+    assert accuracy is not None
+    # Actual start less the forecast: +60 s for the first, -30 s for the second.
+    assert accuracy["start_error_s"] == {"n": 2, "p50": -30.0, "p90": 60.0}
+    assert accuracy["start_abs_error_s"] == {"n": 2, "p50": 30.0, "p90": 60.0}
+    assert (accuracy["funding_n"], accuracy["funding_agreement"]) == (2, 0.5)
