@@ -114,6 +114,9 @@ def request_spec(request: model.Request) -> dict[str, Any]:
         "priority": request.priority,
         "class": request.klass.value,
         "profile": request.profile,
+        # What a preemption of it costs (the policy's price, and what a replay keeps).
+        "checkpoint_every": request.checkpoint_every,
+        "restart_cost": request.restart_cost,
     }
 
 

@@ -70,6 +70,9 @@ runs with from then on, as `HUB_START` says it."""
 CANCEL = "cancel"
 """The event of a waiting request that left the queue without a session (its user gave
 up, the queue's time ran out, an admin cancelled it): ``request``, ``reason``."""
+GRANTED = "granted"
+"""The event of an admission booked (at the grant's start): ``request``, ``funded`` and
+``devices`` (node → the device ids of its slices)."""
 LAUNCHED = "launched"
 """The event of a granted session that is ready: ``request``, ``node``, ``booked`` (the
 grant's start) and ``latency_s`` (the spawn's own time, from the grant to ready)."""
@@ -518,7 +521,18 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
                 self.log.warning("budgethub: could not report the scheduler's status: %s", error)
 
     def _granted(self, allocation: Allocation) -> None:
-        """The actuator booked an admission: hand it to its spawner (or park it)."""
+        """The actuator booked an admission: hand it to its spawner (or park it). The
+        devices it holds go to the event log (`GRANTED`): the store forgets an ended
+        allocation's slices, and a replay places a session where it really ran."""
+        self.store.append_event(
+            allocation.start,
+            GRANTED,
+            {
+                "request": allocation.id,
+                "funded": allocation.funded,
+                "devices": {g.node: [s.device_id for s in g.slices] for g in allocation.grants},
+            },
+        )
         waiter = self._waiters.get(allocation.id)
         if waiter is not None and not waiter.future.done():
             waiter.future.set_result(allocation)

@@ -79,7 +79,9 @@ class Takedown:
         )
         state = RequestState.REQUEUED if requeue else RequestState.FINISHED
         self.nodes.store.append_event(
-            now, "preempt", {"request": allocation.id, "reason": reason, "message": message}
+            now,
+            "preempt",
+            {"request": allocation.id, "reason": reason, "message": message, "requeued": requeue},
         )
         self.table.notices[split_request_id(allocation.id)] = message
         self.table.live.discard(allocation.id)

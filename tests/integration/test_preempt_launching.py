@@ -60,7 +60,8 @@ def test_work_preempted_and_granted_again_at_once_is_started_again(make_hub):
         [preempted] = [e for e in events if e.kind == "preempt"]
         cancels = [e for e in events if e.kind == "cancel"]
         nodes = {a.id: a.node_names for a in store.active_allocations()}
-    assert preempted.payload["request"] == first and not cancels
+    assert preempted.payload["request"] == first and preempted.payload["requeued"] is True
+    assert not cancels
     running = {c.labels["org.budgethub.request"] for c in containers(hub.hub_name)}
     assert first in running, running  # the same request, started again
     assert nodes[first] == ("gpu-2",), nodes

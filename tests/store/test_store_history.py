@@ -9,14 +9,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
+
+from sqlalchemy import select
 
 from harness import builders
 from scheduler_core import model
 from scheduler_core.model import Health
 from scheduler_core.scheduler import WallClock
 from scheduler_core.store import RequestState
-from spawner.hub.embedded import CANCEL, BudgetScheduler
+from scheduler_core.store.models import RequestRow
+from spawner.hub.embedded import CANCEL, GRANTED, BudgetScheduler
 from spawner.readmodel.status import QueueView
 
 TEAMS = [model.Team("a", {"gpu": 0.25}), model.Team("b", {"gpu": 0.75})]
@@ -87,5 +91,44 @@ def test_the_state_a_replay_starts_from_is_plain_json(tmp_path: Path) -> None:
         assert state["teams"] == {"a": {"gpu": 0.25}, "b": {"gpu": 0.75}}
         assert state["nodes"] == {"n1": "draining"}
         assert (state["running"], state["queued"]) == ([], ["ann/x/1"])
+    finally:
+        hub.store.close()
+
+
+def test_a_request_keeps_what_a_preemption_of_it_costs(tmp_path: Path) -> None:
+    """Its checkpoint interval and restart cost are in the spec the store keeps, so a
+    replay prices its preemption as the policy did."""
+    hub = _hub(tmp_path)
+    try:
+        asked = replace(_ask("ann/x/1", "a"), checkpoint_every=600.0, restart_cost=30.0)
+        hub.store.add_request(asked)
+        with hub.store.engine.connect() as connection:
+            spec = connection.execute(select(RequestRow.spec)).scalar_one()
+        assert (spec["checkpoint_every"], spec["restart_cost"]) == (600.0, 30.0)
+    finally:
+        hub.store.close()
+
+
+def test_a_grant_names_the_devices_it_holds(tmp_path: Path) -> None:
+    """The store deletes an ended allocation's slices; the event log keeps them."""
+    hub = _hub(tmp_path)
+    try:
+        node = hub.core.nodes["n1"]
+        asked = _ask("ann/x/1", "a")
+        whole = model.Slice(node.gpus[0].uuid, model.SliceKind.WHOLE)
+        grant = model.NodeGrant("n1", (whole,), 1.0, 1.0)
+        allocation = model.Allocation(asked, (grant,), 123.0, True, 183.0, 1.0)
+
+        async def granted() -> None:
+            hub._granted(allocation)
+
+        asyncio.run(granted())
+        [event] = hub.store.list_events(kind=GRANTED)
+        assert event.time == 123.0
+        assert dict(event.payload) == {
+            "request": "ann/x/1",
+            "funded": True,
+            "devices": {"n1": [node.gpus[0].uuid]},
+        }
     finally:
         hub.store.close()
