@@ -306,11 +306,14 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
             done, restart = _restart_before(live, later[0] if later else len(live.runs))
             queued.append(Queued(relative, max(total - done, 1e-9), restart))
         by_id[rid] = live
-    adopted = _with_slices(adopted, node_list)
+    adopted, homeless = _with_slices(adopted, node_list)
+    for rid in homeless:
+        unseen[rid] = "ran at --since on slices its nodes, as they are now, cannot hold"
+    names = {n.name for n in node_list}
     events = tuple(
         NodeEvent(e.at - since, e.node, e.health)
         for e in history.node_events
-        if since <= e.at < until and e.node in {n.name for n in node_list}
+        if since <= e.at < until and e.node in names
     )
     scenario = Scenario(
         name=f"replay {history.store}".strip(),
@@ -334,36 +337,41 @@ def _covers(run: LiveRun, at: float) -> bool:
     return run.start < at and (run.end is None or run.end > at)
 
 
-def _with_slices(adopted: list[Adopted], nodes: Sequence[Node]) -> list[Adopted]:
+def _with_slices(adopted: list[Adopted], nodes: Sequence[Node]) -> tuple[list[Adopted], list[str]]:
     """Adopted sessions whose slices the store no longer holds (the allocation ended
-    since) get slices on their recorded nodes, as a node's free record would give them."""
+    since) get slices on their recorded nodes, as a node's free record would give them;
+    also the ids of those that no longer fit there (left out)."""
     free = {n.name: NodeFree(n) for n in nodes}
     out: list[Adopted] = []
     pending: list[Adopted] = []
+    homeless: list[str] = []
     for item in adopted:
         grants = item.allocation.grants
-        if all(g.slices or not item.allocation.request.gpu_weight for g in grants):
+        if any(g.node not in free for g in grants):
+            homeless.append(item.allocation.id)
+        elif all(g.slices or not item.allocation.request.gpu_weight for g in grants):
             for grant in grants:
-                if grant.node in free:
-                    free[grant.node].take(grant)
+                free[grant.node].take(grant)
             out.append(item)
         else:
             pending.append(item)
     for item in pending:
         request = item.allocation.request
-        placed_grants: list[NodeGrant] = []
+        placed: list[NodeGrant] = []
         for grant in item.allocation.grants:
-            node_free = free.get(grant.node)
-            slices = node_free.slices_for(request) if node_free is not None else None
-            if node_free is None or slices is None:
+            slices = free[grant.node].slices_for(request)
+            if slices is None:
                 break
-            placed = NodeGrant(grant.node, slices, grant.cpus, grant.memory_gib)
-            node_free.take(placed)
-            placed_grants.append(placed)
+            placed.append(NodeGrant(grant.node, slices, grant.cpus, grant.memory_gib))
+            free[grant.node].take(placed[-1])
         else:
-            allocation = replace(item.allocation, grants=tuple(placed_grants))
+            allocation = replace(item.allocation, grants=tuple(placed))
             out.append(replace(item, allocation=allocation))
-    return out
+            continue
+        for grant in placed:  # a gang that does not fit whole holds nothing
+            free[grant.node].give(grant)
+        homeless.append(request.id)
+    return out, homeless
 
 
 def live_sim_run(

@@ -119,6 +119,19 @@ def test_the_running_session_and_the_queue_at_the_start_are_taken_in() -> None:
     assert not comparison["causes"]
 
 
+def test_a_session_running_at_the_start_that_no_longer_fits_is_unseen() -> None:
+    """Two sessions ran at --since on node n0, which now has one GPU: the first is
+    placed on it, the second cannot be and is left out, saying why."""
+    first = LiveRequest(request("one", "a", -900), (run(-800, 300, FINISHED),))
+    second = LiveRequest(request("two", "b", -700), (run(-600, 400, FINISHED),))
+    the_plan = plan(history([first, second]))
+    assert [a.allocation.id for a in the_plan.adopted] == ["one"]
+    assert "cannot hold" in the_plan.unseen["two"]
+    simulated = simulate(the_plan)
+    assert simulated.records["one"].ends == [300.0]
+    assert "two" not in simulated.records
+
+
 def test_an_admin_share_change_applies_at_its_time() -> None:
     teams = (Team("a", {"g": 0.0}), Team("b", {"g": 1.0}))
     first = LiveRequest(request("first", "a", 0), (run(0, 500, FINISHED, funded=False),))
