@@ -255,11 +255,7 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
         if request.pool not in kinds or request.team not in team_names:
             unseen[rid] = f"its pool {request.pool!r} or team {request.team!r} is gone"
             continue
-        shape: tuple[Any, ...] = (request.pool, request.gpus, request.nodes, request.gpu_milli)
-        shape += (request.mig, request.cpus, request.memory_gib, *sorted(request.labels.items()))
-        if shape not in placeable:
-            placeable[shape] = why_unplaceable(request, node_list)
-        reason = placeable[shape]
+        reason = _unplaceable(request, node_list, placeable)
         if reason is not None:
             unseen[rid] = reason
             continue
@@ -280,31 +276,13 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
             durations[rid] = max(total, 1e-9)
             by_id[rid] = live
             continue
-        ended = [r for r in ok_runs if r.end is not None and r.end <= since]
-        if ended and ended[-1].ended == FINISHED:
-            continue
-        current = next(
-            (i for i, r in enumerate(live.runs) if r.ended != LAUNCH_FAILED and _covers(r, since)),
-            None,
-        )
-        if current is not None:
-            run = live.runs[current]
-            done, restart = _restart_before(live, current)
-            allocation = Allocation(
-                request=relative,
-                grants=run.grants,
-                start=run.start - since,
-                funded=run.funded,
-                protected_until=run.protected_until - since,
-                charge_rate=run.charge_rate,
-            )
-            adopted.append(Adopted(allocation, max(total - done, 0.0), restart, run.allocation_id))
+        state = _at_start(live, relative, total, since)
+        if isinstance(state, Adopted):
+            adopted.append(state)
+        elif isinstance(state, Queued):
+            queued.append(state)
         else:
-            later = [
-                i for i, r in enumerate(live.runs) if r.ended != LAUNCH_FAILED and r.start >= since
-            ]
-            done, restart = _restart_before(live, later[0] if later else len(live.runs))
-            queued.append(Queued(relative, max(total - done, 1e-9), restart))
+            continue
         by_id[rid] = live
     adopted, homeless = _with_slices(adopted, node_list)
     for rid in homeless:
@@ -331,6 +309,48 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
     admin = tuple(replace(a, at=a.at - since) for a in history.admin if since <= a.at < until)
     live_run = live_sim_run(scenario, by_id, since, kinds)
     return Plan(history, scenario, tuple(adopted), tuple(queued), admin, live_run, unseen, by_id)
+
+
+def _unplaceable(
+    request: Request, nodes: list[Node], known: dict[tuple[Any, ...], str | None]
+) -> str | None:
+    """`why_unplaceable`, asked once per request shape (``known`` keeps the answers)."""
+    shape: tuple[Any, ...] = (request.pool, request.gpus, request.nodes, request.gpu_milli)
+    shape += (request.mig, request.cpus, request.memory_gib, *sorted(request.labels.items()))
+    if shape not in known:
+        known[shape] = why_unplaceable(request, nodes)
+    return known[shape]
+
+
+def _at_start(
+    live: LiveRequest, relative: Request, total: float, since: float
+) -> Adopted | Queued | None:
+    """A request submitted before ``since``: running then (adopted), waiting then
+    (queued), or done by then (None). ``total``: its work; ``relative``: the request on
+    the period's clock."""
+    ok_runs = [r for r in live.runs if r.ended != LAUNCH_FAILED]
+    ended = [r for r in ok_runs if r.end is not None and r.end <= since]
+    if ended and ended[-1].ended == FINISHED:
+        return None
+    current = next(
+        (i for i, r in enumerate(live.runs) if r.ended != LAUNCH_FAILED and _covers(r, since)),
+        None,
+    )
+    if current is not None:
+        run = live.runs[current]
+        done, restart = _restart_before(live, current)
+        allocation = Allocation(
+            request=relative,
+            grants=run.grants,
+            start=run.start - since,
+            funded=run.funded,
+            protected_until=run.protected_until - since,
+            charge_rate=run.charge_rate,
+        )
+        return Adopted(allocation, max(total - done, 0.0), restart, run.allocation_id)
+    later = [i for i, r in enumerate(live.runs) if r.ended != LAUNCH_FAILED and r.start >= since]
+    done, restart = _restart_before(live, later[0] if later else len(live.runs))
+    return Queued(relative, max(total - done, 1e-9), restart)
 
 
 def _covers(run: LiveRun, at: float) -> bool:
@@ -658,66 +678,118 @@ def compare(
     ``simulated_out``: the two runs' outcomes (`outcome`) where the caller has them."""
     history = plan_.history
     live = plan_.live
-    tick = plan_.scenario.settings.cycle_tick
+    known = (
+        plan_.scenario.settings.cycle_tick,
+        [t - history.since for t in history.hub_starts],
+        [a.at for a in plan_.admin],
+        [e.at for e in plan_.scenario.events],
+    )
     rows: list[dict[str, Any]] = []
-    order: list[tuple[float, float]] = []
-    errors: list[float] = []
-    same_node = same_funding = both = 0
-    only_live: list[str] = []
-    only_sim: list[str] = []
     causes: Counter[str] = Counter()
-    restarts = [t - history.since for t in history.hub_starts]
-    admin_times = [a.at for a in plan_.admin]
-    node_times = [e.at for e in plan_.scenario.events]
     for rid, live_record in sorted(live.records.items()):
         sim_record = simulated.records.get(rid)
         if sim_record is None:
             continue
-        item = plan_.live_requests[rid]
-        live_side = _side(live_record)
-        sim_side = _side(sim_record)
-        row: dict[str, Any] = {
-            "id": rid,
-            "team": live_record.team,
-            "class": live_record.klass,
-            "submit": round(live_record.submit, 3),
-            "live": live_side,
-            "simulated": sim_side,
-            "wait_error_s": None,
-            "causes": [],
-        }
-        if live_side["preemptions"] and not sim_side["preemptions"]:
-            only_live.append(rid)
-        if sim_side["preemptions"] and not live_side["preemptions"]:
-            only_sim.append(rid)
-        started = live_side["start"] is not None and sim_side["start"] is not None
-        # Waits and order count requests that started inside the period on both sides
-        # (not the sessions running at its start).
-        fresh = started and live_side["start"] >= 0 and sim_side["start"] >= 0
-        differs = live_side["preemptions"] != sim_side["preemptions"] or (
-            (live_side["start"] is None) != (sim_side["start"] is None)
-        )
-        if started and fresh:
-            error = sim_side["start"] - live_side["start"]
-            row["wait_error_s"] = round(error, 3)
-            errors.append(error)
-            order.append((live_side["start"], sim_side["start"]))
-            both += 1
-            same_node += live_side["nodes"] == sim_side["nodes"]
-            same_funding += live_side["funded"] == sim_side["funded"]
-            differs = differs or abs(error) > 1.0
-            differs = differs or live_side["nodes"] != sim_side["nodes"]
-            differs = differs or live_side["funded"] != sim_side["funded"]
-        if differs:
-            why = _causes(item, live_record, row, tick, restarts, admin_times, node_times)
-            row["causes"] = why
-            causes.update(why)
+        row = _row(rid, live_record, sim_record)
+        if _differs(row):
+            row["causes"] = _causes(plan_.live_requests[rid], live_record, row, *known)
+            causes.update(row["causes"])
         rows.append(row)
     if plan_.unseen:
         causes["unseen"] += len(plan_.unseen)
-    agreement, pairs, ties = order_agreement(order)
     live_teams = (live_out or outcome("live", live)).metrics["teams"]
     sim_teams = (simulated_out or outcome("replay", simulated)).metrics["teams"]
+    comparison = _summary_of(rows) | {
+        "preemptions": _preemptions(rows),
+        "teams": _team_errors(live_teams, sim_teams),
+        "causes": dict(sorted(causes.items())),
+        "unseen": dict(plan_.unseen),
+    }
+    return {"comparison": comparison, "requests": rows}
+
+
+def _row(rid: str, live_record: RequestRecord, sim_record: RequestRecord) -> dict[str, Any]:
+    """One request's two sides; its wait error where it started inside the period on both
+    (waits and order leave out the sessions running at the period's start)."""
+    live_side, sim_side = _side(live_record), _side(sim_record)
+    error = None
+    if live_side["start"] is not None and sim_side["start"] is not None:
+        if live_side["start"] >= 0 and sim_side["start"] >= 0:
+            error = round(sim_side["start"] - live_side["start"], 3)
+    return {
+        "id": rid,
+        "team": live_record.team,
+        "class": live_record.klass,
+        "submit": round(live_record.submit, 3),
+        "live": live_side,
+        "simulated": sim_side,
+        "wait_error_s": error,
+        "causes": [],
+    }
+
+
+def _differs(row: Mapping[str, Any]) -> bool:
+    """Do the two sides differ: started or not, preemptions, or (started on both) the
+    start by more than a second, the nodes, or the funding."""
+    live_side, sim_side = row["live"], row["simulated"]
+    if live_side["preemptions"] != sim_side["preemptions"]:
+        return True
+    if (live_side["start"] is None) != (sim_side["start"] is None):
+        return True
+    if row["wait_error_s"] is None:
+        return False
+    return bool(
+        abs(row["wait_error_s"]) > 1.0
+        or live_side["nodes"] != sim_side["nodes"]
+        or live_side["funded"] != sim_side["funded"]
+    )
+
+
+def _summary_of(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Order, wait error, node and funding over the requests started on both sides."""
+    both = [r for r in rows if r["wait_error_s"] is not None]
+    errors = [r["wait_error_s"] for r in both]
+    agreement, pairs, ties = order_agreement(
+        [(r["live"]["start"], r["simulated"]["start"]) for r in both]
+    )
+
+    def share(key: str) -> float | None:
+        same = sum(r["live"][key] == r["simulated"][key] for r in both)
+        return round(same / len(both), 4) if both else None
+
+    return {
+        "requests": len(rows),
+        "started_both": len(both),
+        "order_pairs": pairs,
+        "order_ties": ties,
+        "order_agreement": None if agreement is None else round(agreement, 4),
+        "wait_error_s": _summary(errors),
+        "wait_abs_error_s": _summary([abs(e) for e in errors]),
+        "same_node": share("nodes"),
+        "same_funding": share("funded"),
+    }
+
+
+def _preemptions(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    only_live = [
+        r["id"] for r in rows if r["live"]["preemptions"] and not r["simulated"]["preemptions"]
+    ]
+    only_sim = [
+        r["id"] for r in rows if r["simulated"]["preemptions"] and not r["live"]["preemptions"]
+    ]
+    return {
+        "live": sum(r["live"]["preemptions"] for r in rows),
+        "simulated": sum(r["simulated"]["preemptions"] for r in rows),
+        "same_set": not only_live and not only_sim,
+        "only_live": only_live,
+        "only_simulated": only_sim,
+    }
+
+
+def _team_errors(
+    live_teams: Mapping[str, Any], sim_teams: Mapping[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Each team's delivered GPU-hours on both sides and the simulated one's error."""
     teams = {}
     for name, figures in live_teams.items():
         live_h = figures["delivered_gpu_h"]
@@ -727,32 +799,7 @@ def compare(
             "simulated_gpu_h": sim_h,
             "error": None if not live_h else round((sim_h - live_h) / live_h, 4),
         }
-    return {
-        "comparison": {
-            "requests": len(rows),
-            "started_both": both,
-            "order_pairs": pairs,
-            "order_ties": ties,
-            "order_agreement": None if agreement is None else round(agreement, 4),
-            "wait_error_s": _summary(errors),
-            "wait_abs_error_s": _summary([abs(e) for e in errors]),
-            "same_node": round(same_node / both, 4) if both else None,
-            "same_funding": round(same_funding / both, 4) if both else None,
-            "preemptions": {
-                "live": sum(r.preemptions for r in live.records.values()),
-                "simulated": sum(
-                    simulated.records[r].preemptions for r in live.records if r in simulated.records
-                ),
-                "same_set": not only_live and not only_sim,
-                "only_live": only_live,
-                "only_simulated": only_sim,
-            },
-            "teams": teams,
-            "causes": dict(sorted(causes.items())),
-            "unseen": dict(plan_.unseen),
-        },
-        "requests": rows,
-    }
+    return teams
 
 
 def _side(record: RequestRecord) -> dict[str, Any]:

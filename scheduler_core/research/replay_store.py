@@ -415,11 +415,9 @@ def _health_at(
     return out
 
 
-def _requests(
-    engine: Engine, since: float, until: float, events: Sequence[_Event]
-) -> tuple[list[LiveRequest], list[str]]:
-    """Every request of the period, and those running or waiting at its start."""
-    notes: list[str] = []
+def _wanted(since: float, until: float) -> Any:
+    """The requests a period's replay reads: submitted before ``until``, and submitted
+    in the period, or waiting or running when read, or holding an allocation then."""
     waiting = (
         RequestState.PENDING,
         RequestState.REQUEUED,
@@ -431,7 +429,7 @@ def _requests(
         AllocationRow.start_time < until,
     )
     columns = RequestRow.__table__.c
-    wanted = and_(
+    return and_(
         columns.submit < until,
         or_(
             columns.submit >= since,
@@ -439,28 +437,21 @@ def _requests(
             columns.id.in_(live_ids),
         ),
     )
+
+
+def _requests(
+    engine: Engine, since: float, until: float, events: Sequence[_Event]
+) -> tuple[list[LiveRequest], list[str]]:
+    """Every request of the period, and those running or waiting at its start."""
+    notes: list[str] = []
+    columns = RequestRow.__table__.c
+    wanted = _wanted(since, until)
+    names: tuple[str, ...] = ("id", "user_name", "team", "pool", "submit", "gpus", "nodes")
+    names += ("gpu_milli", "mig")
+    names += ("cpus", "memory_gib", "labels", "min_runtime", "resumable", "priority")
+    names += ("klass", "profile", "state", "spec")  # the columns a RequestRow maps, by name
     query = (
-        select(
-            columns.id,
-            columns.user_name,
-            columns.team,
-            columns.pool,
-            columns.submit,
-            columns.gpus,
-            columns.nodes,
-            columns.gpu_milli,
-            columns.mig,
-            columns.cpus,
-            columns.memory_gib,
-            columns.labels,
-            columns.min_runtime,
-            columns.resumable,
-            columns.priority,
-            columns.klass,
-            columns.profile,
-            columns.state,
-            columns.spec,
-        )
+        select(*(columns[name] for name in names))
         .where(wanted)
         .order_by(columns.submit, columns.id)
     )

@@ -79,149 +79,150 @@ def simulate_recorded(scenario: Scenario) -> Recorded:
 def write_run(store: Store, recorded: Recorded, base: float, hub: str = "hub") -> None:
     """Write a recorded run into ``store`` as having run live from epoch second ``base``;
     the store is migrated and empty."""
-    run = recorded.run
-    scenario = run.scenario
-    horizon = scenario.horizon
+    scenario = recorded.run.scenario
     settings = settings_json(scenario.settings)
     store.save_pools(scenario.pools)
     store.save_teams(scenario.teams)
     store.save_nodes(list(scenario.nodes))
-    AdminStore(store).report(SchedulerStatus(hub, base + horizon, 0, 0.0, (), settings, 0))
-    events: list[dict[str, Any]] = [
-        {
-            "time": base,
-            "kind": HUB_START,
-            "payload": {
-                "settings": settings,
-                "teams": {t.name: dict(t.share) for t in scenario.teams},
-                "nodes": {n.name: n.health.value for n in scenario.nodes},
-            },
-        }
-    ]
-    for event in scenario.events:
-        events.append(
-            {
-                "time": base + event.at,
-                "kind": "node",
-                "payload": {"node": event.node, "state": event.health.value},
-            }
-        )
+    status = SchedulerStatus(hub, base + scenario.horizon, 0, 0.0, (), settings, 0)
+    AdminStore(store).report(status)
+    rows = _Rows(base)
+    rows.start(scenario, settings)
     by_request: dict[str, list[Allocation]] = {}
     for allocation in recorded.allocations:
         by_request.setdefault(allocation.id, []).append(allocation)
-    requests: list[dict[str, Any]] = []
-    rows: list[dict[str, Any]] = []
-    grants: list[dict[str, Any]] = []
-    slices: list[dict[str, Any]] = []
-    usage: list[dict[str, Any]] = [
-        {
-            "team": seeded.team,
-            "pool": seeded.pool,
-            "start_time": base + seeded.at,
-            "end_time": base + seeded.at,
-            "units": seeded.units,
-            "allocation_id": None,
-        }
-        for seeded in scenario.usage
-    ]  # history from before the store's first session, charged at once (`Store.add_usage`)
-    next_id = 1
     for request in scenario.requests:
-        record = run.records[request.id]
-        if request.submit > horizon:
-            continue
-        made = by_request.get(request.id, [])
-        spec = request_spec(request) | {
-            "submit": base + request.submit,
-            "checkpoint_every": request.checkpoint_every,
-            "restart_cost": request.restart_cost,
-        }
-        ending: list[str] = []
-        events.append(
-            {
-                "time": base + request.submit,
-                "kind": "submit",
-                "payload": {"request": request.id, "options": {}, "team": request.team},
-            }
+        if request.submit <= scenario.horizon:
+            rows.request(recorded, request, by_request.get(request.id, []))
+    with store._write() as session:  # one transaction: the whole history at once
+        for table, values in (
+            (RequestRow, rows.requests),
+            (AllocationRow, rows.allocations),
+            (AllocationGrantRow, rows.grants),
+            (BookedSliceRow, rows.slices),
+            (UsageRow, rows.usage),
+            (EventRow, sorted(rows.events, key=lambda e: e["time"])),
+        ):
+            if values:
+                session.execute(insert(table), values)
+
+
+@dataclass
+class _Rows:
+    """The rows of each table a run leaves, as the Hub would have written them."""
+
+    base: float
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    allocations: list[dict[str, Any]] = field(default_factory=list)
+    grants: list[dict[str, Any]] = field(default_factory=list)
+    slices: list[dict[str, Any]] = field(default_factory=list)
+    usage: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def event(self, at: float, kind: str, payload: dict[str, Any]) -> None:
+        self.events.append({"time": self.base + at, "kind": kind, "payload": payload})
+
+    def start(self, scenario: Scenario, settings: dict[str, Any]) -> None:
+        """The Hub's start, the node changes, and the usage from before the store's first
+        session (charged at once, as `Store.add_usage` records it)."""
+        teams = {t.name: dict(t.share) for t in scenario.teams}
+        nodes = {n.name: n.health.value for n in scenario.nodes}
+        self.event(0.0, HUB_START, {"settings": settings, "teams": teams, "nodes": nodes})
+        for change in scenario.events:
+            self.event(change.at, "node", {"node": change.node, "state": change.health.value})
+        for seeded in scenario.usage:
+            at = self.base + seeded.at
+            self.usage.append(_usage(seeded.team, seeded.pool, at, at, seeded.units, None))
+
+    def request(self, recorded: Recorded, request: Request, made: list[Allocation]) -> None:
+        """One request, its allocations (each ending as the run says) and its events."""
+        record = recorded.run.records[request.id]
+        horizon = recorded.run.scenario.horizon
+        idle = recorded.run.scenario.idle_after.get(request.id)
+        self.event(
+            request.submit, "submit", {"request": request.id, "options": {}, "team": request.team}
         )
-        idle = scenario.idle_after.get(request.id)
+        ending: list[str] = []
         for i, allocation in enumerate(made):
             end = record.ends[i] if i < len(record.ends) else horizon
             finished = record.finished and i == len(made) - 1
             preempted = not finished and (request.id, end) in recorded.preempted
-            still = not finished and not preempted
             ending.append("finished" if finished else "preempted" if preempted else "running")
-            rows.append(
+            self.allocation(allocation, None if ending[-1] == "running" else end)
+            if idle is not None and allocation.start + idle < end:
+                at = allocation.start + idle
+                idle_since = self.base + at
+                self.event(
+                    at, "activity", {"request": request.id, "busy": False, "idle_since": idle_since}
+                )
+            if ending[-1] != "running":
+                self.events.append(_ending(request.id, self.base + end, preempted, allocation))
+        spec = request_spec(request) | {
+            "submit": self.base + request.submit,
+            "checkpoint_every": request.checkpoint_every,
+            "restart_cost": request.restart_cost,
+        }
+        self.requests.append(_request_row(request, self.base, _state(ending), spec))
+
+    def allocation(self, allocation: Allocation, end: float | None) -> None:
+        """An allocation ending at ``end`` (None: still running, its slices booked)."""
+        number = len(self.allocations) + 1
+        base = self.base
+        self.allocations.append(
+            {
+                "id": number,
+                "request_id": allocation.id,
+                "start_time": base + allocation.start,
+                "end_time": None if end is None else base + end,
+                "funded": allocation.funded,
+                "protected_until": base + allocation.protected_until,
+                "charge_rate": allocation.charge_rate,
+            }
+        )
+        for position, grant in enumerate(allocation.grants):
+            self.grants.append(
                 {
-                    "id": next_id,
-                    "request_id": request.id,
-                    "start_time": base + allocation.start,
-                    "end_time": None if still else base + end,
-                    "funded": allocation.funded,
-                    "protected_until": base + allocation.protected_until,
-                    "charge_rate": allocation.charge_rate,
+                    "allocation_id": number,
+                    "position": position,
+                    "node": grant.node,
+                    "cpus": grant.cpus,
+                    "memory_gib": grant.memory_gib,
                 }
             )
-            for position, grant in enumerate(allocation.grants):
-                grants.append(
+        if end is None:
+            for position, (node, piece) in enumerate(node_slices(allocation)):
+                self.slices.append(
                     {
-                        "allocation_id": next_id,
+                        "allocation_id": number,
                         "position": position,
-                        "node": grant.node,
-                        "cpus": grant.cpus,
-                        "memory_gib": grant.memory_gib,
+                        "node": node,
+                        "gpu_uuid": piece.gpu_uuid,
+                        "kind": piece.kind,
+                        "milli": piece.milli,
+                        "mig_uuid": piece.mig_uuid,
+                        "mig_profile": piece.mig_profile,
+                        "device_id": piece.device_id,
                     }
                 )
-            if still:
-                for position, (node, piece) in enumerate(node_slices(allocation)):
-                    slices.append(
-                        {
-                            "allocation_id": next_id,
-                            "position": position,
-                            "node": node,
-                            "gpu_uuid": piece.gpu_uuid,
-                            "kind": piece.kind,
-                            "milli": piece.milli,
-                            "mig_uuid": piece.mig_uuid,
-                            "mig_profile": piece.mig_profile,
-                            "device_id": piece.device_id,
-                        }
-                    )
-            elif allocation.funded:
-                usage.append(
-                    {
-                        "team": request.team,
-                        "pool": request.pool,
-                        "start_time": base + allocation.start,
-                        "end_time": base + end,
-                        "units": allocation.charge_rate * (end - allocation.start),
-                        "allocation_id": next_id,
-                    }
-                )
-            if idle is not None and allocation.start + idle < end:
-                at = base + allocation.start + idle
-                events.append(
-                    {
-                        "time": at,
-                        "kind": "activity",
-                        "payload": {"request": request.id, "busy": False, "idle_since": at},
-                    }
-                )
-            if not still:
-                events.append(_ending(request.id, base + end, preempted, allocation))
-            next_id += 1
-        requests.append(_request_row(request, base, _state(ending), spec))
-    with store._write() as session:  # one transaction: the whole history at once
-        for table, values in (
-            (RequestRow, requests),
-            (AllocationRow, rows),
-            (AllocationGrantRow, grants),
-            (BookedSliceRow, slices),
-            (UsageRow, usage),
-        ):
-            if values:
-                session.execute(insert(table), values)
-        events.sort(key=lambda e: e["time"])
-        session.execute(insert(EventRow), events)
+        elif allocation.funded:
+            units = allocation.charge_rate * (end - allocation.start)
+            start = base + allocation.start
+            self.usage.append(
+                _usage(allocation.team, allocation.pool, start, base + end, units, number)
+            )
+
+
+def _usage(
+    team: str, pool: str, start: float, end: float, units: float, allocation: int | None
+) -> dict[str, Any]:
+    return {
+        "team": team,
+        "pool": pool,
+        "start_time": start,
+        "end_time": end,
+        "units": units,
+        "allocation_id": allocation,
+    }
 
 
 def _state(ending: list[str]) -> RequestState:
