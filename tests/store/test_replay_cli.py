@@ -292,3 +292,22 @@ def test_the_forecast_kept_at_submit_is_measured_against_what_happened(tmp_path:
     assert accuracy["start_error_s"] == {"n": 2, "p50": -30.0, "p90": 60.0}
     assert accuracy["start_abs_error_s"] == {"n": 2, "p50": 30.0, "p90": 60.0}
     assert (accuracy["funding_n"], accuracy["funding_agreement"]) == (2, 0.5)
+
+
+@pytest.mark.postgres
+def test_the_command_replays_a_postgresql_store(
+    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = day()
+    store = Store.create(pg_url)
+    try:
+        write_run(store, simulate_recorded(scenario), BASE)
+    finally:
+        store.close()
+    out = tmp_path / "report.json"
+    assert main(["replay", pg_url, *period(scenario), "--json", str(out)]) == 0
+    assert "start order       100.0%" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["store"].startswith("postgresql+psycopg://")
+    assert report["history"]["submitted_in_period"] == len(scenario.requests)
+    assert report["comparison"]["wait_abs_error_s"]["p90"] == 0.0
