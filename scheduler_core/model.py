@@ -223,7 +223,7 @@ class Request:
     def lost_seconds(self, elapsed: float) -> float:
         """Seconds of its size a preemption throws away after ``elapsed`` seconds of a run
         (the price the policy weighs a victim by): the run since its last checkpoint
-        (`kept_seconds`), the snapshot's taking, and the next run's start (its
+        (what `saved_seconds` does not keep), the snapshot's taking, and the next run's start (its
         ``restart_cost``, and a snapshot's restore: `restart_seconds`)."""
         # Inline, not through the properties below: the victim search asks this of
         # every candidate it weighs, many times a cycle.
@@ -240,14 +240,16 @@ class Request:
             + self.restart_cost
         )
 
-    def kept_seconds(self, progress: float) -> float:
-        """Of ``progress`` seconds of work in a run, what a preemption keeps: all of it if
-        snapshotted, up to its last checkpoint if it checkpoints, else nothing."""
+    def saved_seconds(self, elapsed: float) -> float:
+        """Of a run's first ``elapsed`` seconds, those a preemption keeps: all of them if
+        snapshotted, those up to its last checkpoint if it checkpoints (every
+        ``checkpoint_every`` seconds of the run, counted from its start, its restart
+        included: the one clock the policy's price reads), else none."""
         if not self.resumable:
             return 0.0
         if self.checkpoint_every > 0:
-            return progress - progress % self.checkpoint_every
-        return progress
+            return elapsed - elapsed % self.checkpoint_every
+        return elapsed
 
     @property
     def snapshotted(self) -> bool:

@@ -30,6 +30,7 @@ depends on the time. Nothing here outlives the cycle.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -123,6 +124,29 @@ size is not stopped by the rank rule (R4) or a day slice's end (S5). Why 900 s a
 a setting: docs/policy.md (R8) has the runs that chose it."""
 LANE_PRICE_CAP = 4 * PRICE_CAP
 """R8 for the debug fast lane (S1)."""
+CHECKPOINT_SLACK = 60.0
+"""R10: a run that checkpoints is stopped by the rank rule or a reclaim (R4), a holder
+(S7) or its day slice's end (S5) only within this many seconds after a checkpoint, so
+it loses its restart and little more. The scheduler wakes at each checkpoint of a
+running session while work waits, so a cycle sees each such moment."""
+GANG_CHECKPOINT_SLACK = 600.0
+"""R10 for a request over several nodes: its nodes' victims must all be near a checkpoint
+at once, which within `CHECKPOINT_SLACK` they almost never are (docs/policy.md, R10)."""
+NO_WAIT = math.inf
+"""A slack that never waits: the fast lane's (S1) and the baselines'."""
+
+
+def checkpoint_slack(cycle_tick: float) -> float:
+    """R10's slack: `CHECKPOINT_SLACK`, or two cycle ticks if longer (a cycle that the
+    checkpoint's wake-up runs over part of the queue leaves the rest to the next tick)."""
+    return max(CHECKPOINT_SLACK, 2.0 * cycle_tick)
+
+
+def at_checkpoint(request: Request, elapsed: float, slack: float) -> bool:
+    """R10: may a run ``elapsed`` seconds old be stopped now? Always, unless it checkpoints
+    (`Request.saved_seconds`); then only within ``slack`` seconds after a checkpoint."""
+    every = request.checkpoint_every
+    return every <= 0 or not request.resumable or elapsed % every <= slack
 
 
 def set_cost(chosen: Sequence[Allocation], now: float, victims: Victims) -> Cost:
@@ -285,6 +309,12 @@ class Victims:
         gang_wait: float,
     ) -> None:
         self._now = now
+        self.slack = NO_WAIT
+        """R10: how long after a checkpoint a run that checkpoints may be stopped, for a
+        request on one node (`at_checkpoint`); `NO_WAIT` unless the policy waits
+        (`wait_for_checkpoints`)."""
+        self.gang_slack = NO_WAIT
+        """The same for a request over several nodes."""
         self.gang_wait = gang_wait
         """What stopping a gang costs beyond lost work, in seconds of its size."""
         self._base = by_node
@@ -352,15 +382,27 @@ class Victims:
             or allocation.id in self._releasable
         )
 
-    def worth(self, allocation: Allocation, cap: float = PRICE_CAP) -> bool:
-        """R8: may it be stopped at its price? Unallocated work and idle sessions past
+    def wait_for_checkpoints(self, slack: float, gang_slack: float) -> None:
+        """R10: stop runs that checkpoint only ``slack`` (``gang_slack`` for a request over
+        several nodes) seconds after a checkpoint at most."""
+        self.slack, self.gang_slack = slack, gang_slack
+
+    def slack_for(self, request: Request) -> float:
+        """R10's slack for the victims of ``request``."""
+        return self.slack if request.nodes == 1 else self.gang_slack
+
+    def worth(self, allocation: Allocation, cap: float = PRICE_CAP, slack: float = NO_WAIT) -> bool:
+        """R8 and R10: may it be stopped at its price now? Idle sessions past
         ``idle_release`` always; funded work only while a preemption throws away at most
-        ``cap`` seconds of its size (`Request.lost_seconds`)."""
-        return (
-            not allocation.funded
-            or allocation.id in self._releasable
-            or allocation.request.lost_seconds(self._now - allocation.start) <= cap
-        )
+        ``cap`` seconds of its size (`Request.lost_seconds`); and a run that checkpoints,
+        funded or not, only ``slack`` seconds after a checkpoint at most (`at_checkpoint`)."""
+        if allocation.id in self._releasable:
+            return True
+        request = allocation.request
+        elapsed = self._now - allocation.start
+        if allocation.funded and request.lost_seconds(elapsed) > cap:
+            return False
+        return at_checkpoint(request, elapsed, slack)
 
     def _released_beyond(self, held: Mapping[str, int] | None, allowed: frozenset[str]) -> int:
         if not held:
@@ -530,12 +572,14 @@ def _permits(
     allowed: frozenset[str],
     lane: Lane | None,
     spare: str | None = None,
+    slack: float = NO_WAIT,
 ) -> bool:
     if allocation.id == spare:
         return False  # S10: the session that stopped the requester is not stopped in return
     if lane is None or lane.resumable:
         return victims.permits(allocation, allowed) and (
-            (lane is None or lane.may_stop(victims, allocation)) and victims.worth(allocation)
+            (lane is None or lane.may_stop(victims, allocation))
+            and victims.worth(allocation, PRICE_CAP, slack)
         )
     # The fast lane (S1) may pay more: a debug session waits seconds, not until a long
     # run reaches its next checkpoint.
@@ -573,8 +617,11 @@ def offers(
         return False
     if request.nodes > 1 and node_free.tightness(request) is not None:
         return True
+    slack = victims.slack_for(request)
     candidates = [
-        a for a in victims.on(node_free.node.name) if _permits(victims, a, allowed, lane, spare)
+        a
+        for a in victims.on(node_free.node.name)
+        if _permits(victims, a, allowed, lane, spare, slack)
     ]
     return bool(candidates) and _freed(node_free, candidates).fits(request)
 
@@ -650,6 +697,7 @@ def search_targets(
     free_options = 0
     searched: list[tuple[tuple[float, float, float, float], str, NodeFree]] = []
     single = request.nodes == 1
+    slack = victims.slack_for(request)
     for node_free in nodes:
         name = node_free.node.name
         if single and not victims.has(name):
@@ -663,7 +711,7 @@ def search_targets(
                 free_options += 1
                 continue
         for first in victims.on(name):
-            if _permits(victims, first, allowed, lane, spare):
+            if _permits(victims, first, allowed, lane, spare, slack):
                 bound = (
                     float(victims.tier(first)),
                     float(victims.is_busy(first)),
@@ -682,7 +730,9 @@ def search_targets(
             options.sort(key=lambda t: (t.cost, t.node))
             if options[request.nodes - 1].cost <= bound:
                 break
-        candidates = [a for a in victims.on(name) if _permits(victims, a, allowed, lane, spare)]
+        candidates = [
+            a for a in victims.on(name) if _permits(victims, a, allowed, lane, spare, slack)
+        ]
         target = _node_target(node_free, request, candidates, now, victims)
         if target is not None:
             options.append(target)

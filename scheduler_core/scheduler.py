@@ -137,6 +137,11 @@ class Scheduler:
         self._fresh: set[str] = set()
         """Requests submitted since the last cycle."""
         self._expiries: list[tuple[float, str]] = []
+        self._checkpoints: list[tuple[float, str, float]] = []
+        """(next checkpoint, request id, its run's start) of running sessions that
+        checkpoint: the policy stops such a run only just after one (R10), so a
+        checkpoint is a moment to look at the funded waiting requests, as a protected
+        window's end is."""
         self._starving: list[tuple[float, str]] = []
         self._funded: dict[str, bool] = {}
         self._last_cycle: float | None = None
@@ -226,6 +231,7 @@ class Scheduler:
         self._book(allocation)
         self._changed = True
         heapq.heappush(self._expiries, (allocation.protected_until, allocation.id))
+        self._watch_checkpoints(allocation)
         if allocation.funded:
             self.ledger.start_charging(
                 allocation.team, allocation.pool, allocation.start, allocation.charge_rate
@@ -318,6 +324,16 @@ class Scheduler:
             if allocation is not None:
                 expired = True
                 ended.add((allocation.team, allocation.pool))
+        checkpoints = self._checkpoints
+        while checkpoints and checkpoints[0][0] <= now:
+            at, request_id, start = heapq.heappop(checkpoints)
+            allocation = self.running.get(request_id)
+            if allocation is not None and allocation.start == start:
+                expired = True  # R10: it may be stopped now, for a while
+                every = allocation.request.checkpoint_every
+                heapq.heappush(
+                    checkpoints, (at + every * ((now - at) // every + 1), request_id, start)
+                )
         while self._idle_due and self._idle_due[0][0] <= now:
             # An idle session became free to release: like a protected window ending.
             _, request_id = heapq.heappop(self._idle_due)
@@ -381,6 +397,8 @@ class Scheduler:
         becoming free to release), if ever."""
         heaps = (self._expiries, self._starving, self._idle_due)
         times = [heap[0][0] for heap in heaps if heap]
+        if self._checkpoints and self.pending:
+            times.append(self._checkpoints[0][0])
         return min(times) if times else None
 
     # -- one cycle ---------------------------------------------------------
@@ -513,6 +531,7 @@ class Scheduler:
             self.running[request.id] = allocation
             self._book(allocation)
             heapq.heappush(self._expiries, (allocation.protected_until, request.id))
+            self._watch_checkpoints(allocation)
             if allocation.funded:
                 self.ledger.start_charging(request.team, request.pool, now, allocation.charge_rate)
             self.actuator.launch(allocation)
@@ -525,6 +544,14 @@ class Scheduler:
             self._kept.holds_ended(self.reservations, decisions.reservations)
         self._kept.searches_failed(decisions.searches)
         self.reservations = MappingProxyType(reservations)
+
+    def _watch_checkpoints(self, allocation: Allocation) -> None:
+        request = allocation.request
+        if request.resumable and request.checkpoint_every > 0:
+            heapq.heappush(
+                self._checkpoints,
+                (allocation.start + request.checkpoint_every, request.id, allocation.start),
+            )
 
     def _book(self, allocation: Allocation) -> None:
         self._allocations = None

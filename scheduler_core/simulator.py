@@ -6,12 +6,13 @@ request may now preempt), a request reaching the starvation bound, and the
 policy's cycle tick while requests wait; at each it settles the scheduler
 (`Scheduler.settle`: the step, then any follow-up cycles, as live).
 
-A preemption keeps what `Request.kept_seconds` says of the run's progress: all of it
-for a snapshotted session, up to the last checkpoint for a run that checkpoints,
-nothing for any other. The next run first spends `Request.restart_seconds` (restart
-cost, restore) doing no new work. Lost GPU time is the run time that left no progress
-(the part not kept, and a finished run's restart), and a snapshot's taking, which the
-simulator does not hold GPUs for.
+A preemption keeps what `Request.saved_seconds` says of the run: all of it for a
+snapshotted session, up to the last checkpoint for a run that checkpoints (every
+``checkpoint_every`` seconds from the run's start, as the policy's price counts them),
+nothing for any other; less the run's own restart, which made no progress. The next run
+first spends `Request.restart_seconds` (restart cost, restore) doing no new work. Lost
+GPU time is the run time that left no progress (the part not kept, and a finished run's
+restart), and a snapshot's taking, which the simulator does not hold GPUs for.
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ class SimActuator:
         sim.close_segment(allocation, now)
         request = allocation.request
         restart = sim.restart[allocation.id]
-        kept = request.kept_seconds(max(0.0, elapsed - restart))
+        # Progress kept: what the run saved, less the restart it began with.
+        kept = max(0.0, request.saved_seconds(elapsed) - restart)
         sim.remaining[allocation.id] = max(0.0, sim.remaining[allocation.id] - kept)
         sim.restart[allocation.id] = request.restart_seconds
         sim.lose(allocation, elapsed - kept + request.take_seconds)

@@ -18,7 +18,13 @@ from scheduler_core.kept import KnownFailures, Queued
 from scheduler_core.model import Allocation, NodeGrant
 from scheduler_core.policy.day import DayUsage
 from scheduler_core.policy.failures import Failures
-from scheduler_core.preemption import PRICE_CAP, Victims
+from scheduler_core.preemption import (
+    GANG_CHECKPOINT_SLACK,
+    PRICE_CAP,
+    Victims,
+    at_checkpoint,
+    checkpoint_slack,
+)
 from scheduler_core.ranking import Key, PoolRanking
 from scheduler_core.rules import funded_rates, health_preemptions, kept_reservations
 from scheduler_core.verdict import Verdict, Verdicts, Victim
@@ -103,10 +109,16 @@ class Cycle:
             index.layout if index else None,
             index.whole if index else None,
         )
+        settings = self.settings
+        self.slack = checkpoint_slack(settings.cycle_tick)
+        """R10: how long after a checkpoint a run that checkpoints may be stopped, for a
+        request on one node and at a day slice's end; `gang_slack` for a request over
+        several nodes."""
+        self.gang_slack = max(self.slack, GANG_CHECKPOINT_SLACK)
         self.preemptions: list[Preemption] = health_preemptions(view, now)
         self.stopped = {p.allocation_id for p in self.preemptions}
         self.day = DayUsage(view, now)
-        self.preemptions.extend(self.day.slices_over(self.stopped))
+        self.preemptions.extend(self.day.slices_over(self.stopped, self.slack))
         self.stopped = {p.allocation_id for p in self.preemptions}
         self._by_id: dict[str, Allocation] = {}
         if self.stopped:
@@ -132,7 +144,7 @@ class Cycle:
                 if since + release_after <= now
                 for node in allocation.node_names
             )
-        self.known_failures.grown.extend(cheap_again(view.allocations, now))
+        self.known_failures.grown.extend(cheap_again(view.allocations, now, self.gang_slack))
         self.held: dict[str, set[str]] = defaultdict(set)
         """Per pool, the requests holding nodes there."""
         for node, request_id in capacity.reserved.items():
@@ -205,6 +217,8 @@ class Cycle:
                     [(a, since) for a, since in idle if a.id not in stopped],
                     self.settings.idle_release,
                 )
+            # R10: a run that checkpoints is stopped just after a checkpoint.
+            found.wait_for_checkpoints(self.slack, self.gang_slack)
             self._victims = found
         return found
 
@@ -307,25 +321,28 @@ class Cycle:
 
 
 _CHECKPOINTING: list[tuple[tuple[Allocation, ...], list[Allocation]]] = []
-"""The last running tuple seen and its funded sessions that checkpoint (`cheap_again`):
-the scheduler hands over the same tuple until a session starts or ends."""
+"""The last running tuple seen and its sessions that checkpoint (`cheap_again`): the
+scheduler hands over the same tuple until a session starts or ends."""
 
 
-def cheap_again(allocations: tuple[Allocation, ...], now: float) -> list[str]:
-    """R8 and the failures kept between cycles (`KnownFailures`): a funded run that
-    checkpoints gets cheap enough to stop again after each checkpoint, with no node
-    growing, so its nodes count as new since any remembered failure while it is."""
+def cheap_again(allocations: tuple[Allocation, ...], now: float, slack: float) -> list[str]:
+    """R8, R10 and the failures kept between cycles (`KnownFailures`): a run that
+    checkpoints may be stopped again just after each checkpoint (funded, only while its
+    price is within R8's cap), with no node growing, so its nodes count as new since any
+    remembered failure while it may (``slack``: the longest, a gang's)."""
     if _CHECKPOINTING and _CHECKPOINTING[0][0] is allocations:
         found = _CHECKPOINTING[0][1]
     else:
-        found = [a for a in allocations if a.funded and a.request.checkpoint_every > 0]
+        found = [a for a in allocations if a.request.checkpoint_every > 0]
         _CHECKPOINTING[:] = [(allocations, found)]
-    return [
-        node
-        for allocation in found
-        if allocation.request.lost_seconds(now - allocation.start) <= PRICE_CAP
-        for node in allocation.node_names
-    ]
+    out: list[str] = []
+    for allocation in found:
+        request, elapsed = allocation.request, now - allocation.start
+        if at_checkpoint(request, elapsed, slack) and (
+            not allocation.funded or request.lost_seconds(elapsed) <= PRICE_CAP
+        ):
+            out.extend(allocation.node_names)
+    return out
 
 
 class _Builder:

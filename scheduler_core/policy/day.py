@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from scheduler_core.kept import Queued
 from scheduler_core.ledger import WindowUsage
 from scheduler_core.model import Allocation
-from scheduler_core.preemption import PRICE_CAP
+from scheduler_core.preemption import PRICE_CAP, at_checkpoint
 from scheduler_core.rules import oversize_above
 from scheduler_core.settings import Settings
 from scheduler_core.teams import TeamTree
@@ -78,8 +78,9 @@ class DayUsage:
         usage, start = self.usage, self.start
         return share_rate * self.span - sum(usage.since((m, pool), start) for m in members)
 
-    def slices_over(self, stopped: set[str]) -> list[Preemption]:
-        """Stops for resumable oversize jobs past protection whose team's day is spent."""
+    def slices_over(self, stopped: set[str], slack: float) -> list[Preemption]:
+        """Stops for resumable oversize jobs past protection whose team's day is spent;
+        a job that checkpoints only ``slack`` seconds after a checkpoint at most (R10)."""
         view = self.view
         guaranteed = view.settings.guaranteed_share
         if self.usage is None or not view.pending or guaranteed <= 0:
@@ -111,6 +112,7 @@ class DayUsage:
                 or request.id in stopped
                 # R8: not worth its price (a run far from its last checkpoint).
                 or request.lost_seconds(now - allocation.start) > PRICE_CAP
+                or not at_checkpoint(request, now - allocation.start, slack)
             ):
                 continue
             pool_limits = limits.get(pool)

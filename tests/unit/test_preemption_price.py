@@ -18,7 +18,16 @@ from harness.builders import HOUR, gpu_request, gpu_scenario, outcome_of, record
 from scheduler_core import model, verdict
 from scheduler_core.capacity import Capacity
 from scheduler_core.errors import InputError
-from scheduler_core.preemption import PRICE_CAP, Victims, find_targets, lost_work, set_cost
+from scheduler_core.preemption import (
+    CHECKPOINT_SLACK,
+    NO_WAIT,
+    PRICE_CAP,
+    Victims,
+    at_checkpoint,
+    find_targets,
+    lost_work,
+    set_cost,
+)
 from scheduler_core.scenario import parse_scenario
 from scheduler_core.simulator import Simulation
 from scheduler_core.view import Decisions
@@ -39,7 +48,7 @@ def test_a_run_that_checkpoints_loses_the_time_since_its_last_checkpoint() -> No
     every = _request(resumable=True, checkpoint_every=900, restart_cost=120)
     assert every.lost_seconds(5000) == 5000 - 5 * 900 + 120
     assert every.lost_seconds(1800) == 120  # just checkpointed
-    assert every.kept_seconds(5000) == 4500
+    assert every.saved_seconds(5000) == 4500
 
 
 def test_a_snapshotted_session_loses_its_snapshot_scaled_by_its_memory() -> None:
@@ -50,7 +59,7 @@ def test_a_snapshotted_session_loses_its_snapshot_scaled_by_its_memory() -> None
     take = model.SNAPSHOT_TAKE_FIXED_S + model.SNAPSHOT_TAKE_S_PER_GIB * 100
     restore = model.SNAPSHOT_RESTORE_FIXED_S + model.SNAPSHOT_RESTORE_S_PER_GIB * 100
     assert large.lost_seconds(10) == pytest.approx(take + restore)
-    assert large.kept_seconds(10) == 10
+    assert large.saved_seconds(10) == 10
 
 
 def _one_request(**fields: Any) -> dict[str, Any]:
@@ -85,19 +94,42 @@ def _guest_and_owner(**guest: Any) -> dict[str, Any]:
 
 
 def test_the_simulator_runs_again_what_a_checkpointing_job_threw_away() -> None:
-    """Stopped at 7,800 s, the job keeps 7,200 s (8 checkpoints of 900 s), loses 600 s,
-    and its second run starts with its 120 s restart: 720 s x 8 GPUs lost in all."""
+    """The owner's request at 7,800 s waits for the job's next checkpoint (R10: 8,100 s,
+    the ninth of 900 s) and stops it then: the job keeps 8,100 s, its second run starts
+    with its 120 s restart, and only that restart is lost, x 8 GPUs."""
     out = outcome_of(_guest_and_owner(checkpoint_every=900, restart_cost=120))
     job = next(r for r in out["requests"] if r["id"] == "job")
-    assert job["starts"] == [0.0, 7800 + HOUR]
-    assert job["ends"] == [7800, pytest.approx(7800 + HOUR + 120 + 10 * HOUR - 7200)]
+    assert job["starts"] == [0.0, 8100 + HOUR]
+    assert job["ends"] == [8100, pytest.approx(8100 + HOUR + 120 + 10 * HOUR - 8100)]
     metrics = out["metrics"]
-    assert metrics["lost_gpu_seconds"] == pytest.approx(720 * 8)
-    assert metrics["lost_gpu_h_by_class"]["batch"] == round(720 * 8 / HOUR, 2)
+    assert metrics["lost_gpu_seconds"] == pytest.approx(120 * 8)
+    assert metrics["lost_gpu_h_by_class"]["batch"] == round(120 * 8 / HOUR, 2)
+
+
+def test_a_restarted_run_checkpoints_on_its_own_clock() -> None:
+    """A run's checkpoints fall every ``checkpoint_every`` seconds from its start, its
+    restart included (`Request.saved_seconds`, the clock the policy's price reads): a
+    second run stopped 1,000 s in keeps 900 s less its 120 s restart, and loses 220 s."""
+    job = _request(resumable=True, checkpoint_every=900, restart_cost=120)
+    assert job.saved_seconds(1000) == 900
+    assert job.lost_seconds(1000) == 100 + 120
 
 
 def test_a_job_with_no_checkpoint_loses_its_whole_run() -> None:
-    out = outcome_of(_guest_and_owner(resumable=False))
+    """Funded on the whole node, the job is stopped by the node going down at 7,800 s
+    (R6, whatever its price) and starts over on the node's return."""
+    data = gpu_scenario(
+        [gpu_request("job", "owner", 0, 8, "batch", duration=10 * HOUR, resumable=False)],
+        nodes=1,
+        gpus=8,
+        teams=[{"name": "owner", "share": {"gpu": 1.0}}],
+    )
+    data["events"] = [
+        {"at": 7800, "node": "n-0", "state": "down"},
+        {"at": 7800 + HOUR, "node": "n-0", "state": "ready"},
+    ]
+    data["horizon"] = 24 * HOUR
+    out = outcome_of(data)
     job = next(r for r in out["requests"] if r["id"] == "job")
     assert job["ends"][-1] == pytest.approx(7800 + HOUR + 10 * HOUR)
     assert out["metrics"]["lost_gpu_seconds"] == pytest.approx(7800 * 8)
@@ -158,21 +190,26 @@ def _fits(free: int, chosen: tuple[model.Allocation, ...], want: int) -> bool:
 
 
 @settings(max_examples=300, deadline=None)
-@given(_node_state())
+@given(_node_state(), st.sampled_from([NO_WAIT, CHECKPOINT_SLACK]))
 def test_the_victims_chosen_are_the_cheapest_set_that_makes_room_and_none_is_unneeded(
-    state: tuple[list[model.Allocation], int],
+    state: tuple[list[model.Allocation], int], slack: float
 ) -> None:
     """R4: against every other set of the sessions a's request may stop (b's funded ones
-    within R8's price, c's unallocated ones), the chosen set costs no more, and each
-    of its victims is needed."""
+    within R8's price, c's unallocated ones; with R10's ``slack``, those that checkpoint
+    only just after a checkpoint), the chosen set costs no more, and each of its victims
+    is needed."""
     allocations, want = state
     free = 8 - sum(a.request.gpus for a in allocations)
     request = model.Request(id="q", user="u", team="a", pool="g", submit=0.0, gpus=want)
     capacity = Capacity([NODE], allocations)
     victims = Victims(allocations, NOW)
+    victims.wait_for_checkpoints(slack, slack)
     targets = find_targets(request, capacity, victims, frozenset({"b"}), NOW)
     may_stop = [
-        a for a in allocations if not a.funded or a.request.lost_seconds(NOW - a.start) <= PRICE_CAP
+        a
+        for a in allocations
+        if (not a.funded or a.request.lost_seconds(NOW - a.start) <= PRICE_CAP)
+        and at_checkpoint(a.request, NOW - a.start, slack)
     ]
     others = [
         chosen
@@ -199,15 +236,18 @@ def _decisions(data: dict[str, Any]) -> list[Decisions]:
 
 
 def test_the_verdict_says_why_each_victim_was_chosen_and_what_it_cost() -> None:
-    """One 4-GPU node, a with no usage. b's funded job (checkpointing, 2 GPUs) and c's
-    unallocated notebook (1 GPU, snapshotted) run; at 2 h a's 3-GPU request stops the
-    cheapest set that makes room: both, one a borrower, one of a team ranking below."""
+    """One 4-GPU node, a with no usage. b's funded job (checkpointing, 2 GPUs), c's
+    unallocated notebook (1 GPU, snapshotted) and b's borrowed job far from its first
+    checkpoint (1 GPU) run; a's 3-GPU request comes at 2 h 6 min 40 s, 400 s after the
+    job's checkpoint, waits for the next one (R10: 2 h 10 min, when the scheduler wakes)
+    and then stops the cheapest set that makes room: both, one a borrower, one of a
+    team ranking below."""
     data = gpu_scenario(
         [
             gpu_request("bj", "b", 0, 2, "batch", checkpoint_every=600, restart_cost=60),
             gpu_request("cn", "c", 0, 1, "interactive", resumable=True, memory_gib=8),
-            gpu_request("fill", "b", 0, 1, "batch", min_runtime=20 * HOUR),
-            gpu_request("a1", "a", 2 * HOUR + 300, 3, "batch"),
+            gpu_request("fill", "b", 0, 1, "batch", checkpoint_every=20 * HOUR),
+            gpu_request("a1", "a", 2 * HOUR + 400, 3, "batch", duration=HOUR),
         ],
         nodes=1,
         usage={"b": 4 * 24 * HOUR},
@@ -224,8 +264,9 @@ def test_the_verdict_says_why_each_victim_was_chosen_and_what_it_cost() -> None:
     assert set(why) == {"bj", "cn"} == set(placed.preempts)
     assert why["cn"].code == verdict.VICTIM_BORROWED
     assert why["bj"].code == verdict.VICTIM_BELOW
-    # bj: 300 s since its checkpoint at 2 h and its 60 s restart, on 2 GPUs.
-    assert why["bj"].cost == pytest.approx((300 + 60) * 2)
+    assert records_of(data)["a1"].starts[0] == 2 * HOUR + 600
+    # bj: just checkpointed, so its 60 s restart only, on 2 GPUs.
+    assert why["bj"].cost == pytest.approx(60 * 2)
     cn = parse_scenario(data).requests[1]
     assert why["cn"].cost == pytest.approx(cn.lost_seconds(0))
     for code in (why["bj"].code, why["cn"].code):
@@ -236,6 +277,19 @@ def test_lost_work_is_the_price_at_the_victims_size() -> None:
     request = _request(resumable=True, checkpoint_every=600, gpus=4)
     allocation = model.Allocation(request, (), 0.0, True, 0.0, 4.0)
     assert lost_work(allocation, 1000.0) == 400 * 4
+
+
+# --- stopped at a checkpoint (R10) --------------------------------------------
+
+
+def test_a_debug_session_does_not_wait_for_a_checkpoint() -> None:
+    """R10 spares the fast lane (S1): owner's debug session at 7,800 s stops the guest's
+    borrowed job at once, 600 s after its last checkpoint, not at the next one."""
+    data = _guest_and_owner(checkpoint_every=900, restart_cost=120)
+    data["requests"][1] = gpu_request("own", "owner", 7800, 1, "debug", duration=600)
+    records = records_of(data)
+    assert records["own"].starts == [7800]
+    assert records["job"].ends[0] == 7800
 
 
 # --- no turns (S10) and a session kept for its price (R9) ---------------------
