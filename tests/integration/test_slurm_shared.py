@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+import requests
 from slurm_fixtures import (
     ACCOUNTS,
     HUB_ACCOUNT,
@@ -224,6 +225,21 @@ def test_a_batch_job_under_a_teams_account_is_charged_to_that_team(slurm_hub, sl
         page = web.get(f"{hub.url}/hub/home", timeout=30).content.decode()
     banner = page[page.find("<strong>nlp</strong>") :][:400]
     assert "GPU·h of it batch work seen in Slurm" in banner, banner
+    made = hub.http.post(f"{hub.api}/users/ann/tokens", json={"note": "usage"}, timeout=10)
+    assert made.status_code == 201, made.text
+    headers = {"Authorization": f"token {made.json()['token']}"}
+    service = f"{hub.url}/services/budget"
+
+    def served() -> float:  # the running budget service's API
+        answer = requests.get(f"{service}/api/v1/teams", headers=headers, timeout=30)
+        if answer.status_code != 200:
+            return 0.0
+        [team] = [t for t in answer.json()["teams"] if t["name"] == "nlp"]
+        return float(next(p["slurm_units"] for p in team["pools"] if p["pool"] == "gpu"))
+
+    wait_for(lambda: served() == pytest.approx(charged, abs=0.01), 60, "the service's figure")
+    page = requests.get(f"{service}/teams", headers=headers, timeout=30).content.decode()
+    assert "batch work seen in Slurm" in page, page[-2000:]
 
 
 def test_a_restarted_hubs_first_cycle_counts_other_jobs(slurm_hub, slurm):
