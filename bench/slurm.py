@@ -19,6 +19,7 @@ Run: ``python -m bench.slurm [--rounds N]`` as root (namespaces, slurmd), after
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import statistics
@@ -30,7 +31,8 @@ from harness.hub import Hub, scheduler_lines, start_hub, wait_for
 from harness.nodes import FUNDED_AND_GUESTS, local_gpu_node, notebook_profile
 from harness.slurm import SlurmCluster, SlurmNode
 
-SESSION_ENV = Path("/var/cache/budgethub/session-env")
+SESSION_ENV = Path(os.environ.get("BUDGETHUB_SESSION_ENV", "/var/cache/budgethub/session-env"))
+"""The session environment (``images/session-env``), as the Slurm tests take it."""
 WORK = Path("/var/tmp/budgethub-bench-slurm")
 PROFILES = [notebook_profile("budgethub/base:latest", memory_gib=1, gpus=[1])]
 TEAMS = FUNDED_AND_GUESTS
