@@ -7,7 +7,9 @@ against its bar in bench/bars.toml.
 * bench.compare — budget and the four baselines on that month (`budgethub compare`)
 * bench.family — budget and legacy over 88-1,024 GPUs x loads x notebook shares, and at
   88 and 128 GPUs the kinds issue 49 adds (two pools, organisations, a deadline burst,
-  node failures, idle notebooks, batch that never checkpoints, all at once), two seeds
+  node failures, idle notebooks, batch that never checkpoints, all at once), two seeds;
+  two runs at a time (the cells issue 49 added are 16 % of its simulation time, its
+  1,024-GPU legacy weeks with 35 % notebooks half of it: docs/benchmarks/family.md)
 * bench.forecast — the form's forecast at submit against what happened, on the family's
   88-GPU workloads
 * bench.replay — `budgethub replay` on a 30-day, 1,024-GPU history written into a SQLite
@@ -58,7 +60,7 @@ MODULES: tuple[tuple[str, list[str]], ...] = (
     ("month", ["1", "2", "3", "4", "5"]),
     ("idle", []),
     ("compare", []),
-    ("family", []),
+    ("family", ["--jobs", "2"]),
     ("forecast", []),
     ("replay", []),
     ("restorable", []),

@@ -577,8 +577,8 @@ def kind_lines(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> list[str]:
             f" {three([o.worst_daily for o in budget], percent)}; occupancy"
             f" {three([o.occupancy for o in budget], percent)}; debug p90"
             f" {three([o.debug_p90_s for o in budget], fmt_wait)}; up"
-            f" {three([o.up_share for o in budget], percent)}; every bar on {held} of"
-            f" {len(mine)} cells"
+            f" {three([o.up_share for o in budget], percent)}; every bar, lost work and"
+            f" goodput included, on {held} of {len(mine)} cells"
         )
     return lines
 

@@ -444,7 +444,7 @@ def test_each_kind_gets_its_min_median_max_line() -> None:
     (line,) = family.kind_lines([cell], runs)
     assert line.startswith("family: orgs (the 15 teams in 3 organisations), 3 runs")
     assert "worst team daily 90.0% / 95.0% / 99.0%" in line
-    assert "every bar on 0 of 1 cells" in line
+    assert "every bar, lost work and goodput included, on 0 of 1 cells" in line
     assert family.spread([0.90, 0.99, 0.95], family.percent) == "90.0%/95.0%/99.0%"
 
 
