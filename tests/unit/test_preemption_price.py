@@ -292,6 +292,30 @@ def test_a_debug_session_does_not_wait_for_a_checkpoint() -> None:
     assert records["job"].ends[0] == 7800
 
 
+def test_a_day_slice_ends_at_its_next_checkpoint() -> None:
+    """R10 at S5's stop: one 8-GPU node; a (2 GPUs of share) runs an 8-GPU job that
+    checkpoints every 3,000 s, funded as a day slice until a's day share is charged at
+    6 h (21,600 s); b's waiting job ranks below it. Then 600 s from its checkpoint, which
+    R8 would let go, the slice runs on to its next checkpoint (24,000 s) and is stopped
+    then, with nothing since it to lose."""
+    data = gpu_scenario(
+        [
+            gpu_request("a1", "a", 0, 8, "batch", checkpoint_every=3000),
+            gpu_request("b1", "b", 1800, 6, "batch", resumable=True),
+        ],
+        nodes=1,
+        gpus=8,
+        day_rank_weight=0,
+        teams=[{"name": "a", "share": {"gpu": 0.25}}, {"name": "b", "share": {"gpu": 0.75}}],
+    )
+    data["usage"] = [
+        {"team": "b", "pool": "gpu", "gpu_seconds": 0.9 * 6 * 7 * 24 * HOUR, "ago": 48 * HOUR}
+    ]
+    out = outcome_of(data)
+    a1 = next(r for r in out["requests"] if r["id"] == "a1")
+    assert a1["starts"][0] == 0 and a1["ends"][0] == pytest.approx(24000)
+
+
 # --- no turns (S10) and a session kept for its price (R9) ---------------------
 
 
