@@ -29,6 +29,7 @@ from scheduler_core.capacity import Capacity
 from scheduler_core.errors import InputError
 from scheduler_core.metrics import result
 from scheduler_core.model import Allocation
+from scheduler_core.preemption import GANG_CHECKPOINT_SLACK, at_checkpoint, checkpoint_slack
 from scheduler_core.scenario import Scenario, parse_scenario
 from scheduler_core.scheduler import Actuator, Clock, Scheduler
 from scheduler_core.settings import Settings
@@ -528,7 +529,9 @@ def check_free_matches_allocations(scheduler: Scheduler) -> None:
 def check_funded_not_blocked_by_unallocated(
     scheduler: Scheduler, decisions: Decisions, now: float
 ) -> None:
-    """No pending funded request could fit by stopping unallocated work past its grace."""
+    """No pending funded request could fit by stopping unallocated work past its grace
+    that the policy may stop for it now: a run that checkpoints only just after a
+    checkpoint (R10), and never the session whose admission stopped the request (S10)."""
     capacity = Capacity(scheduler.nodes.values(), scheduler.running.values())
     for node_name, holder in scheduler.reservations.items():
         for name in holder:
@@ -536,14 +539,23 @@ def check_funded_not_blocked_by_unallocated(
     # Past its grace, and not started in this very instant: nothing is stopped in the
     # instant it started (S9), so a debug session the fast lane (S1) placed in this cycle
     # may hold slices a funded request waits for until the next one.
-    idle = [
+    borrowed = [
         a
         for a in scheduler.running.values()
         if not a.funded and a.protected_until <= now and a.start < now
     ]
+    slack = checkpoint_slack(scheduler.settings.cycle_tick)
     for pending in scheduler.pending.values():
         if not scheduler.funded.get(pending.id):
             continue
+        wait = slack if pending.nodes == 1 else max(slack, GANG_CHECKPOINT_SLACK)
+        # S10: a request that a preemption put back does not stop its stopper in return.
+        stopper = scheduler.stopped_by.get(pending.id)
+        idle = [
+            a
+            for a in borrowed
+            if at_checkpoint(a.request, now - a.start, wait) and a.request.id != stopper
+        ]
         fits = 0
         for node_free in capacity.pool_nodes(pending.pool):
             if not capacity.eligible(node_free, pending):

@@ -11,7 +11,9 @@ from harness import liverun
 from scheduler_core.research.evaluation import headline
 from scheduler_core.research.replay import outcome
 from scheduler_core.scenario import parse_scenario
-from scheduler_core.simulator import SimActuator, Simulation
+from scheduler_core.scheduler import Scheduler
+from scheduler_core.simulator import Simulation
+from scheduler_core.view import Decisions
 
 
 def test_the_plan_has_what_the_live_test_needs() -> None:
@@ -29,19 +31,22 @@ def test_the_plan_has_what_the_live_test_needs() -> None:
 
 def test_the_plan_simulated_stops_guests_only_and_legacy_makes_debug_wait() -> None:
     stopped: list[tuple[str, bool, str]] = []
+    funded_of: dict[str, bool] = {}
 
-    class Watching(SimActuator):
-        def preempt(self, allocation, reason):  # type: ignore[no-untyped-def]
-            stopped.append((allocation.id, allocation.funded, reason))
-            return super().preempt(allocation, reason)
+    # The simulator's observer, not a subclass of its actuator: the compiled core's
+    # classes cannot be subclassed from Python. A stopped session ran in an earlier
+    # cycle (S9), so its funding is known from what ran then.
+    def watch(scheduler: Scheduler, decisions: Decisions, now: float) -> None:
+        for p in decisions.preemptions:
+            stopped.append((p.allocation_id, funded_of[p.allocation_id], p.reason))
+        funded_of.update((a.id, a.funded) for a in scheduler.running.values())
 
     data = liverun.scenario(liverun.plan_sessions())
     assert [(e["node"], e["state"]) for e in data["events"]] == [
         ("gpu-2", "draining"),
         ("gpu-2", "ready"),
     ]
-    simulation = Simulation(parse_scenario(data))
-    simulation.scheduler.actuator = Watching(simulation)
+    simulation = Simulation(parse_scenario(data), watch)
     run = simulation.run()
     assert stopped and all(
         not funded and rid.startswith(("gus/", "hal/")) for rid, funded, _ in stopped
