@@ -20,7 +20,7 @@ from typing import Any
 
 from scheduler_core.errors import InputError
 from scheduler_core.registry import POLICIES
-from scheduler_core.research.commands.sweep import grid, parse_axis
+from scheduler_core.research.commands.sweep import add_set_flag, grid, parse_axis
 from scheduler_core.research.evaluation import Axis, fmt_wait, headline_table
 from scheduler_core.research.replay import (
     CAUSES,
@@ -61,13 +61,8 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--until", metavar="WHEN", help="period end (default: now)")
     parser.add_argument("--policy", help="also run the history under this policy")
-    parser.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=V1,V2,...",
-        help="also run under this setting (several values: a sweep; repeat for more settings)",
+    add_set_flag(
+        parser, "also run under this setting (several values: a sweep; repeat for more settings)"
     )
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--plot", metavar="PATH.png", help="plot live against simulated waits")

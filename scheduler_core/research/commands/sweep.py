@@ -30,6 +30,13 @@ from scheduler_core.scenario import load_scenario
 from scheduler_core.settings import SettingError, setting_from_text
 
 
+def add_set_flag(parser: Any, help: str) -> None:
+    """``--set KEY=V1,V2,...``, repeatable, into ``args.sets`` (read by `parse_axes`)."""
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[], metavar="KEY=V1,V2,...", help=help
+    )
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "sweep",
@@ -37,14 +44,7 @@ def register(subparsers: Any) -> None:
         description="Simulate a scenario once per combination of setting values.",
     )
     parser.add_argument("scenario", help="scenario JSON file")
-    parser.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=V1,V2,...",
-        help="a setting and the values to try (repeat for more settings)",
-    )
+    add_set_flag(parser, "a setting and the values to try (repeat for more settings)")
     parser.add_argument("--policy", help="run this policy instead of the scenario's")
     parser.add_argument("--plot", metavar="FILE.png", help="write a plot of the sweep")
     parser.add_argument("--json", action="store_true", help="print the results as JSON only")
