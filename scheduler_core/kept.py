@@ -186,7 +186,7 @@ class Layout:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class WholeBuckets:
     """Per pool, node names by their count of free whole GPUs (name order within a
     count), and each node's count: the index `Capacity` builds, as of one moment."""
@@ -194,6 +194,15 @@ class WholeBuckets:
     names: Mapping[str, tuple[tuple[str, ...], ...]]
     counts: Mapping[str, Mapping[str, int]]
     """Per pool, node name → free whole GPUs."""
+
+    def __init__(
+        self,
+        names: Mapping[str, tuple[tuple[str, ...], ...]],
+        counts: Mapping[str, Mapping[str, int]],
+    ) -> None:
+        # Written out: compiled, a generated __init__ runs interpreted (view.py).
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "counts", counts)
 
 
 def _bucket_sizes(nodes: Iterable[Node]) -> dict[str, int]:
@@ -341,7 +350,7 @@ def _count(tally: dict[str | None, int], key: str | None, change: int) -> None:
         tally.pop(key, None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ExposedSessions:
     """Sessions past their protected window: per node (any order), and GPU tallies."""
 
@@ -352,6 +361,19 @@ class ExposedSessions:
     """Per node."""
     totals: Mapping[str, tuple[int, int]]
     """Per node: GPUs held by every exposed session, and by the unallocated ones."""
+
+    def __init__(
+        self,
+        by_node: Mapping[str, tuple[Allocation, ...]],
+        gpus: Mapping[str, Tally],
+        node_gpus: Mapping[str, Tally],
+        totals: Mapping[str, tuple[int, int]],
+    ) -> None:
+        # Written out: compiled, a generated __init__ runs interpreted (view.py).
+        object.__setattr__(self, "by_node", by_node)
+        object.__setattr__(self, "gpus", gpus)
+        object.__setattr__(self, "node_gpus", node_gpus)
+        object.__setattr__(self, "totals", totals)
 
 
 # -- the frozen view and the failed searches -----------------------------------

@@ -44,9 +44,11 @@ class _Curve:
                     hint = bisect_right(times, when, hint) - 1
                     break
         else:
-            hint = bisect_right(times, when) - 1
-            if hint < 0:
+            if last < 0 or when < times[0]:
+                # Before the first change (a window reaching back before the run): no
+                # search, which compiled is a call through Python.
                 return 0.0
+            hint = bisect_right(times, when) - 1
         self.hints[which] = hint
         return self.cumulative[hint] + self.rates[hint] * (when - times[hint])
 

@@ -43,7 +43,7 @@ Cost = tuple[float, float, float, float]
 """What stopping a set of victims costs (`set_cost`), compared as a tuple."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Target:
     """Victims on one node and what stopping them costs."""
 
@@ -53,6 +53,15 @@ class Target:
     cost: Cost
     """Funded (and not releasable) victims at all, busy victims (when any is idle), work
     lost (`lost_work`, a gang's place included), victims."""
+
+    def __init__(
+        self, node: str, victims: tuple[Allocation, ...], slices: tuple[Slice, ...], cost: Cost
+    ) -> None:
+        # Written out: compiled, a generated __init__ runs interpreted (view.py).
+        object.__setattr__(self, "node", node)
+        object.__setattr__(self, "victims", victims)
+        object.__setattr__(self, "slices", slices)
+        object.__setattr__(self, "cost", cost)
 
 
 def lost_work(allocation: Allocation, now: float, gang_wait: float = 0.0) -> float:

@@ -64,7 +64,7 @@ class RequestRecord:
         return self.starts[0] - self.submit if self.starts else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Segment:
     """A stretch of time one request ran, for usage metrics."""
 
@@ -75,6 +75,17 @@ class Segment:
     rate: float
     """GPU-equivalents (GPU pools) or cores (CPU pools)."""
     funded: bool
+
+    def __init__(
+        self, team: str, pool: str, start: float, end: float, rate: float, funded: bool
+    ) -> None:
+        # Written out: compiled, a generated __init__ runs interpreted (view.py).
+        object.__setattr__(self, "team", team)
+        object.__setattr__(self, "pool", pool)
+        object.__setattr__(self, "start", start)
+        object.__setattr__(self, "end", end)
+        object.__setattr__(self, "rate", rate)
+        object.__setattr__(self, "funded", funded)
 
 
 @dataclass
