@@ -33,6 +33,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TypeVar
 
 from scheduler_core.capacity import Capacity
 from scheduler_core.kept import ExposedSessions, Tally, gpu_totals, held_gpus
@@ -326,10 +328,14 @@ class Victims:
         """The same for a request over several nodes."""
         self.gang_wait = gang_wait
         """What stopping a gang costs beyond lost work, in seconds of its size."""
-        self._base = by_node
-        self._base_gpus = gpus
-        self._base_node_gpus = node_gpus
-        self._base_totals = totals
+        # Held as dicts (they are dicts, but for a caller's other mapping): compiled,
+        # a dict's get is a direct call and a Mapping's a method call through Python.
+        self._base: dict[str, Sequence[Allocation]] = _as_dict(by_node)
+        self._base_gpus: dict[str, Tally] = _as_dict(gpus)
+        self._base_node_gpus: dict[str, Tally] = _as_dict(node_gpus)
+        self._base_totals: dict[str, tuple[int, int]] | None = (
+            None if totals is None else _as_dict(totals)
+        )
         self._sorted: dict[str, list[Allocation]] = {}
         self._gpus: dict[str, dict[str | None, int]] = {}
         """Pool tallies changed by removals (copies; the base is never changed)."""
@@ -426,9 +432,12 @@ class Victims:
             if not base:
                 return ()
             now, idle, releasable, wait = self._now, self._idle, self._releasable, self.gang_wait
-            found = self._sorted[node] = sorted(
-                base, key=lambda a: victim_order(a, now, idle, releasable, wait)
-            )
+            # Sorted by key pairs, not ``key=lambda``: compiled, the lambda is a call
+            # through Python per victim. A key ends with the id, so no two are equal and
+            # no allocation is compared (the same order as a stable sort by the key).
+            keyed = [(victim_order(a, now, idle, releasable, wait), a) for a in base]
+            keyed.sort()
+            found = self._sorted[node] = [a for _, a in keyed]
         return found
 
     def has(self, node: str) -> bool:
@@ -458,12 +467,12 @@ class Victims:
 
     def _node_tally(self, node: str) -> Tally:
         found = self._node_gpus.get(node)
-        return found if found is not None else self._base_node_gpus.get(node, {})
+        return found if found is not None else self._base_node_gpus.get(node, _NO_TALLY)
 
     def gpu_bound(self, pool: str, allowed: frozenset[str]) -> int:
         """GPUs that stopping every permitted victim in the pool could free, at most."""
         found = self._gpus.get(pool)
-        held = found if found is not None else self._base_gpus.get(pool, {})
+        held = found if found is not None else self._base_gpus.get(pool, _NO_TALLY)
         return _permitted(held, allowed) + self._released_beyond(self._rel_pool.get(pool), allowed)
 
     def node_totals(self, node: str) -> tuple[int, int]:
@@ -480,9 +489,10 @@ class Victims:
         if found is None:
             base = self._base_totals
             if base is not None:
-                found = base.get(node, (0, 0))
-            else:
-                found = gpu_totals(self._node_tally(node))
+                # Read from the base each time, not copied into ``_totals`` (which holds
+                # what removals changed): compiled, a copy is a new tuple per node.
+                return base.get(node, (0, 0))
+            found = gpu_totals(self._node_tally(node))
             self._totals[node] = found
         return found
 
@@ -601,10 +611,27 @@ def _permits(
 
 def _permitted(held: Tally, allowed: frozenset[str]) -> int:
     total = 0
+    if isinstance(held, dict):  # as it is: iterated directly when compiled
+        for team, count in held.items():
+            if team is None or team in allowed:
+                total += count
+        return total
     for team, count in held.items():
         if team is None or team in allowed:
             total += count
     return total
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+_NO_TALLY: Tally = MappingProxyType({})
+"""A node or pool no victim holds GPUs on (read only)."""
+
+
+def _as_dict(mapping: Mapping[_K, _V]) -> dict[_K, _V]:
+    """``mapping`` itself where it is a dict (never changed here), else a dict copy."""
+    return mapping if isinstance(mapping, dict) else dict(mapping)
 
 
 def offers(

@@ -142,11 +142,15 @@ class PoolRanking:
         if protected is None:
             protected = [a for a in view.allocations if a.funded and a.pool == pool]
         for allocation in protected:
-            if allocation.protected_until > now:
-                still = allocation.charge_rate * (allocation.protected_until - now)
-                own_units[allocation.request.team] += still
+            until = allocation.protected_until
+            if until > now:
+                # ``x = x + y``, not ``x += y``: compiled, an item's ``+=`` is a generic
+                # call and this a float addition (the same one).
+                still = allocation.charge_rate * (until - now)
+                team = allocation.request.team
+                own_units[team] = own_units[team] + still
                 if day:
-                    day[allocation.request.team] += still
+                    day[team] = day[team] + still
         self._units = _by_level(own_units, facts)
         self._day_units = _by_level(day, facts) if day else {}
 

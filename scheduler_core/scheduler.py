@@ -395,11 +395,18 @@ class Scheduler:
         """When step() next has something time-driven to look at (a protected
         window ending, a request reaching the starvation bound, an idle session
         becoming free to release), if ever."""
-        heaps = (self._expiries, self._starving, self._idle_due)
-        times = [heap[0][0] for heap in heaps if heap]
+        # The earliest head, compared one by one (the simulator asks after every event).
+        found: float | None = None
+        for heap in (self._expiries, self._starving, self._idle_due):
+            if heap:
+                at = heap[0][0]
+                if found is None or at < found:
+                    found = at
         if self._checkpoints and self.pending:
-            times.append(self._checkpoints[0][0])
-        return min(times) if times else None
+            at = self._checkpoints[0][0]
+            if found is None or at < found:
+                found = at
+        return found
 
     # -- one cycle ---------------------------------------------------------
 
