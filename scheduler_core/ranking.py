@@ -45,6 +45,8 @@ class _TreeFacts:
         self.levels = {name: tree.levels(name) for name in tree.teams}
         self.subtrees = {name: tree.subtree(name) for name in tree.teams}
         self.parents = tuple(name for name in tree.teams if tree.has_children(name))
+        self.own_levels = tuple((name, name + OWN) for name in self.parents)
+        """Per parent, its name and its own work's level (``parent#own``), made once."""
         self.shared: dict[str, dict[str, int]] = {
             a: {b: _common(self.levels[a], self.levels[b]) for b in tree.teams} for a in tree.teams
         }
@@ -57,8 +59,8 @@ class _TreeFacts:
         if found is None:
             tree = self.tree
             found = {name: tree.share(name, pool) * budget_rate for name in tree.teams}
-            for name in self.parents:
-                found[name + OWN] = tree.own_share(name, pool) * budget_rate
+            for name, own in self.own_levels:
+                found[own] = tree.own_share(name, pool) * budget_rate
             if len(self._budgets) >= 64:
                 self._budgets.clear()
             self._budgets[(pool, budget_rate)] = found
@@ -90,9 +92,9 @@ def _by_level(own: dict[str, float], facts: _TreeFacts) -> dict[str, float]:
     """Every level's units from each team's own: a parent's whole subtree, and its own
     part as ``parent#own``."""
     units = dict(own)
-    for name in facts.parents:
+    for name, own_level in facts.own_levels:
         units[name] = sum(own[t] for t in facts.subtrees[name])
-        units[name + OWN] = own[name]
+        units[own_level] = own[name]
     return units
 
 
