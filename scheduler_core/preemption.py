@@ -307,7 +307,7 @@ class Victims:
         victims._setup(
             exposed.by_node, exposed.gpus, exposed.node_gpus, exposed.totals, now, gang_wait
         )
-        victims._reach = reach
+        victims._reach = None if reach is None else _as_dict(reach)
         return victims
 
     def _setup(
@@ -345,7 +345,7 @@ class Victims:
         self._touched: list[str] = []
         """Nodes whose victims changed, in order (read by `roomy`)."""
         self._roomy: dict[tuple[str, int], _Roomy] = {}
-        self._reach: Mapping[str, int] | None = None
+        self._reach: dict[str, int] | None = None
         self._idle: dict[str, float] = {}
         self._releasable: set[str] = set()
         self._rel_pool: dict[str, dict[str, int]] = {}
@@ -542,9 +542,15 @@ class Victims:
         found = self.bounds(allowed)
         bound = found.get(node)
         if bound is None:
-            bound = found[node] = _permitted(
-                self._node_tally(node), allowed
-            ) + self._released_beyond(self._rel_node.get(node), allowed)
+            bound = self.bound_into(found, node, allowed)
+        return bound
+
+    def bound_into(self, found: dict[str, int], node: str, allowed: frozenset[str]) -> int:
+        """`node_gpu_bound`, worked out and written into ``found`` (``bounds(allowed)``,
+        which the caller holds and found no answer in)."""
+        bound = found[node] = _permitted(self._node_tally(node), allowed) + self._released_beyond(
+            self._rel_node.get(node), allowed
+        )
         return bound
 
     def bounds(self, allowed: frozenset[str]) -> dict[str, int]:
@@ -698,7 +704,7 @@ def _roomy_nodes(
             if victims.node_totals(name)[1] < short:
                 freeable = bounds.get(name)
                 if freeable is None:
-                    freeable = victims.node_gpu_bound(name, allowed)
+                    freeable = victims.bound_into(bounds, name, allowed)
                 if freeable < short:
                     continue
         nodes.append(nf)
