@@ -25,6 +25,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Any
 
 from scheduler_core import simulator as sim_module
@@ -106,6 +107,9 @@ class LiveRequest:
     forecast_start: float | None = None
     forecast_funded: bool | None = None
     forecast_time: float | None = None
+    requeued: bool | None = None
+    """Whether the Hub queued it again after a preemption (its ``preempt`` events say so);
+    None where the store does not say (it was never preempted)."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,9 @@ class Plan:
     unseen: Mapping[str, str]
     """Request id → why the simulator cannot see it."""
     live_requests: Mapping[str, LiveRequest]
+    ends_on_preempt: frozenset[str] = frozenset()
+    """Requests a preemption ends instead of queueing them again, as the live Hub did
+    (`ends_on_preempt`)."""
 
 
 def kept_progress(request: Request, elapsed: float, restart: float) -> float:
@@ -238,7 +245,7 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
     chosen = settings or history.settings
     node_list = list(history.nodes)
     kinds = {p.name: p.kind for p in history.pools}
-    requests: list[Request] = []
+    requests: list[tuple[tuple[float, str], Request]] = []
     durations: dict[str, float] = {}
     idle_after: dict[str, float] = {}
     adopted: list[Adopted] = []
@@ -249,6 +256,7 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
     """Work that cannot end inside the period."""
     team_names = {t.name for t in history.teams}
     placeable: dict[tuple[Any, ...], str | None] = {}
+    ending: set[str] = set()
     for live in history.requests:
         request = live.request
         rid = request.id
@@ -271,8 +279,10 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
         relative = replace(request, submit=request.submit - since)
         if live.idle_after is not None:
             idle_after[rid] = live.idle_after
+        if ends_on_preempt(live):
+            ending.add(rid)
         if request.submit >= since:
-            requests.append(relative)
+            requests.append(((relative.submit, rid), relative))
             durations[rid] = max(total, 1e-9)
             by_id[rid] = live
             continue
@@ -301,14 +311,34 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
         nodes=tuple(node_list),
         teams=history.teams,
         usage=(),
-        requests=tuple(sorted(requests, key=lambda r: (r.submit, r.id))),
+        requests=tuple(r for _, r in sorted(requests, key=itemgetter(0))),
         durations=durations,
         events=events,
         idle_after=idle_after,
     )
     admin = tuple(replace(a, at=a.at - since) for a in history.admin if since <= a.at < until)
     live_run = live_sim_run(scenario, by_id, since, kinds)
-    return Plan(history, scenario, tuple(adopted), tuple(queued), admin, live_run, unseen, by_id)
+    return Plan(
+        history,
+        scenario,
+        tuple(adopted),
+        tuple(queued),
+        admin,
+        live_run,
+        unseen,
+        by_id,
+        frozenset(ending & by_id.keys()),
+    )
+
+
+def ends_on_preempt(live: LiveRequest) -> bool:
+    """Does a preemption end the request rather than queue it again? What the store says
+    the live Hub did with it (`LiveRequest.requeued`), else the live Hub's rule: only a
+    session that can resume is queued again (spawner/runtime/takedown.py). The simulator
+    queues every preempted request again; the replay does as the Hub did (`simulate`)."""
+    if live.requeued is not None:
+        return not live.requeued
+    return not live.request.resumable
 
 
 def _unplaceable(
@@ -423,7 +453,7 @@ def live_sim_run(
                 break
             end = horizon if run.end is None else min(run.end - since, horizon)
             record.starts.append(start)
-            record.nodes.append(list(run.nodes))
+            record.nodes.append([g.node for g in run.grants])
             record.funded.append(run.funded)
             record.ends.append(end)
             segments.append(
@@ -482,6 +512,24 @@ class ReplayScheduler(Scheduler):
         self.reconfigure(settings=settings, teams=teams)
 
 
+class _AsLive:
+    """The simulator's actuator, except that a request the live Hub ended at a preemption
+    (`Plan.ends_on_preempt`) is not queued again: the run stops as the simulator stops
+    any (its kept progress and lost work counted alike) and the request ends there. A
+    wrapper, not a subclass: the compiled core's classes take none."""
+
+    def __init__(self, inner: Any, ends: frozenset[str]) -> None:
+        self.inner = inner
+        self.ends = ends
+
+    def launch(self, allocation: Allocation) -> None:
+        self.inner.launch(allocation)
+
+    def preempt(self, allocation: Allocation, reason: str) -> bool:
+        queued = bool(self.inner.preempt(allocation, reason))
+        return queued and allocation.id not in self.ends
+
+
 def simulate(
     plan_: Plan,
     settings: Settings | None = None,
@@ -509,6 +557,8 @@ def simulate(
             mark = NodeEvent(change.at, f"{_ADMIN_MARK}{index}", Health.READY)
             sim.push(change.at, sim_module._NODE, mark)
     scheduler = sim.scheduler
+    if plan_.ends_on_preempt:
+        scheduler.actuator = _AsLive(scheduler.actuator, plan_.ends_on_preempt)
     _seed_usage(scheduler, plan_)
     kinds = {p.name: p.kind for p in scenario.pools}
     for item in plan_.adopted:

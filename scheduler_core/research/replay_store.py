@@ -42,7 +42,6 @@ from scheduler_core.research.replay import (
 )
 from scheduler_core.scenario import NodeEvent
 from scheduler_core.settings import SETTING_NAMES, SettingError, Settings, settings_from_mapping
-from scheduler_core.store import Store
 from scheduler_core.store.engine import alembic_config, make_engine, migrate
 from scheduler_core.store.mapping import (
     node_from_row,
@@ -64,7 +63,7 @@ from scheduler_core.store.models import (
     TeamRow,
     UsageRow,
 )
-from scheduler_core.store.records import RequestForecast, RequestState
+from scheduler_core.store.records import RequestState
 
 OLDEST = "0003"
 """The oldest schema read as it is: the admin tables (audit log, settings) came with it."""
@@ -76,7 +75,6 @@ _EVENT_KINDS = (
     "preempt",
     "launch-failed",
     "exit",
-    "session-ended",
     "cancel",
     "launched",
     "activity",
@@ -241,11 +239,6 @@ def read_history(source: Source, since: float, until: float, window: float) -> H
     nodes = _health_at(since, nodes, events, before[-1] if before else None)
     requests, notes = _requests(engine, since, until, events)
     missing.extend(notes)
-    forecasts = _forecasts(engine, since, until)
-    if forecasts is None:
-        missing.append("requests.forecast_* (each request's forecast at submit, migration 0004)")
-    elif forecasts:
-        requests = [_with_forecast(r, forecasts.get(r.request.id)) for r in requests]
     admin = _admin_changes(since, until, audit, starts, events)
     lookbacks = [c.settings.get("lookback", 0.0) for c in admin]
     usage = _usage(engine, since, max([window, settings.lookback, *lookbacks]))
@@ -439,17 +432,29 @@ def _wanted(since: float, until: float) -> Any:
     )
 
 
+_REQUEST_COLUMNS = (
+    *("id", "user_name", "team", "pool", "submit", "gpus", "nodes", "gpu_milli", "mig"),
+    *("cpus", "memory_gib", "labels", "min_runtime", "resumable", "priority"),
+    *("klass", "profile", "state", "spec"),  # the columns a RequestRow maps, by name
+)
+_FORECAST_COLUMNS = ("forecast_time", "forecast_start", "forecast_funded")
+"""What the replay measures of the forecast kept at submit (migration 0004)."""
+
+
 def _requests(
     engine: Engine, since: float, until: float, events: Sequence[_Event]
 ) -> tuple[list[LiveRequest], list[str]]:
-    """Every request of the period, and those running or waiting at its start."""
+    """Every request of the period, and those running or waiting at its start: one query
+    of the columns the replay reads (the forecast's too, where the schema has them)."""
     notes: list[str] = []
     columns = RequestRow.__table__.c
     wanted = _wanted(since, until)
-    names: tuple[str, ...] = ("id", "user_name", "team", "pool", "submit", "gpus", "nodes")
-    names += ("gpu_milli", "mig")
-    names += ("cpus", "memory_gib", "labels", "min_runtime", "resumable", "priority")
-    names += ("klass", "profile", "state", "spec")  # the columns a RequestRow maps, by name
+    with engine.connect() as connection:
+        present = {c["name"] for c in inspect(connection).get_columns("requests")}
+    forecasts = all(name in present for name in _FORECAST_COLUMNS)
+    if not forecasts:
+        notes.append("requests.forecast_* (each request's forecast at submit, migration 0004)")
+    names = _REQUEST_COLUMNS + (_FORECAST_COLUMNS if forecasts else ())
     query = (
         select(*(columns[name] for name in names))
         .where(wanted)
@@ -457,34 +462,43 @@ def _requests(
     )
     with _reading(engine) as session:
         request_rows = list(session.execute(query))
-    alloc_rows = _allocations(engine, select(columns.id).where(wanted), until)
-    runs_of: dict[str, list[_Allocation]] = defaultdict(list)
-    for allocation in alloc_rows:
+    rows, grants = _allocations(engine, select(columns.id).where(wanted), until)
+    runs_of: dict[str, list[Any]] = defaultdict(list)
+    for allocation in rows:
         runs_of[allocation.request_id].append(allocation)
     by_kind: dict[str, dict[str, list[_Event]]] = defaultdict(lambda: defaultdict(list))
     for event in events:
         request_id = event.payload.get("request")
         if isinstance(request_id, str):
             by_kind[event.kind][request_id].append(event)
+    endings: dict[str, list[_Event]] = defaultdict(list)
+    for kind in _ENDING_KINDS:
+        for request_id, found in by_kind[kind].items():
+            endings[request_id].extend(found)
     out: list[LiveRequest] = []
     no_checkpoint = False
     for row in request_rows:
         spec = row.spec or {}
         no_checkpoint = no_checkpoint or "checkpoint_every" not in spec
-        request = replace(
-            request_from_row(cast(Any, row)),  # the columns a RequestRow maps
-            checkpoint_every=float(spec.get("checkpoint_every") or 0.0),
-            restart_cost=float(spec.get("restart_cost") or 0.0),
-        )
+        request = _request(row, spec)
         state = RequestState(row.state)
-        runs = _runs(runs_of.get(row.id, []), state, by_kind, row.id, until)
+        rid = row.id
+        own = endings.get(rid, ())
+        runs = _runs(runs_of.get(rid, ()), grants, state, own, until)
+        forecast = (row.forecast_time, row.forecast_start, row.forecast_funded)
         out.append(
             LiveRequest(
                 request,
                 runs,
-                cancelled=_cancelled(row.id, state, runs, by_kind, until),
-                idle_after=_idle_after(runs, by_kind["activity"].get(row.id, [])),
-                latency=_latency(by_kind["launched"].get(row.id, [])),
+                cancelled=_cancelled(rid, state, runs, by_kind, until),
+                idle_after=_idle_after(runs, by_kind["activity"].get(rid, ())),
+                latency=_latency(by_kind["launched"].get(rid, ())),
+                forecast_time=forecast[0] if forecasts else None,
+                forecast_start=forecast[1] if forecasts and forecast[0] is not None else None,
+                forecast_funded=(
+                    bool(forecast[2]) if forecasts and forecast[0] is not None else None
+                ),
+                requeued=_requeued(runs, state, own),
             )
         )
     if no_checkpoint and out:
@@ -492,27 +506,45 @@ def _requests(
             "a request's checkpoint interval and restart cost (requests.spec has neither; "
             "the replay takes 0)"
         )
-    if alloc_rows and not by_kind["launched"]:
+    if rows and not by_kind["launched"]:
         notes.append("launched events: when each session was ready (its spawn latency)")
     return out, notes
 
 
-@dataclass(frozen=True)
-class _Allocation:
-    id: int
-    request_id: str
-    start_time: float
-    end_time: float | None
-    funded: bool
-    protected_until: float
-    charge_rate: float
-    grants: tuple[model.NodeGrant, ...]
+def _request(row: Any, spec: Mapping[str, Any]) -> model.Request:
+    """The request a row maps (`mapping.request_from_row`), with what a preemption of it
+    costs from its spec."""
+    request = request_from_row(cast(Any, row))  # the columns a RequestRow maps
+    every = float(spec.get("checkpoint_every") or 0.0)
+    cost = float(spec.get("restart_cost") or 0.0)
+    if every or cost:
+        request = replace(request, checkpoint_every=every, restart_cost=cost)
+    return request
 
 
-def _allocations(engine: Engine, request_ids: Any, until: float) -> list[_Allocation]:
-    """The allocations of ``request_ids`` (a subquery) that started before ``until``, with
-    their grants and, where still booked, their slices: three plain queries in one
-    transaction (the ORM's loading took most of a month's read)."""
+def _requeued(
+    runs: Sequence[LiveRun], state: RequestState, endings: Sequence[_Event]
+) -> bool | None:
+    """Whether the Hub queued the request again after a preemption: what its last
+    ``preempt`` event says (``requeued``, written since issue 51), else a last run
+    preempted with the request finished (the Hub ends one it does not queue again),
+    else None (the store does not say: never preempted, or queued again and not told)."""
+    for event in reversed(endings):
+        if event.kind == "preempt" and isinstance(event.payload.get("requeued"), bool):
+            return bool(event.payload["requeued"])
+    if runs and runs[-1].ended == PREEMPTED and state is RequestState.FINISHED:
+        return False
+    if any(r.ended == PREEMPTED for r in runs):
+        return True
+    return None
+
+
+def _allocations(
+    engine: Engine, request_ids: Any, until: float
+) -> tuple[list[Any], dict[int, tuple[model.NodeGrant, ...]]]:
+    """The allocations of ``request_ids`` (a subquery) that started before ``until`` (rows
+    with their columns by name), and their grants with, where still booked, their slices:
+    three plain queries in one transaction (the ORM's loading took most of a month's read)."""
     a = AllocationRow.__table__.c
     g = AllocationGrantRow.__table__.c
     b = BookedSliceRow.__table__.c
@@ -546,55 +578,42 @@ def _allocations(engine: Engine, request_ids: Any, until: float) -> list[_Alloca
     for piece in slice_rows:
         slices[(piece.allocation_id, piece.node)].append(slice_from_row(cast(Any, piece)))
     grants: dict[int, list[model.NodeGrant]] = defaultdict(list)
-    for grant in grant_rows:
-        pieces = tuple(slices.get((grant.allocation_id, grant.node), ()))
-        grants[grant.allocation_id].append(
-            model.NodeGrant(grant.node, pieces, grant.cpus, grant.memory_gib)
-        )
-    return [
-        _Allocation(
-            row.id,
-            row.request_id,
-            row.start_time,
-            row.end_time,
-            row.funded,
-            row.protected_until,
-            row.charge_rate,
-            tuple(grants.get(row.id, ())),
-        )
-        for row in rows
-    ]
+    for allocation_id, node, cpus, memory in grant_rows:
+        pieces = tuple(slices.get((allocation_id, node), ()))
+        grants[allocation_id].append(model.NodeGrant(node, pieces, cpus, memory))
+    return rows, {k: tuple(v) for k, v in grants.items()}
 
 
 def _runs(
-    rows: Sequence[_Allocation],
+    rows: Sequence[Any],
+    grants: Mapping[int, tuple[model.NodeGrant, ...]],
     state: RequestState,
-    by_kind: Mapping[str, Mapping[str, list[_Event]]],
-    request_id: str,
+    endings: Sequence[_Event],
     until: float,
 ) -> tuple[LiveRun, ...]:
     """The request's allocations, each with how it ended: a preempt or launch-failed event
     within it says so; else a later allocation means it was requeued (preempted), and
     the last one ended as the request did."""
-    endings = [e for kind in _ENDING_KINDS for e in by_kind[kind].get(request_id, [])]
     runs: list[LiveRun] = []
+    last = len(rows) - 1
     for i, row in enumerate(rows):
-        end = row.end_time if row.end_time is not None and row.end_time <= until else None
-        if end is None:
+        start, end = row.start_time, row.end_time
+        if end is None or end > until:
+            end = None
             ended = RUNNING
         else:
-            hit = next((e for e in endings if row.start_time < e.time <= end + 1.0), None)
+            hit = next((e for e in endings if start < e.time <= end + 1.0), None)
             if hit is not None:
                 ended = PREEMPTED if hit.kind == "preempt" else LAUNCH_FAILED
-            elif i < len(rows) - 1 or state in (RequestState.REQUEUED, RequestState.PENDING):
+            elif i < last or state in (RequestState.REQUEUED, RequestState.PENDING):
                 ended = PREEMPTED
             else:
                 ended = FINISHED
         runs.append(
             LiveRun(
-                row.start_time,
+                start,
                 end,
-                row.grants,
+                grants.get(row.id, ()),
                 row.funded,
                 row.protected_until,
                 row.charge_rate,
@@ -643,27 +662,6 @@ def _latency(launched: Sequence[_Event]) -> float | None:
         if isinstance(value, int | float):
             return float(value)
     return None
-
-
-def _forecasts(engine: Engine, since: float, until: float) -> dict[str, RequestForecast] | None:
-    """Each request's forecast at submit, for requests of the period
-    (`Store.request_forecasts`); None where the store predates them (migration 0004)."""
-    with engine.connect() as connection:
-        columns = {c["name"] for c in inspect(connection).get_columns("requests")}
-    if "forecast_start" not in columns:
-        return None
-    return Store(engine).request_forecasts(since=since, until=until)
-
-
-def _with_forecast(live: LiveRequest, forecast: RequestForecast | None) -> LiveRequest:
-    if forecast is None:
-        return live
-    return replace(
-        live,
-        forecast_time=forecast.time,
-        forecast_start=forecast.start,
-        forecast_funded=forecast.funded,
-    )
 
 
 def _admin_changes(

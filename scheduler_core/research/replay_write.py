@@ -249,7 +249,8 @@ def _ending(request_id: str, at: float, preempted: bool, allocation: Allocation)
         return {
             "time": at,
             "kind": "preempt",
-            "payload": {"request": request_id, "reason": "funded", "message": ""},
+            # The simulator queues every preempted request again.
+            "payload": {"request": request_id, "reason": "funded", "message": "", "requeued": True},
         }
     return {
         "time": at,

@@ -311,3 +311,39 @@ def test_the_command_replays_a_postgresql_store(
     assert report["store"].startswith("postgresql+psycopg://")
     assert report["history"]["submitted_in_period"] == len(scenario.requests)
     assert report["comparison"]["wait_abs_error_s"]["p90"] == 0.0
+
+
+def test_whether_the_hub_queued_a_preempted_session_again_is_read_from_its_events(
+    tmp_path: Path,
+) -> None:
+    """A ``preempt`` event's ``requeued`` says what the Hub did; a request it ended there
+    is one a preemption ends in the replay too. A store from before the flag: a request
+    preempted and run again was queued again."""
+    scenario = day()
+    path = tmp_path / "store.sqlite"
+    store = Store.create(f"sqlite:///{path}")
+    try:
+        write_run(store, simulate_recorded(scenario), BASE)
+    finally:
+        store.close()
+    until = BASE + scenario.horizon
+    preempted = {
+        r.request.id: r for r in history_of(path, BASE, until).requests if r.requeued is not None
+    }
+    assert preempted and all(r.requeued for r in preempted.values())
+    ended = next(iter(preempted))
+    flag = "UPDATE events SET payload = json_set(payload, '$.requeued', json('false')) "
+    with sqlite3.connect(path) as connection:
+        connection.execute(
+            flag + "WHERE kind = 'preempt' AND json_extract(payload, '$.request') = ?", (ended,)
+        )
+    history = history_of(path, BASE, until)
+    said = {r.request.id: r.requeued for r in history.requests if r.requeued is not None}
+    assert said == {rid: rid != ended for rid in preempted}
+    assert ended in plan(history).ends_on_preempt
+    with sqlite3.connect(path) as connection:
+        connection.execute("UPDATE events SET payload = json_remove(payload, '$.requeued')")
+    older = {r.request.id: r for r in history_of(path, BASE, until).requests}
+    for rid in preempted:
+        runs = older[rid].runs
+        assert older[rid].requeued is True, (rid, runs)
