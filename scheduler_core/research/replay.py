@@ -124,6 +124,17 @@ class AdminChange:
 
 
 @dataclass(frozen=True)
+class InventoryChange:
+    """A node's GPUs, MIG layout, CPUs or memory changed at ``at`` (a Hub start that
+    found it so: the store's ``node-inventory`` event)."""
+
+    at: float
+    node: Node
+    added: bool = False
+    """The node was new then (down until this change)."""
+
+
+@dataclass(frozen=True)
 class History:
     """What the store says happened between ``since`` and ``until`` (epoch seconds)."""
 
@@ -144,6 +155,9 @@ class History:
     """Charges before ``since`` in the lookback window: (team, pool, start, end, units,
     allocation id)."""
     hub_starts: tuple[float, ...] = ()
+    inventory: tuple[InventoryChange, ...] = ()
+    """Nodes whose inventory changed after ``since`` (epoch seconds); ``nodes`` hold each
+    as it was at ``since``."""
     missing: tuple[str, ...] = ()
     """What the store does not record that a faithful replay would need."""
     store: str = ""
@@ -188,6 +202,8 @@ class Plan:
     ends_on_preempt: frozenset[str] = frozenset()
     """Requests a preemption ends instead of queueing them again, as the live Hub did
     (`ends_on_preempt`)."""
+    inventory: tuple[InventoryChange, ...] = ()
+    """Nodes' inventory changes in the period (relative times)."""
 
 
 def kept_progress(request: Request, elapsed: float, restart: float) -> float:
@@ -257,22 +273,14 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
     team_names = {t.name for t in history.teams}
     placeable: dict[tuple[Any, ...], str | None] = {}
     ending: set[str] = set()
+    placeable_on = node_list + [c.node for c in history.inventory]
     for live in history.requests:
         request = live.request
         rid = request.id
-        if request.pool not in kinds or request.team not in team_names:
-            unseen[rid] = f"its pool {request.pool!r} or team {request.team!r} is gone"
-            continue
-        reason = _unplaceable(request, node_list, placeable)
+        left_out, reason = _left_out(live, kinds, team_names, placeable_on, placeable, since)
         if reason is not None:
             unseen[rid] = reason
-            continue
-        ok_runs = [r for r in live.runs if r.ended != LAUNCH_FAILED]
-        if live.cancelled is not None and not any(
-            r.end is None or r.end > live.cancelled for r in ok_runs
-        ):
-            if live.cancelled >= since:
-                unseen[rid] = "left the queue without running (the simulator cannot cancel)"
+        if left_out:
             continue
         work, complete = work_of(live, until)
         total = work if complete else work + never
@@ -297,12 +305,6 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
     adopted, homeless = _with_slices(adopted, node_list)
     for rid in homeless:
         unseen[rid] = "ran at --since on slices its nodes, as they are now, cannot hold"
-    names = {n.name for n in node_list}
-    events = tuple(
-        NodeEvent(e.at - since, e.node, e.health)
-        for e in history.node_events
-        if since <= e.at < until and e.node in names
-    )
     scenario = Scenario(
         name=f"replay {history.store}".strip(),
         horizon=horizon,
@@ -313,7 +315,7 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
         usage=(),
         requests=tuple(r for _, r in sorted(requests, key=itemgetter(0))),
         durations=durations,
-        events=events,
+        events=_node_events(history, node_list),
         idle_after=idle_after,
     )
     admin = tuple(replace(a, at=a.at - since) for a in history.admin if since <= a.at < until)
@@ -328,6 +330,7 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
         unseen,
         by_id,
         frozenset(ending & by_id.keys()),
+        tuple(replace(c, at=c.at - since) for c in history.inventory if since <= c.at < until),
     )
 
 
@@ -339,6 +342,43 @@ def ends_on_preempt(live: LiveRequest) -> bool:
     if live.requeued is not None:
         return not live.requeued
     return not live.request.resumable
+
+
+def _node_events(history: History, nodes: Sequence[Node]) -> tuple[NodeEvent, ...]:
+    """The period's health changes of the scenario's nodes, on its clock."""
+    since, until = history.since, history.until
+    names = {n.name for n in nodes}
+    return tuple(
+        NodeEvent(e.at - since, e.node, e.health)
+        for e in history.node_events
+        if since <= e.at < until and e.node in names
+    )
+
+
+def _left_out(
+    live: LiveRequest,
+    kinds: Mapping[str, PoolKind],
+    team_names: set[str],
+    nodes: list[Node],
+    known: dict[tuple[Any, ...], str | None],
+    since: float,
+) -> tuple[bool, str | None]:
+    """Is the request left out of the scenario, and (if the report should say so) why:
+    its pool or team is gone, no node could hold it, or it left the queue without
+    running (before the period: nothing to say)."""
+    request = live.request
+    if request.pool not in kinds or request.team not in team_names:
+        return True, f"its pool {request.pool!r} or team {request.team!r} is gone"
+    reason = _unplaceable(request, nodes, known)
+    if reason is not None:
+        return True, reason
+    if live.cancelled is not None and not any(
+        r.ended != LAUNCH_FAILED and (r.end is None or r.end > live.cancelled) for r in live.runs
+    ):
+        if live.cancelled >= since:
+            return True, "left the queue without running (the simulator cannot cancel)"
+        return True, None
+    return False, None
 
 
 def _unplaceable(
@@ -486,14 +526,25 @@ _ADMIN_MARK = "\x00admin:"
 """Node name of the simulator events that stand for admin changes (never a real node)."""
 
 
+_INVENTORY_MARK = "\x00inventory:"
+"""Node name of the simulator events that stand for a node's inventory changing."""
+
+
 class ReplayScheduler(Scheduler):
-    """The scheduler with admin changes at their times: the simulator delivers each as a
-    node event on a node named `_ADMIN_MARK` + its index, and this applies it."""
+    """The scheduler with admin changes and node inventory changes at their times: the
+    simulator delivers each as a node event on a node named `_ADMIN_MARK` (or
+    `_INVENTORY_MARK`) + its index, and this applies it."""
 
     changes: list[AdminChange]
     pinned: frozenset[str]
+    inventory: list[InventoryChange]
+    skipped: list[InventoryChange]
+    """Inventory changes not made: the simulated run held a device they take away."""
 
     def set_health(self, node_name: str, health: Health) -> None:
+        if node_name.startswith(_INVENTORY_MARK):
+            self._new_inventory(self.inventory[int(node_name[len(_INVENTORY_MARK) :])])
+            return
         if not node_name.startswith(_ADMIN_MARK):
             super().set_health(node_name, health)
             return
@@ -510,6 +561,26 @@ class ReplayScheduler(Scheduler):
                         share[pool] = value
                 teams.append(Team(team.name, share, team.parent))
         self.reconfigure(settings=settings, teams=teams)
+
+    def _new_inventory(self, change: InventoryChange) -> None:
+        """The node as the Hub found it at a start (a new one comes up ready), the pool's
+        capacity and the kept data built again (`Scheduler.reconfigure`). The live Hub
+        cannot take away a device a session holds; nor does this (the change is skipped)."""
+        node = change.node
+        devices = {g.uuid for g in node.gpus} | {m.uuid for g in node.gpus for m in g.mig}
+        for allocation in self.running.values():
+            for grant in allocation.grants:
+                if grant.node == node.name and any(
+                    (s.mig_uuid or s.gpu_uuid) not in devices for s in grant.slices
+                ):
+                    self.skipped.append(change)
+                    return
+        old = self.nodes.get(node.name)
+        health = Health.READY if change.added or old is None else old.health
+        self.nodes[node.name] = replace(node, health=health)
+        self._node_tuple = tuple(self.nodes.values())
+        self._capacity = self._pool_capacity()
+        self.reconfigure()
 
 
 class _AsLive:
@@ -541,7 +612,7 @@ def simulate(
     ``observer`` sees every cycle, as `Simulation`'s does."""
     scenario = plan_.scenario if settings is None else replace(plan_.scenario, settings=settings)
     sim = Simulation(scenario, observer)
-    if plan_.admin:
+    if plan_.admin or plan_.inventory:
         replaying = ReplayScheduler(
             scenario.settings,
             scenario.pools,
@@ -553,9 +624,14 @@ def simulate(
         replaying.changes = list(plan_.admin)
         replaying.pinned = frozenset(pinned)
         sim.scheduler = replaying
+        replaying.inventory = list(plan_.inventory)
+        replaying.skipped = []
         for index, change in enumerate(plan_.admin):
             mark = NodeEvent(change.at, f"{_ADMIN_MARK}{index}", Health.READY)
             sim.push(change.at, sim_module._NODE, mark)
+        for index, new in enumerate(plan_.inventory):
+            mark = NodeEvent(new.at, f"{_INVENTORY_MARK}{index}", Health.READY)
+            sim.push(new.at, sim_module._NODE, mark)
     scheduler = sim.scheduler
     if plan_.ends_on_preempt:
         scheduler.actuator = _AsLive(scheduler.actuator, plan_.ends_on_preempt)

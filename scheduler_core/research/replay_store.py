@@ -37,6 +37,7 @@ from scheduler_core.research.replay import (
     RUNNING,
     AdminChange,
     History,
+    InventoryChange,
     LiveRequest,
     LiveRun,
 )
@@ -44,6 +45,7 @@ from scheduler_core.scenario import NodeEvent
 from scheduler_core.settings import SETTING_NAMES, SettingError, Settings, settings_from_mapping
 from scheduler_core.store.engine import alembic_config, make_engine, migrate
 from scheduler_core.store.mapping import (
+    node_from_inventory,
     node_from_row,
     pool_from_row,
     request_from_row,
@@ -64,6 +66,7 @@ from scheduler_core.store.models import (
     UsageRow,
 )
 from scheduler_core.store.records import RequestState
+from scheduler_core.store.store import NODE_INVENTORY
 
 OLDEST = "0003"
 """The oldest schema read as it is: the admin tables (audit log, settings) came with it."""
@@ -81,7 +84,10 @@ _EVENT_KINDS = (
     "node",
     "hub-start",
     "admin-applied",
+    NODE_INVENTORY,
 )
+_STATE_KINDS = ("node", "hub-start", NODE_INVENTORY)
+"""Kinds read from before the period too: the state at its start."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +242,11 @@ def read_history(source: Source, since: float, until: float, window: float) -> H
     if settings is None:
         missing.append("the Hub's settings: no hub-start event, no scheduler_status row")
         settings = Settings()
+    nodes, inventory, noted = _inventory_at(since, until, nodes, events)
+    missing.extend(noted)
     nodes = _health_at(since, nodes, events, before[-1] if before else None)
+    later = _added(inventory)
+    nodes = [replace(n, health=model.Health.DOWN) if n.name in later else n for n in nodes]
     requests, notes = _requests(engine, since, until, events)
     missing.extend(notes)
     admin = _admin_changes(since, until, audit, starts, events)
@@ -260,6 +270,7 @@ def read_history(source: Source, since: float, until: float, window: float) -> H
         admin=admin,
         usage=usage,
         hub_starts=tuple(e.time for e in starts if since < e.time < until),
+        inventory=inventory,
         missing=tuple(missing),
         store=source.shown,
         schema=source.revision,
@@ -276,11 +287,18 @@ class _Event:
 
 def _events(engine: Engine, since: float, until: float) -> list[_Event]:
     """The event log's entries the replay reads: those of the period, and before it the
-    node changes and Hub starts (the state at ``since``)."""
+    node changes, inventories and Hub starts (the state at ``since``); node inventories
+    after it too, as the node rows hold the newest one (`_inventory_at` walks back)."""
     query = (
         select(EventRow.id, EventRow.time, EventRow.kind, EventRow.payload)
-        .where(EventRow.kind.in_(_EVENT_KINDS), EventRow.time < until)
-        .where(or_(EventRow.time >= since, EventRow.kind.in_(("node", "hub-start"))))
+        .where(EventRow.kind.in_(_EVENT_KINDS))
+        .where(
+            or_(
+                and_(EventRow.time < until, EventRow.time >= since),
+                and_(EventRow.time < until, EventRow.kind.in_(_STATE_KINDS)),
+                EventRow.kind == NODE_INVENTORY,  # the rows are now: walked back to ``until``
+            )
+        )
         .order_by(EventRow.time, EventRow.id)
     )
     with _reading(engine) as session:
@@ -376,6 +394,54 @@ def _apply(
             shares.setdefault(target[0], {})[target[1]] = float(value)
     elif settings is not None and isinstance(value, int | float):
         settings[entry.target] = float(value)
+
+
+def _inventory_at(
+    since: float, until: float, nodes: list[model.Node], events: Sequence[_Event]
+) -> tuple[list[model.Node], tuple[InventoryChange, ...], list[str]]:
+    """Each node's GPUs and MIG layout at ``since`` (the store's rows hold only the
+    newest): its last ``node-inventory`` event before it, else what the first one after
+    it replaced (``was``; None: the node came later, so it is left out if that was after
+    ``until``), else the row. Also the changes in the period, and a note where the store
+    has no such events."""
+    by_node: dict[str, list[_Event]] = defaultdict(list)
+    for event in events:
+        if event.kind == NODE_INVENTORY and isinstance(event.payload.get("node"), str):
+            by_node[event.payload["node"]].append(event)
+    if not by_node:
+        note = (
+            "a node's GPUs and MIG layout over time (no node-inventory events: a Hub from "
+            "before them; the replay takes each node as the store holds it now)"
+        )
+        return nodes, (), [note]
+    out: list[model.Node] = []
+    changes: list[InventoryChange] = []
+    for node in nodes:
+        seen = by_node.get(node.name, [])
+        earlier = [e for e in seen if e.time <= since]
+        later = [e for e in seen if since < e.time < until]
+        after = [e for e in seen if e.time > since]
+        if earlier:
+            node = node_from_inventory(node.name, earlier[-1].payload["inventory"], node.health)
+        elif after and after[0].payload.get("was") is not None:
+            node = node_from_inventory(node.name, after[0].payload["was"], node.health)
+        elif after and not later:
+            continue  # it came after the period
+        out.append(node)
+        for event in later:
+            changes.append(
+                InventoryChange(
+                    event.time,
+                    node_from_inventory(node.name, event.payload["inventory"]),
+                    added=event.payload.get("was") is None,
+                )
+            )
+    return out, tuple(sorted(changes, key=lambda c: c.at)), []
+
+
+def _added(changes: Sequence[InventoryChange]) -> set[str]:
+    """The nodes that a change in the period brought (absent at its start: down then)."""
+    return {c.node.name for c in changes if c.added}
 
 
 def _health_at(
@@ -581,7 +647,7 @@ def _allocations(
     for allocation_id, node, cpus, memory in grant_rows:
         pieces = tuple(slices.get((allocation_id, node), ()))
         grants[allocation_id].append(model.NodeGrant(node, pieces, cpus, memory))
-    return rows, {k: tuple(v) for k, v in grants.items()}
+    return list(rows), {k: tuple(v) for k, v in grants.items()}
 
 
 def _runs(

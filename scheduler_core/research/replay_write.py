@@ -83,7 +83,7 @@ def write_run(store: Store, recorded: Recorded, base: float, hub: str = "hub") -
     settings = settings_json(scenario.settings)
     store.save_pools(scenario.pools)
     store.save_teams(scenario.teams)
-    store.save_nodes(list(scenario.nodes))
+    store.save_nodes(list(scenario.nodes), at=base)  # as a Hub's start records them
     status = SchedulerStatus(hub, base + scenario.horizon, 0, 0.0, (), settings, 0)
     AdminStore(store).report(status)
     rows = _Rows(base)

@@ -28,6 +28,7 @@ from scheduler_core.research.replay import (
     RUNNING,
     AdminChange,
     History,
+    InventoryChange,
     LiveRequest,
     LiveRun,
     compare,
@@ -251,3 +252,19 @@ def test_the_hub_rule_decides_where_the_store_does_not_say() -> None:
     resumable = LiveRequest(request("res", "a", 5, resumable=True), (run(10, 20, FINISHED),))
     the_plan = plan(history([plain, resumable]))
     assert the_plan.ends_on_preempt == {"plain"}
+
+
+def test_a_node_that_gains_a_gpu_at_a_hub_start_gains_it_in_the_replay() -> None:
+    """n0 has one GPU at the period's start and two after a Hub start at 1000 s (the
+    store's node-inventory event): the second request waits for the first or for the
+    new GPU, whichever comes first, as live."""
+    first = LiveRequest(request("first", "a", 0, min_runtime=9000.0), (run(0, 5000, FINISHED),))
+    second = LiveRequest(request("second", "b", 10), (run(1000, 2000, FINISHED),))
+    grown = InventoryChange(T0 + 1000, node(2))
+    the_plan = plan(history([first, second], inventory=(grown,)))
+    assert [c.at for c in the_plan.inventory] == [1000.0]
+    simulated = simulate(the_plan)
+    assert simulated.records["second"].starts == [1000.0]
+    assert not compare(the_plan, simulated)["comparison"]["causes"]
+    # Without the change the second waits for the first to end.
+    assert simulate(plan(history([first, second]))).records["second"].starts == [5000.0]
