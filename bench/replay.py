@@ -8,8 +8,12 @@ The history is the seed-like month of `bench.month` (`budgethub generate seed-li
 (`replay_write`; neither step is timed). Then, timed apart:
 
 * **read**: the store opened read-only and the month's history read (`replay_store`);
-* **replay**: the history made a scenario with its starting state, simulated, and
-  compared request by request (`replay.plan`, `simulate`, `compare`).
+* **replay**: the history made a scenario with its starting state, simulated, both runs'
+  outcomes measured once (`replay.outcome`: the outcome table's rows, whose team
+  figures the comparison reuses), and compared request by request (`replay.plan`,
+  `simulate`, `outcome`, `compare`), as `budgethub replay`'s report does;
+* **around the simulation**: the read and the replay less the simulation, the part the
+  replay adds to the simulator's own time.
 
 Bar (issue 51): the replay within the month's own bar, 8 s (`month.simulated_s`), plus the
 time to read the store, which is reported beside it, as is the time the month's own
@@ -32,7 +36,7 @@ import time
 from pathlib import Path
 
 from scheduler_core.research.generator import SeedLikeOptions, seed_like
-from scheduler_core.research.replay import compare, plan, simulate
+from scheduler_core.research.replay import compare, outcome, plan, simulate
 from scheduler_core.research.replay_store import open_store, read_history
 from scheduler_core.research.replay_write import simulate_recorded, write_run
 from scheduler_core.scenario import parse_scenario
@@ -44,6 +48,7 @@ BASE = 1_790_000_000.0
 FIGURES = (
     "replay.read_s",
     "replay.month_s",
+    "replay.around_simulation_s",
     "replay.history_simulated_s",
     "replay.month_order_agreement",
     "replay.order_agreement",
@@ -89,20 +94,26 @@ def measure(seed: int, days: int, gpus: int) -> dict[str, float]:
         write_s = time.perf_counter() - started
         size_mb = os.path.getsize(path) / 1e6
         started = time.perf_counter()
+        cpu_started = time.process_time()
         source = open_store(path)
         try:
             history = read_history(source, BASE, BASE + scenario.horizon, 0.0)
         finally:
             source.close()
         read_s = time.perf_counter() - started
+    # The steps of `budgethub replay`'s report (commands/replay.replay_report), timed apart.
     steps = [time.perf_counter()]
     the_plan = plan(history)
     steps.append(time.perf_counter())
     again = simulate(the_plan)
     steps.append(time.perf_counter())
-    compared = compare(the_plan, again)["comparison"]
+    live_out, replay_out = outcome("live", the_plan.live), outcome("replay", again)
     steps.append(time.perf_counter())
-    plan_s, simulate_s, compare_s = (b - a for a, b in zip(steps, steps[1:], strict=False))
+    compared = compare(the_plan, again, live_out, replay_out)["comparison"]
+    steps.append(time.perf_counter())
+    plan_s, simulate_s, outcomes_s, compare_s = (
+        b - a for a, b in zip(steps, steps[1:], strict=False)
+    )
     replay_s = steps[-1] - steps[0]
     print(
         f"replay (seed {seed}): {len(scenario.requests)} requests, {gpus} GPUs, {days} days; "
@@ -110,14 +121,20 @@ def measure(seed: int, days: int, gpus: int) -> dict[str, float]:
     )
     print(
         f"replay (seed {seed}): read {read_s:.2f} s + replay {replay_s:.2f} s "
-        f"(plan {plan_s:.2f}, simulate {simulate_s:.2f}, compare {compare_s:.2f}) = "
-        f"{read_s + replay_s:.2f} s; start order "
+        f"(plan {plan_s:.2f}, simulate {simulate_s:.2f}, outcomes {outcomes_s:.2f}, "
+        f"compare {compare_s:.2f}) = {read_s + replay_s:.2f} s; start order "
         f"{compared['order_agreement']:.4f} of {compared['order_pairs']:,} pairs, "
         f"|wait error| p90 {compared['wait_abs_error_s']['p90']} s"
+    )
+    added = read_s + replay_s - simulate_s
+    print(
+        f"replay (seed {seed}): around the simulation {added:.2f} s of wall time "
+        f"({time.process_time() - cpu_started:.2f} s of CPU for the whole replay with its read)"
     )
     return {
         "replay.read_s": round(read_s, 2),
         "replay.month_s": round(replay_s, 2),
+        "replay.around_simulation_s": round(added, 2),
         "replay.history_simulated_s": round(simulated_s, 2),
         "replay.month_order_agreement": float(compared["order_agreement"] or 0.0),
     }

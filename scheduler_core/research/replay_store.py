@@ -40,6 +40,7 @@ from scheduler_core.research.replay import (
     InventoryChange,
     LiveRequest,
     LiveRun,
+    without_cyclic_gc,
 )
 from scheduler_core.scenario import NodeEvent
 from scheduler_core.settings import SETTING_NAMES, SettingError, Settings, settings_from_mapping
@@ -209,6 +210,7 @@ def _reading(engine: Engine) -> Iterator[Session]:
         yield session
 
 
+@without_cyclic_gc
 def read_history(source: Source, since: float, until: float, window: float) -> History:
     """The history of ``[since, until)``, and the usage charged before it within the
     longest lookback window in force (or ``window``, if longer: a what-if's)."""
@@ -501,7 +503,7 @@ def _wanted(since: float, until: float) -> Any:
 _REQUEST_COLUMNS = (
     *("id", "user_name", "team", "pool", "submit", "gpus", "nodes", "gpu_milli", "mig"),
     *("cpus", "memory_gib", "labels", "min_runtime", "resumable", "priority"),
-    *("klass", "profile", "state", "spec"),  # the columns a RequestRow maps, by name
+    *("klass", "profile", "state"),  # the columns a RequestRow maps, by name
 )
 _FORECAST_COLUMNS = ("forecast_time", "forecast_start", "forecast_funded")
 """What the replay measures of the forecast kept at submit (migration 0004)."""
@@ -521,8 +523,12 @@ def _requests(
     if not forecasts:
         notes.append("requests.forecast_* (each request's forecast at submit, migration 0004)")
     names = _REQUEST_COLUMNS + (_FORECAST_COLUMNS if forecasts else ())
+    priced = (  # from the spec only what a preemption costs, not the whole JSON
+        columns.spec["checkpoint_every"].as_float().label("checkpoint_every"),
+        columns.spec["restart_cost"].as_float().label("restart_cost"),
+    )
     query = (
-        select(*(columns[name] for name in names))
+        select(*(columns[name] for name in names), *priced)
         .where(wanted)
         .order_by(columns.submit, columns.id)
     )
@@ -544,9 +550,8 @@ def _requests(
     out: list[LiveRequest] = []
     no_checkpoint = False
     for row in request_rows:
-        spec = row.spec or {}
-        no_checkpoint = no_checkpoint or "checkpoint_every" not in spec
-        request = _request(row, spec)
+        no_checkpoint = no_checkpoint or row.checkpoint_every is None
+        request = _request(row)
         state = RequestState(row.state)
         rid = row.id
         own = endings.get(rid, ())
@@ -577,12 +582,12 @@ def _requests(
     return out, notes
 
 
-def _request(row: Any, spec: Mapping[str, Any]) -> model.Request:
+def _request(row: Any) -> model.Request:
     """The request a row maps (`mapping.request_from_row`), with what a preemption of it
     costs from its spec."""
     request = request_from_row(cast(Any, row))  # the columns a RequestRow maps
-    every = float(spec.get("checkpoint_every") or 0.0)
-    cost = float(spec.get("restart_cost") or 0.0)
+    every = float(row.checkpoint_every or 0.0)
+    cost = float(row.restart_cost or 0.0)
     if every or cost:
         request = replace(request, checkpoint_every=every, restart_cost=cost)
     return request
@@ -668,7 +673,9 @@ def _runs(
             end = None
             ended = RUNNING
         else:
-            hit = next((e for e in endings if start < e.time <= end + 1.0), None)
+            hit = (
+                next((e for e in endings if start < e.time <= end + 1.0), None) if endings else None
+            )
             if hit is not None:
                 ended = PREEMPTED if hit.kind == "preempt" else LAUNCH_FAILED
             elif i < last or state in (RequestState.REQUEUED, RequestState.PENDING):
