@@ -331,7 +331,7 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
         by_id[rid] = live
     adopted, homeless = _with_slices(adopted, node_list)
     for rid in homeless:
-        unseen[rid] = "ran at --since on slices its nodes, as they are now, cannot hold"
+        unseen[rid] = "ran at --since on slices its nodes, as they were then, cannot hold"
     scenario = Scenario(
         name=f"replay {history.store}".strip(),
         horizon=horizon,

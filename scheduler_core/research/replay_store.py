@@ -88,6 +88,9 @@ _EVENT_KINDS = (
     NODE_INVENTORY,
 )
 _STATE_KINDS = ("node", "hub-start", NODE_INVENTORY)
+GRANTED = "granted"
+"""The Hub's event of an admission booked: ``request``, ``funded``, ``devices`` (node ->
+the device ids of its slices; spawner/hub/embedded.py writes it)."""
 """Kinds read from before the period too: the state at its start."""
 
 
@@ -251,6 +254,7 @@ def read_history(source: Source, since: float, until: float, window: float) -> H
     nodes = [replace(n, health=model.Health.DOWN) if n.name in later else n for n in nodes]
     requests, notes = _requests(engine, since, until, events)
     missing.extend(notes)
+    requests = _devices_at(engine, since, requests, {n.name: n for n in nodes})
     admin = _admin_changes(since, until, audit, starts, events)
     lookbacks = [c.settings.get("lookback", 0.0) for c in admin]
     usage = _usage(engine, since, max([window, settings.lookback, *lookbacks]))
@@ -591,6 +595,82 @@ def _request(row: Any) -> model.Request:
     if every or cost:
         request = replace(request, checkpoint_every=every, restart_cost=cost)
     return request
+
+
+def _devices_at(
+    engine: Engine, since: float, requests: list[LiveRequest], nodes: Mapping[str, model.Node]
+) -> list[LiveRequest]:
+    """The runs under way at ``since`` whose slices the store no longer holds (their
+    allocation has ended since) get the devices their ``granted`` event named, where the
+    nodes as they were then still have them; the others keep none (`replay.plan` places
+    them on free slices)."""
+    bare = [
+        (i, j)
+        for i, live in enumerate(requests)
+        for j, run in enumerate(live.runs)
+        if run.start < since
+        and (run.end is None or run.end > since)
+        and live.request.gpu_weight
+        and any(not g.slices for g in run.grants)
+    ]
+    if not bare:
+        return requests
+    wanted = {requests[i].request.id for i, _ in bare}
+    earliest = min(requests[i].runs[j].start for i, j in bare)
+    query = (
+        select(EventRow.time, EventRow.payload)
+        .where(EventRow.kind == GRANTED, EventRow.time >= earliest, EventRow.time < since)
+        .order_by(EventRow.time, EventRow.id)
+    )
+    granted: dict[tuple[str, float], Mapping[str, Any]] = {}
+    with _reading(engine) as session:
+        for at, payload in session.execute(query):
+            if isinstance(payload, dict) and payload.get("request") in wanted:
+                granted[(payload["request"], at)] = payload.get("devices") or {}
+    out = list(requests)
+    for i, j in bare:
+        live = out[i]
+        run = live.runs[j]
+        devices = granted.get((live.request.id, run.start))
+        if devices is None:
+            continue
+        grants = tuple(_granted(g, live.request, devices, nodes) for g in run.grants)
+        if all(g.slices for g in grants):
+            runs = live.runs[:j] + (replace(run, grants=grants),) + live.runs[j + 1 :]
+            out[i] = replace(live, runs=runs)
+    return out
+
+
+def _granted(
+    grant: model.NodeGrant,
+    request: model.Request,
+    devices: Mapping[str, Any],
+    nodes: Mapping[str, model.Node],
+) -> model.NodeGrant:
+    """The grant with the slices its devices name (a MIG instance's UUID, or a GPU's:
+    whole, or the request's fraction of it); unchanged where a device is not known."""
+    node = nodes.get(grant.node)
+    ids = devices.get(grant.node)
+    if node is None or not isinstance(ids, list) or not ids:
+        return grant
+    gpus = {g.uuid: g for g in node.gpus}
+    mig = {m.uuid: (g, m) for g in node.gpus for m in g.mig}
+    slices: list[model.Slice] = []
+    for device in ids:
+        if device in mig:
+            gpu, instance = mig[device]
+            slices.append(
+                model.Slice(
+                    gpu.uuid, model.SliceKind.MIG, model.MILLI, instance.uuid, instance.profile
+                )
+            )
+        elif device in gpus and request.gpu_milli:
+            slices.append(model.Slice(device, model.SliceKind.FRACTION, request.gpu_milli))
+        elif device in gpus:
+            slices.append(model.Slice(device, model.SliceKind.WHOLE))
+        else:
+            return grant
+    return replace(grant, slices=tuple(slices))
 
 
 def _requeued(
