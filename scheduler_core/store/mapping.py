@@ -194,7 +194,12 @@ def request_row(request: model.Request, state: RequestState) -> RequestRow:
 
 
 def request_from_row(row: RequestRow) -> model.Request:
+    """The request as submitted; its checkpoint interval and restart cost come from its
+    spec (`request_spec`), so a Hub started again prices its preemption as before."""
+    spec = getattr(row, "spec", None) or {}
     return model.Request(
+        checkpoint_every=float(spec.get("checkpoint_every") or 0.0),
+        restart_cost=float(spec.get("restart_cost") or 0.0),
         id=row.id,
         user=row.user_name,
         team=row.team,

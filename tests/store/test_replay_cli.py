@@ -383,3 +383,23 @@ def test_a_node_s_inventory_over_time_comes_from_its_events(tmp_path: Path) -> N
     changes = [(c.at - BASE, c.node.name, len(c.node.gpus), c.added) for c in whole.inventory]
     assert changes == [(3600.0, "late-1", 0, True), (7200.0, node.name, len(node.gpus) - 1, False)]
     assert not any("MIG layout over time" in line for line in whole.missing)
+
+
+def test_a_request_read_back_keeps_what_a_preemption_of_it_costs(tmp_path: Path) -> None:
+    """A Hub started again recovers its waiting and running requests from the store
+    (`Store.pending_requests`, `active_allocations`): their checkpoint interval and
+    restart cost come back with them, so the live policy prices their preemption as the
+    replay does."""
+    scenario = day()
+    asked = replace(
+        scenario.requests[0], submit=BASE, resumable=True, checkpoint_every=600.0, restart_cost=45.0
+    )
+    with Store.create(f"sqlite:///{tmp_path / 'store.sqlite'}") as store:
+        store.save_pools(scenario.pools)
+        store.save_teams(scenario.teams)
+        store.save_nodes(list(scenario.nodes))
+        store.add_request(asked)
+        [waiting] = store.pending_requests()
+        again = store.load_request(asked.id)
+    assert (waiting.checkpoint_every, waiting.restart_cost) == (600.0, 45.0)
+    assert again == asked
