@@ -76,6 +76,23 @@ def live_figures() -> dict[str, float]:
     return {f"replay.{name}": value for name, value in found.items()}
 
 
+class _Clock:
+    """Wall and CPU time (this process's) of each step: on a loaded machine the CPU time
+    is the steadier of the two."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, tuple[float, float]] = {}
+        self._at = (time.perf_counter(), time.process_time())
+
+    def lap(self, name: str) -> None:
+        now = (time.perf_counter(), time.process_time())
+        self.laps[name] = (now[0] - self._at[0], now[1] - self._at[1])
+        self._at = now
+
+    def shown(self) -> str:
+        return ", ".join(f"{n} {w:.2f} / {c:.2f} s" for n, (w, c) in self.laps.items())
+
+
 def measure(seed: int, days: int, gpus: int) -> dict[str, float]:
     """Write the month into a fresh SQLite store, then time reading and replaying it."""
     options = SeedLikeOptions(seed=seed, days=days, gpus=gpus)
@@ -93,43 +110,41 @@ def measure(seed: int, days: int, gpus: int) -> dict[str, float]:
             store.close()
         write_s = time.perf_counter() - started
         size_mb = os.path.getsize(path) / 1e6
-        started = time.perf_counter()
-        cpu_started = time.process_time()
+        clock = _Clock()
         source = open_store(path)
         try:
             history = read_history(source, BASE, BASE + scenario.horizon, 0.0)
         finally:
             source.close()
-        read_s = time.perf_counter() - started
+        clock.lap("read")
     # The steps of `budgethub replay`'s report (commands/replay.replay_report), timed apart.
-    steps = [time.perf_counter()]
     the_plan = plan(history)
-    steps.append(time.perf_counter())
+    clock.lap("plan")
     again = simulate(the_plan)
-    steps.append(time.perf_counter())
+    clock.lap("simulate")
     live_out, replay_out = outcome("live", the_plan.live), outcome("replay", again)
-    steps.append(time.perf_counter())
+    clock.lap("outcomes")
     compared = compare(the_plan, again, live_out, replay_out)["comparison"]
-    steps.append(time.perf_counter())
-    plan_s, simulate_s, outcomes_s, compare_s = (
-        b - a for a, b in zip(steps, steps[1:], strict=False)
-    )
-    replay_s = steps[-1] - steps[0]
+    clock.lap("compare")
+    wall = {name: w for name, (w, _) in clock.laps.items()}
+    read_s = wall["read"]
+    replay_s = sum(wall.values()) - read_s
+    added = read_s + replay_s - wall["simulate"]
     print(
         f"replay (seed {seed}): {len(scenario.requests)} requests, {gpus} GPUs, {days} days; "
         f"simulated in {simulated_s:.1f} s, written in {write_s:.1f} s ({size_mb:.1f} MB)"
     )
     print(
-        f"replay (seed {seed}): read {read_s:.2f} s + replay {replay_s:.2f} s "
-        f"(plan {plan_s:.2f}, simulate {simulate_s:.2f}, outcomes {outcomes_s:.2f}, "
-        f"compare {compare_s:.2f}) = {read_s + replay_s:.2f} s; start order "
+        f"replay (seed {seed}): read {read_s:.2f} s + replay {replay_s:.2f} s = "
+        f"{read_s + replay_s:.2f} s; start order "
         f"{compared['order_agreement']:.4f} of {compared['order_pairs']:,} pairs, "
         f"|wait error| p90 {compared['wait_abs_error_s']['p90']} s"
     )
-    added = read_s + replay_s - simulate_s
+    print(f"replay (seed {seed}): its steps, wall / CPU: {clock.shown()}")
+    cpu_added = sum(c for name, (_, c) in clock.laps.items() if name != "simulate")
     print(
-        f"replay (seed {seed}): around the simulation {added:.2f} s of wall time "
-        f"({time.process_time() - cpu_started:.2f} s of CPU for the whole replay with its read)"
+        f"replay (seed {seed}): around the simulation {added:.2f} s of wall time, "
+        f"{cpu_added:.2f} s of CPU"
     )
     return {
         "replay.read_s": round(read_s, 2),
