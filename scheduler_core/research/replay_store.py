@@ -581,6 +581,12 @@ def _requests(
             "a request's checkpoint interval and restart cost (requests.spec has neither; "
             "the replay takes 0)"
         )
+    if any("requeued" not in e.payload for found in by_kind["preempt"].values() for e in found):
+        notes.append(
+            "whether the Hub queued a preempted session again (preempt events without "
+            "'requeued', a Hub from before 8e1a689): read from the request's later runs "
+            "and its state"
+        )
     if rows and not by_kind["launched"]:
         notes.append("launched events: when each session was ready (its spawn latency)")
     return out, notes

@@ -346,7 +346,9 @@ def test_whether_the_hub_queued_a_preempted_session_again_is_read_from_its_event
     assert ended in plan(history).ends_on_preempt
     with sqlite3.connect(path) as connection:
         connection.execute("UPDATE events SET payload = json_remove(payload, '$.requeued')")
-    older = {r.request.id: r for r in history_of(path, BASE, until).requests}
+    before_the_flag = history_of(path, BASE, until)
+    assert any("without 'requeued'" in line for line in before_the_flag.missing)
+    older = {r.request.id: r for r in before_the_flag.requests}
     for rid in preempted:
         runs = older[rid].runs
         assert older[rid].requeued is True, (rid, runs)
