@@ -217,8 +217,9 @@ class Outcome:
     time, neither can the worst team's daily fulfilment (what is owed is the whole
     pool's share, what can be delivered only the up part)."""
     lost_by_stop: tuple[tuple[str, float], ...] = ()
-    """``lost_gpu_h`` split by the stop that threw it away (scheduler_core.metrics'
-    ``lost_gpu_h_by_stop``: reason/funded|borrowed/class/checkpoint|snapshot|whole)."""
+    """``lost_gpu_h`` split by the stop that threw it away (the result's
+    ``lost_gpu_h_by_stop``, scheduler_core.metrics:
+    reason/funded|borrowed/class/checkpoint|snapshot|whole)."""
 
 
 def options(job: Job) -> SeedLikeOptions:
@@ -267,7 +268,8 @@ def run(job: Job) -> Outcome:
     generated = seed_like(options(job))
     scenario = scenario_of(job, generated)
     started = time.perf_counter()
-    metrics = result(Simulation(scenario).run())["metrics"]
+    document = result(Simulation(scenario).run())
+    metrics = document["metrics"]
     wall = time.perf_counter() - started
     waits = metrics["wait_s"]
     by_class = metrics["lost_gpu_h_by_class"]
@@ -296,7 +298,7 @@ def run(job: Job) -> Outcome:
             float(by_class["debug"]),
         ),
         up_share=up_share(generated),
-        lost_by_stop=tuple((k, float(v)) for k, v in metrics.get("lost_gpu_h_by_stop", {}).items()),
+        lost_by_stop=tuple((k, float(v)) for k, v in document["lost_gpu_h_by_stop"].items()),
     )
 
 

@@ -105,7 +105,7 @@ def test_the_simulator_runs_again_what_a_checkpointing_job_threw_away() -> None:
     assert metrics["lost_gpu_seconds"] == pytest.approx(120 * 8)
     assert metrics["lost_gpu_h_by_class"]["batch"] == round(120 * 8 / HOUR, 2)
     # Counted to the stop that caused it: a funded request's reclaim of borrowed work.
-    assert metrics["lost_gpu_h_by_stop"] == {
+    assert out["lost_gpu_h_by_stop"] == {
         "funded/borrowed/batch/checkpoint": round(120 * 8 / HOUR, 2)
     }
 
