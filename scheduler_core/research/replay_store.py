@@ -594,13 +594,9 @@ def _requests(
 
 def _request(row: Any) -> model.Request:
     """The request a row maps (`mapping.request_from_row`), with what a preemption of it
-    costs from its spec."""
-    request = request_from_row(cast(Any, row))  # the columns a RequestRow maps
-    every = float(row.checkpoint_every or 0.0)
-    cost = float(row.restart_cost or 0.0)
-    if every or cost:
-        request = replace(request, checkpoint_every=every, restart_cost=cost)
-    return request
+    costs from its spec (the two values the query took from it)."""
+    priced = {"checkpoint_every": row.checkpoint_every, "restart_cost": row.restart_cost}
+    return request_from_row(cast(Any, row), priced)  # the columns a RequestRow maps
 
 
 def _devices_at(

@@ -6,6 +6,7 @@ its GPUs and MIG instances) or team (with its shares) in one call.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -193,10 +194,12 @@ def request_row(request: model.Request, state: RequestState) -> RequestRow:
     )
 
 
-def request_from_row(row: RequestRow) -> model.Request:
+def request_from_row(row: RequestRow, spec: Mapping[str, Any] | None = None) -> model.Request:
     """The request as submitted; its checkpoint interval and restart cost come from its
-    spec (`request_spec`), so a Hub started again prices its preemption as before."""
-    spec = getattr(row, "spec", None) or {}
+    spec (`request_spec`; ``spec``: those two, where the caller read only them), so a
+    Hub started again prices its preemption as before."""
+    if spec is None:
+        spec = row.spec or {}
     return model.Request(
         checkpoint_every=float(spec.get("checkpoint_every") or 0.0),
         restart_cost=float(spec.get("restart_cost") or 0.0),

@@ -106,6 +106,9 @@ def test_the_report_table_json_and_plot(
     live, replay = (row["headline"] for row in report["outcomes"])
     assert live["debug_p90_s"] == replay["debug_p90_s"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    steps = ["read", "plan", "simulate", "outcomes", "compare", "what_ifs"]
+    assert list(report["timings_s"]) == steps and report["timings_s"]["simulate"] > 0
+    assert any(line.startswith("took read ") for line in table.splitlines())
 
 
 def test_what_if_runs_a_sweep_and_another_policy(

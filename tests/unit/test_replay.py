@@ -268,3 +268,17 @@ def test_a_node_that_gains_a_gpu_at_a_hub_start_gains_it_in_the_replay() -> None
     assert not compare(the_plan, simulated)["comparison"]["causes"]
     # Without the change the second waits for the first to end.
     assert simulate(plan(history([first, second]))).records["second"].starts == [5000.0]
+
+
+def test_an_inventory_change_that_takes_a_held_gpu_away_is_skipped() -> None:
+    """A Hub refuses to start on a node that lost a device a session holds; the replay
+    skips such a change too (the simulated run still holds it) and goes on."""
+    first = LiveRequest(request("first", "a", 0, min_runtime=9000.0), (run(0, 5000, FINISHED),))
+    second = LiveRequest(request("second", "b", 10), (run(10, 2000, FINISHED),))
+    other = Node("n0", "g", 16.0, 64.0, virtual_gpus("elsewhere", 1))
+    the_plan = plan(
+        history([first, second], nodes=(node(2),), inventory=(InventoryChange(T0 + 5, other),))
+    )
+    simulated = simulate(the_plan)
+    assert simulated.records["first"].ends == [5000.0]
+    assert simulated.records["second"].starts == [10.0], "n0 kept both of its GPUs"
