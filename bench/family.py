@@ -216,6 +216,10 @@ class Outcome:
     GPU pools): occupancy cannot pass it, and where every team asks for its share all the
     time, neither can the worst team's daily fulfilment (what is owed is the whole
     pool's share, what can be delivered only the up part)."""
+    lost_by_stop: tuple[tuple[str, float], ...] = ()
+    """``lost_gpu_h`` split by the stop that threw it away (the result's
+    ``lost_gpu_h_by_stop``, scheduler_core.metrics:
+    reason/funded|borrowed/class/checkpoint|snapshot|whole)."""
 
 
 def options(job: Job) -> SeedLikeOptions:
@@ -264,7 +268,8 @@ def run(job: Job) -> Outcome:
     generated = seed_like(options(job))
     scenario = scenario_of(job, generated)
     started = time.perf_counter()
-    metrics = result(Simulation(scenario).run())["metrics"]
+    document = result(Simulation(scenario).run())
+    metrics = document["metrics"]
     wall = time.perf_counter() - started
     waits = metrics["wait_s"]
     by_class = metrics["lost_gpu_h_by_class"]
@@ -293,6 +298,7 @@ def run(job: Job) -> Outcome:
             float(by_class["debug"]),
         ),
         up_share=up_share(generated),
+        lost_by_stop=tuple((k, float(v)) for k, v in document["lost_gpu_h_by_stop"].items()),
     )
 
 
@@ -517,6 +523,46 @@ def by_class(runs: dict[str, list[Outcome]]) -> str:
     return "; ".join(parts) or "-"
 
 
+STOP_ROWS = 12
+"""`stop_lines` prints each policy's costliest causes, and the rest summed."""
+
+
+def stop_lines(outcomes: Sequence[Outcome]) -> list[str]:
+    """Each policy's lost work over its runs, split by the stop that threw it away
+    (`Outcome.lost_by_stop`): GPU-h summed over the runs, that as a share of the
+    policy's loss, and as points of all the runs' GPU time; then the spread over the runs
+    in points. Runs saved before the split was kept are left out."""
+    lines = []
+    for policy in ("budget", "legacy", *BASELINES):
+        runs = [o for o in outcomes if o.job.policy == policy and o.lost_share > 0]
+        runs = [o for o in runs if o.lost_by_stop]
+        if not runs:
+            continue
+        capacity = {id(o): o.lost_gpu_h / o.lost_share for o in runs}
+        total_capacity = sum(capacity.values())
+        total = sum(o.lost_gpu_h for o in runs)
+        keys = sorted(
+            {k for o in runs for k, _ in o.lost_by_stop},
+            key=lambda k: (-sum(dict(o.lost_by_stop).get(k, 0.0) for o in runs), k),
+        )
+        lines.append(
+            f"family: {policy}'s lost work by stop over {len(runs)} runs ({total:,.0f} GPU-h,"
+            f" {100 * total / total_capacity:.2f} points of the GPU time): reason/victim/class/"
+            f"how it resumes, GPU-h, % of the loss, points (min / median / max over the runs)"
+        )
+        for k in keys[:STOP_ROWS]:
+            hours = [dict(o.lost_by_stop).get(k, 0.0) for o in runs]
+            pts = [100 * h / capacity[id(o)] for h, o in zip(hours, runs, strict=True)]
+            lines.append(
+                f"  {k:<44} {sum(hours):>9,.0f} {100 * sum(hours) / total:>5.1f}%"
+                f" {100 * sum(hours) / total_capacity:>6.2f} ({three(pts, points)})"
+            )
+        rest = sum(dict(o.lost_by_stop).get(k, 0.0) for o in runs for k in keys[STOP_ROWS:])
+        if rest:
+            lines.append(f"  {'the rest':<44} {rest:>9,.0f} {100 * rest / total:>5.1f}%")
+    return lines
+
+
 def three(values: Sequence[float], fmt: Callable[[float], str]) -> str:
     """min / median / max."""
     ordered = sorted(values)
@@ -682,6 +728,9 @@ def outcome_from(record: dict[str, Any]) -> Outcome:
     job["settings"] = tuple((str(k), v) for k, v in job["settings"])
     if "lost_by_class" in record:
         record = {**record, "lost_by_class": tuple(record["lost_by_class"])}
+    if "lost_by_stop" in record:
+        stops = tuple((str(k), float(v)) for k, v in record["lost_by_stop"])
+        record = {**record, "lost_by_stop": stops}
     return Outcome(**{**record, "job": Job(**job)})
 
 
@@ -919,6 +968,12 @@ def parser() -> argparse.ArgumentParser:
         help="only print the tables of the runs that --save wrote to PATH (repeatable: a grid"
         " run in parts), simulating nothing",
     )
+    out.add_argument(
+        "--lost-by-stop",
+        action="store_true",
+        help="also print each policy's lost work split by the stop that threw it away (its"
+        " reason, the victim funded or borrowed, its class, how it resumes)",
+    )
     out.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (1)")
     out.add_argument(
         "--plot", type=Path, default=DEFAULT_PLOT, help=f"PNG to write ({DEFAULT_PLOT})"
@@ -985,7 +1040,7 @@ def collect(argv: list[str] | None = None) -> dict[str, float]:
     """Run the grid as ``main`` does, printing the same; the figures (FIGURES)."""
     args = parser().parse_args(argv)
     if args.show:
-        return show(args.show)
+        return show(args.show, args.lost_by_stop)
     if args.days < 1:
         parser().error(f"--days: {args.days} is not a number of days >= 1")
     if args.jobs < 1:
@@ -1032,6 +1087,9 @@ def collect(argv: list[str] | None = None) -> dict[str, float]:
         f" ({args.jobs} at a time; simulation alone {sum(o.wall_s for o in outcomes):.0f} s)"
     )
     print_grid(cells, outcomes)
+    if args.lost_by_stop:
+        for line in stop_lines(outcomes):
+            print(line)
     budget = [o for o in outcomes if o.job.policy == "budget"]
     legacy = [o for o in outcomes if o.job.policy == "legacy"]
     if against:
@@ -1073,7 +1131,7 @@ def print_grid(cells: Sequence[Cell], outcomes: Sequence[Outcome]) -> None:
         print(line)
 
 
-def show(paths: Sequence[Path]) -> dict[str, float]:
+def show(paths: Sequence[Path], by_stop: bool = False) -> dict[str, float]:
     """Print the tables of runs that ``--save`` wrote (a grid run in parts, one invocation
     per size, say), simulating nothing; the figures (FIGURES) as ``collect`` gives them.
     A run saved twice (the same cell, seed, policy, days and settings) is taken once."""
@@ -1095,6 +1153,9 @@ def show(paths: Sequence[Path]) -> dict[str, float]:
         f" {','.join(map(str, seeds))}, from {', '.join(map(str, paths))}"
     )
     print_grid(cells, outcomes)
+    if by_stop:
+        for line in stop_lines(outcomes):
+            print(line)
     budget = [o for o in outcomes if o.job.policy == "budget"]
     return figures(budget, [o for o in outcomes if o.job.policy == "legacy"])
 

@@ -8,8 +8,12 @@ The history is the seed-like month of `bench.month` (`budgethub generate seed-li
 (`replay_write`; neither step is timed). Then, timed apart:
 
 * **read**: the store opened read-only and the month's history read (`replay_store`);
-* **replay**: the history made a scenario with its starting state, simulated, and
-  compared request by request (`replay.plan`, `simulate`, `compare`).
+* **replay**: the history made a scenario with its starting state, simulated, both runs'
+  outcomes measured once (`replay.outcome`: the outcome table's rows, whose team
+  figures the comparison reuses), and compared request by request (`replay.plan`,
+  `simulate`, `outcome`, `compare`), as `budgethub replay`'s report does;
+* **around the simulation**: the read and the replay less the simulation, the part the
+  replay adds to the simulator's own time.
 
 Bar (issue 51): the replay within the month's own bar, 8 s (`month.simulated_s`), plus the
 time to read the store, which is reported beside it, as is the time the month's own
@@ -32,7 +36,7 @@ import time
 from pathlib import Path
 
 from scheduler_core.research.generator import SeedLikeOptions, seed_like
-from scheduler_core.research.replay import compare, plan, simulate
+from scheduler_core.research.replay import compare, outcome, plan, simulate
 from scheduler_core.research.replay_store import open_store, read_history
 from scheduler_core.research.replay_write import simulate_recorded, write_run
 from scheduler_core.scenario import parse_scenario
@@ -44,6 +48,7 @@ BASE = 1_790_000_000.0
 FIGURES = (
     "replay.read_s",
     "replay.month_s",
+    "replay.around_simulation_s",
     "replay.history_simulated_s",
     "replay.month_order_agreement",
     "replay.order_agreement",
@@ -71,6 +76,23 @@ def live_figures() -> dict[str, float]:
     return {f"replay.{name}": value for name, value in found.items()}
 
 
+class _Clock:
+    """Wall and CPU time (this process's) of each step: on a loaded machine the CPU time
+    is the steadier of the two."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, tuple[float, float]] = {}
+        self._at = (time.perf_counter(), time.process_time())
+
+    def lap(self, name: str) -> None:
+        now = (time.perf_counter(), time.process_time())
+        self.laps[name] = (now[0] - self._at[0], now[1] - self._at[1])
+        self._at = now
+
+    def shown(self) -> str:
+        return ", ".join(f"{n} {w:.2f} / {c:.2f} s" for n, (w, c) in self.laps.items())
+
+
 def measure(seed: int, days: int, gpus: int) -> dict[str, float]:
     """Write the month into a fresh SQLite store, then time reading and replaying it."""
     options = SeedLikeOptions(seed=seed, days=days, gpus=gpus)
@@ -88,36 +110,46 @@ def measure(seed: int, days: int, gpus: int) -> dict[str, float]:
             store.close()
         write_s = time.perf_counter() - started
         size_mb = os.path.getsize(path) / 1e6
-        started = time.perf_counter()
+        clock = _Clock()
         source = open_store(path)
         try:
             history = read_history(source, BASE, BASE + scenario.horizon, 0.0)
         finally:
             source.close()
-        read_s = time.perf_counter() - started
-    steps = [time.perf_counter()]
+        clock.lap("read")
+    # The steps of `budgethub replay`'s report (commands/replay.replay_report), timed apart.
     the_plan = plan(history)
-    steps.append(time.perf_counter())
+    clock.lap("plan")
     again = simulate(the_plan)
-    steps.append(time.perf_counter())
-    compared = compare(the_plan, again)["comparison"]
-    steps.append(time.perf_counter())
-    plan_s, simulate_s, compare_s = (b - a for a, b in zip(steps, steps[1:], strict=False))
-    replay_s = steps[-1] - steps[0]
+    clock.lap("simulate")
+    live_out, replay_out = outcome("live", the_plan.live), outcome("replay", again)
+    clock.lap("outcomes")
+    compared = compare(the_plan, again, live_out, replay_out)["comparison"]
+    clock.lap("compare")
+    wall = {name: w for name, (w, _) in clock.laps.items()}
+    read_s = wall["read"]
+    replay_s = sum(wall.values()) - read_s
+    added = read_s + replay_s - wall["simulate"]
     print(
         f"replay (seed {seed}): {len(scenario.requests)} requests, {gpus} GPUs, {days} days; "
         f"simulated in {simulated_s:.1f} s, written in {write_s:.1f} s ({size_mb:.1f} MB)"
     )
     print(
-        f"replay (seed {seed}): read {read_s:.2f} s + replay {replay_s:.2f} s "
-        f"(plan {plan_s:.2f}, simulate {simulate_s:.2f}, compare {compare_s:.2f}) = "
+        f"replay (seed {seed}): read {read_s:.2f} s + replay {replay_s:.2f} s = "
         f"{read_s + replay_s:.2f} s; start order "
         f"{compared['order_agreement']:.4f} of {compared['order_pairs']:,} pairs, "
         f"|wait error| p90 {compared['wait_abs_error_s']['p90']} s"
     )
+    print(f"replay (seed {seed}): its steps, wall / CPU: {clock.shown()}")
+    cpu_added = sum(c for name, (_, c) in clock.laps.items() if name != "simulate")
+    print(
+        f"replay (seed {seed}): around the simulation {added:.2f} s of wall time, "
+        f"{cpu_added:.2f} s of CPU"
+    )
     return {
         "replay.read_s": round(read_s, 2),
         "replay.month_s": round(replay_s, 2),
+        "replay.around_simulation_s": round(added, 2),
         "replay.history_simulated_s": round(simulated_s, 2),
         "replay.month_order_agreement": float(compared["order_agreement"] or 0.0),
     }

@@ -32,7 +32,16 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from scheduler_core.ledger import UsageLedger, WindowUsage
-from scheduler_core.model import Allocation, Node, Pool, PoolKind, Request, RequestClass, SliceKind
+from scheduler_core.model import (
+    BORROW_PRICE_CAP,
+    Allocation,
+    Node,
+    Pool,
+    PoolKind,
+    Request,
+    RequestClass,
+    SliceKind,
+)
 from scheduler_core.nodefree import NodeFree
 from scheduler_core.settings import Settings
 
@@ -149,9 +158,13 @@ class Queued:
     """``rate × min_runtime``: what funding it commits its team to."""
     debug: bool = False
     """A debug request: it takes the fast lane (see scheduler_core/policy)."""
+    dear: bool = False
+    """R11: its reclaim would throw away more than `BORROW_PRICE_CAP` of its size
+    (`Request.reclaim_seconds`; never a debug request, which has the fast lane)."""
     kind: int = -1
     """Equal numbers for requests the policy cannot tell apart but by id, submit time and
-    priority (same shape, protected window, rate, class and resumability): one cycle's
+    priority (same shape, protected window, rate, class, resumability and whether it is
+    dear to reclaim, R11): one cycle's
     answer for one holds for the next of its team while nothing changed (`kind_of`)."""
 
     @classmethod
@@ -162,8 +175,9 @@ class Queued:
         debug = request.klass is RequestClass.DEBUG
         number = shape_id(shape)
         units = rate * min_runtime
-        found = kind_of((number, min_runtime, rate, units, request.klass, request.resumable))
-        return cls(request, shape, number, min_runtime, rate, units, debug, found)
+        dear = not debug and request.reclaim_seconds > BORROW_PRICE_CAP
+        found = kind_of((number, min_runtime, rate, units, request.klass, request.resumable, dear))
+        return cls(request, shape, number, min_runtime, rate, units, debug, dear, found)
 
 
 _KIND_NUMBERS = _Numbers()

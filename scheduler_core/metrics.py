@@ -38,7 +38,11 @@ and the wait to start again are not GPU time run and are not counted. A run stil
 at the horizon is not lost. ``lost_share`` is lost GPU time over all GPU time in the
 horizon (the denominator of ``occupancy``), and ``goodput = occupancy - lost_share``:
 the share of the GPU time that went to work that was not thrown away. Idle time in a
-session counts as busy in both.
+session counts as busy in both. ``lost_gpu_h_by_stop``, beside the metrics (a run
+rebuilt from a store's events, as the replay does, knows no stop's reason), splits the
+same GPU-hours by the stop that threw them away (`simulator.stop_key`: its reason, the
+victim funded or borrowed, its class, and whether it checkpoints, is snapshotted or
+loses its whole run).
 """
 
 from __future__ import annotations
@@ -188,6 +192,9 @@ def result(run: SimRun) -> dict[str, Any]:
         "sim_wall_s": _round(run.wall_s, 3),
         "requests": requests_out,
         "metrics": metrics,
+        "lost_gpu_h_by_stop": {
+            key: _round(seconds / HOUR, 2) for key, seconds in sorted(run.lost_by_stop.items())
+        },
     }
 
 

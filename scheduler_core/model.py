@@ -9,6 +9,7 @@ that packing never suffers from float rounding.
 from __future__ import annotations
 
 import enum
+import math
 import re
 import uuid
 from collections.abc import Mapping
@@ -35,6 +36,14 @@ SNAPSHOT_RESTORE_S_PER_GIB = 2.22
 """Seconds a restore takes per GiB of state: variables available 7.55 s less the
 server's 5.33 s, for 1 GiB (`python -m bench.snapshot`). A session's memory limit
 stands for its state in the simulator: an upper bound where the kernel holds less."""
+
+
+BORROW_PRICE_CAP = 300.0
+"""R11: work whose reclaim throws away more than this many seconds of its size
+(`Request.reclaim_seconds`) borrows only what the teams' turns leave free, after work
+cheaper to give back. 300 s: the longest restart of a run that checkpoints in the
+generated workloads (5 min), below the snapshot of any session of a whole GPU (a 1-GPU
+notebook with 120 GiB: 636 s); docs/policy.md (R11) has the runs that chose it."""
 
 
 _MIG_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb$")
@@ -250,6 +259,19 @@ class Request:
         if self.checkpoint_every > 0:
             return elapsed - elapsed % self.checkpoint_every
         return elapsed
+
+    @property
+    def reclaim_seconds(self) -> float:
+        """R11: the least a reclaim of it throws away, in seconds of its size: for a run
+        that checkpoints, its restart (R10 stops it just after a checkpoint); for a
+        snapshotted session, its snapshot's taking and restoring and its restart (what
+        `lost_seconds` charges at any time); for work that cannot resume, its whole run,
+        which only grows (infinite)."""
+        if not self.resumable:
+            return math.inf
+        if self.checkpoint_every > 0:
+            return self.restart_cost
+        return self.lost_seconds(0.0)
 
     @property
     def snapshotted(self) -> bool:

@@ -99,6 +99,25 @@ class SimRun:
     wall_s: float
     lost_by_class: dict[str, float] = field(default_factory=dict)
     """GPU-seconds lost to preemption per request class (they sum to ``lost_units``)."""
+    lost_by_stop: dict[str, float] = field(default_factory=dict)
+    """The same GPU-seconds per stop (`stop_key`: the stop's reason, whether the victim ran
+    funded or borrowed, its class and how it resumes); a restart is counted to the stop
+    that caused it. They sum to ``lost_units``."""
+
+
+def stop_key(allocation: Allocation, reason: str) -> str:
+    """``reason/funded|borrowed/class/checkpoint|snapshot|whole``: what a stop's lost
+    work is counted under in `SimRun.lost_by_stop`."""
+    request = allocation.request
+    how = (
+        "checkpoint"
+        if request.checkpoint_every > 0
+        else "snapshot"
+        if request.snapshotted
+        else "whole"
+    )
+    held = "funded" if allocation.funded else "borrowed"
+    return f"{reason}/{held}/{request.klass.value}/{how}"
 
 
 class SimActuator:
@@ -137,7 +156,8 @@ class SimActuator:
         kept = max(0.0, request.saved_seconds(elapsed) - restart)
         sim.remaining[allocation.id] = max(0.0, sim.remaining[allocation.id] - kept)
         sim.restart[allocation.id] = request.restart_seconds
-        sim.lose(allocation, elapsed - kept + request.take_seconds)
+        key = sim.stop[allocation.id] = stop_key(allocation, reason)
+        sim.lose(allocation, elapsed - kept + request.take_seconds, key)
         return True
 
 
@@ -186,6 +206,9 @@ class Simulation:
         self.segments: list[Segment] = []
         self.lost_units = 0.0
         self.lost_by_class: dict[str, float] = {}
+        self.lost_by_stop: dict[str, float] = {}
+        self.stop: dict[str, str] = {}
+        """Per request preempted, the `stop_key` of its last stop (its restart's cause)."""
         self.restart = dict.fromkeys(self.remaining, 0.0)
         """Per request, the seconds its next run starts with doing no new work."""
         self._events: list[tuple[float, int, int, Any]] = []
@@ -198,13 +221,15 @@ class Simulation:
         self._seq = seq + 1
         heapq.heappush(self._events, (when, kind, seq, payload))
 
-    def lose(self, allocation: Allocation, seconds: float) -> None:
-        """Count ``seconds`` of the allocation's size as lost (GPU pools only)."""
+    def lose(self, allocation: Allocation, seconds: float, stop: str) -> None:
+        """Count ``seconds`` of the allocation's size as lost (GPU pools only), to the
+        ``stop`` that threw them away (`stop_key`)."""
         if self.kinds[allocation.pool] is PoolKind.GPU and seconds > 0:
             units = seconds * allocation.charge_rate
             self.lost_units += units
             klass = allocation.request.klass.value
             self.lost_by_class[klass] = self.lost_by_class.get(klass, 0.0) + units
+            self.lost_by_stop[stop] = self.lost_by_stop.get(stop, 0.0) + units
 
     def close_segment(self, allocation: Allocation, now: float) -> None:
         self.segments.append(
@@ -309,13 +334,15 @@ class Simulation:
             scheduler.stats.cycles,
             time.perf_counter() - started,
             dict(self.lost_by_class),
+            dict(self.lost_by_stop),
         )
 
     def _finish(self, request_id: str, now: float) -> None:
         allocation = self.scheduler.finish(request_id)
         del self.run_start[request_id]
         self.remaining[request_id] = 0.0
-        self.lose(allocation, self.restart[request_id])
+        if self.restart[request_id] > 0:
+            self.lose(allocation, self.restart[request_id], self.stop[request_id])
         record = self.records[request_id]
         record.ends.append(now)
         record.finished = True

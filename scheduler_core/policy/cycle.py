@@ -52,6 +52,8 @@ class Pass:
         "team_keys_at",
         "waiting",
         "draining",
+        "deferring",
+        "deferred",
     )
 
     def __init__(self, name: str, ranking: PoolRanking, held: set[str]) -> None:
@@ -74,6 +76,11 @@ class Pass:
         """Per team, the charge rate of its requests waiting in the pool (`day.lent`)."""
         self.draining: set[str] = set()
         """Teams whose job waits to slice the team (S6, `funding.own_slice`)."""
+        self.deferring = True
+        """R11: while true (the teams' turns), work dear to reclaim does not borrow."""
+        self.deferred: list[tuple[int, Queued]] = []
+        """R11: entries that would have borrowed, dear to reclaim, with the index of their
+        note in ``Cycle.notes``: judged again once every team's turn is over."""
 
     def room_grew(self) -> None:
         """Room was made (victims stopped, a hold ended): shapes may fit again."""

@@ -5,13 +5,19 @@ fast lane across teams), then teams by rank, the lowest first, ranked again afte
 each funded admission; a team's own entries in queue order. Each entry is judged
 for funding (funding.py), then fitted on free slices (R3), else backfilled on held
 nodes (S3), else given victims (R4, or the fast lane S1), else a hold (R7); one
-that found room is admitted.
+that found room is admitted. An entry that would borrow (run unallocated) but is dear
+to reclaim waits until every team's turns are over, then takes what they left (R11,
+`place_deferred`).
+
+Why R11 is a second phase and not a place in the order: teams take turns by rank, and
+a dear entry of the team ranked first must still not take room that a cheaper
+borrower of the team ranked last would use; after the turns, nothing cheaper wants it.
 
 Why a team keeps its turn without a trip through the heap, and why an entry may get
 the answer of the one before it: in a steady cycle nearly every one of 2,000
 entries fails the same cheap checks. While nothing changed since (no admission,
 hold, preemption or new S6 state), an entry of the same kind (`Queued.kind`: shape,
-protection, rate, class, resumability) and age class in the same team's turn gets
+protection, rate, class, resumability, R11's `dear`) and age class in the same team's turn gets
 exactly the same answer, so it is taken from `Turn.known` (and every such entry
 still gets its own verdict).
 
@@ -45,7 +51,11 @@ from scheduler_core.verdict import (
     PREEMPTS,
 )
 
-__all__ = ["find_room", "judge", "pool_pass", "victims_for"]
+__all__ = ["DEFERRED", "find_room", "judge", "place_deferred", "pool_pass", "victims_for"]
+
+DEFERRED = "deferred"
+"""R11: an entry's placement outcome while it waits for the teams' turns to end
+(`place_deferred` judges it again, so no verdict carries it)."""
 
 
 def pool_pass(cycle: Cycle, pool: str, team_queues: Mapping[str, tuple[Queued, ...]]) -> None:
@@ -73,6 +83,43 @@ def pool_pass(cycle: Cycle, pool: str, team_queues: Mapping[str, tuple[Queued, .
             heapq.heappush(heap, (later, current, head.request.submit, team))
             continue
         heads[team] = judge_all(cycle, state, team, team_queues, heads[team], heap, current)
+    if state.deferred:
+        place_deferred(cycle, state, team_queues)
+
+
+def place_deferred(
+    cycle: Cycle, state: Pass, team_queues: Mapping[str, tuple[Queued, ...]]
+) -> None:
+    """R11: once every team has had its turns, the entries that would have borrowed but
+    are dear to reclaim (`Queued.dear`) are judged again, in the order they were first
+    judged, on what the turns left; each one's note replaces the one that deferred it."""
+    state.deferring = False
+    notes = cycle.notes
+    memo = cycle.memo
+    now = cycle.now
+    starving_after = cycle.settings.starvation_bound
+    slicing_after = cycle.settings.own_slice_after
+    turn: Turn | None = None
+    for index, entry in state.deferred:
+        team = entry.request.team
+        if turn is None or turn.team != team:
+            turn = Turn(cycle, state, team)
+        # The same answers as in a team's turn (`judge_all`): its kind and age class.
+        age = now - entry.request.submit
+        key = (entry.kind << 2) | ((age >= starving_after) << 1) | (age >= slicing_after)
+        found = turn.known.get(key) if memo else None
+        if found is None:
+            result, changed, charged = judge(cycle, state, turn, entry, team_queues)
+            if charged:
+                turn = None
+            elif changed:
+                turn.known.clear()
+            elif memo:
+                turn.known[key] = result
+        else:
+            result = found
+            cycle.funded[entry.request.id] = found[0]
+        notes[index] = (entry, result)
 
 
 def judge_all(
@@ -134,6 +181,8 @@ def judge_all(
                 result = found
                 funded[request_id] = found[0]
         notes.append((entry, result))
+        if result[3] == DEFERRED:
+            state.deferred.append((len(notes) - 1, entry))
         # The team keeps its turn while its next entry still sorts first.
         if at >= end:
             return at
@@ -167,6 +216,12 @@ def judge(
     funded = cycle.funded[request_id] = ground in FUNDED_GROUNDS
     held = state.held
     holder = bool(held) and request_id in held
+    if not funded and entry.dear and state.deferring:
+        # R11: dear to reclaim, it borrows only what the teams' turns leave
+        # (`place_deferred`); a hold it had goes back to everyone.
+        if holder:
+            end_hold(cycle, request_id, state)
+        return (funded, ground, protect, DEFERRED), holder, False
     changed = holder
     if holder and not funded:
         # It would run unallocated: its nodes go back to everyone.

@@ -21,11 +21,14 @@ idle release stopped ends there; one still running at the end runs past the hori
 
 from __future__ import annotations
 
+import functools
+import gc
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from operator import itemgetter
+from typing import Any, TypeVar, cast
 
 from scheduler_core import simulator as sim_module
 from scheduler_core.metrics import percentile, result
@@ -52,6 +55,30 @@ from scheduler_core.simulator import (
     SimRun,
     Simulation,
 )
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def without_cyclic_gc(function: _F) -> _F:
+    """Run ``function`` with Python's cyclic garbage collector paused (as it was before,
+    after). The replay builds a month's history, plan and outcomes as some 10^6 objects
+    that all live on, and each generational pass scanned them again: a third of the
+    store's read and half the plan's time on the seed-1 month (docs/replay.md). They make
+    few reference cycles; the collector's next pass takes what there is. Not used around
+    the simulation, which was measured no faster without it."""
+
+    @functools.wraps(function)
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        if not gc.isenabled():
+            return function(*args, **kwargs)
+        gc.disable()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return cast(_F, paused)
+
 
 PREEMPTED = "preempted"
 LAUNCH_FAILED = "launch-failed"
@@ -106,6 +133,9 @@ class LiveRequest:
     forecast_start: float | None = None
     forecast_funded: bool | None = None
     forecast_time: float | None = None
+    requeued: bool | None = None
+    """Whether the Hub queued it again after a preemption (its ``preempt`` events say so);
+    None where the store does not say (it was never preempted)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +147,17 @@ class AdminChange:
     shares: Mapping[tuple[str, str], float] = field(default_factory=dict)
     """(team, pool) → its new share."""
     source: str = "audit"
+
+
+@dataclass(frozen=True)
+class InventoryChange:
+    """A node's GPUs, MIG layout, CPUs or memory changed at ``at`` (a Hub start that
+    found it so: the store's ``node-inventory`` event)."""
+
+    at: float
+    node: Node
+    added: bool = False
+    """The node was new then (down until this change)."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +181,9 @@ class History:
     """Charges before ``since`` in the lookback window: (team, pool, start, end, units,
     allocation id)."""
     hub_starts: tuple[float, ...] = ()
+    inventory: tuple[InventoryChange, ...] = ()
+    """Nodes whose inventory changed after ``since`` (epoch seconds); ``nodes`` hold each
+    as it was at ``since``."""
     missing: tuple[str, ...] = ()
     """What the store does not record that a faithful replay would need."""
     store: str = ""
@@ -181,6 +225,11 @@ class Plan:
     unseen: Mapping[str, str]
     """Request id → why the simulator cannot see it."""
     live_requests: Mapping[str, LiveRequest]
+    ends_on_preempt: frozenset[str] = frozenset()
+    """Requests a preemption ends instead of queueing them again, as the live Hub did
+    (`ends_on_preempt`)."""
+    inventory: tuple[InventoryChange, ...] = ()
+    """Nodes' inventory changes in the period (relative times)."""
 
 
 def kept_progress(request: Request, elapsed: float, restart: float) -> float:
@@ -230,6 +279,7 @@ def _restart_before(live: LiveRequest, run_index: int) -> tuple[float, float]:
     return done, restart
 
 
+@without_cyclic_gc
 def plan(history: History, settings: Settings | None = None) -> Plan:
     """The scenario, starting state and live run of ``history`` (``settings``: run under
     these instead of the live ones)."""
@@ -238,7 +288,7 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
     chosen = settings or history.settings
     node_list = list(history.nodes)
     kinds = {p.name: p.kind for p in history.pools}
-    requests: list[Request] = []
+    requests: list[tuple[tuple[float, str], Request]] = []
     durations: dict[str, float] = {}
     idle_after: dict[str, float] = {}
     adopted: list[Adopted] = []
@@ -249,30 +299,25 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
     """Work that cannot end inside the period."""
     team_names = {t.name for t in history.teams}
     placeable: dict[tuple[Any, ...], str | None] = {}
+    ending: set[str] = set()
+    placeable_on = node_list + [c.node for c in history.inventory]
     for live in history.requests:
         request = live.request
         rid = request.id
-        if request.pool not in kinds or request.team not in team_names:
-            unseen[rid] = f"its pool {request.pool!r} or team {request.team!r} is gone"
-            continue
-        reason = _unplaceable(request, node_list, placeable)
+        left_out, reason = _left_out(live, kinds, team_names, placeable_on, placeable, since)
         if reason is not None:
             unseen[rid] = reason
-            continue
-        ok_runs = [r for r in live.runs if r.ended != LAUNCH_FAILED]
-        if live.cancelled is not None and not any(
-            r.end is None or r.end > live.cancelled for r in ok_runs
-        ):
-            if live.cancelled >= since:
-                unseen[rid] = "left the queue without running (the simulator cannot cancel)"
+        if left_out:
             continue
         work, complete = work_of(live, until)
         total = work if complete else work + never
         relative = replace(request, submit=request.submit - since)
         if live.idle_after is not None:
             idle_after[rid] = live.idle_after
+        if ends_on_preempt(live):
+            ending.add(rid)
         if request.submit >= since:
-            requests.append(relative)
+            requests.append(((relative.submit, rid), relative))
             durations[rid] = max(total, 1e-9)
             by_id[rid] = live
             continue
@@ -286,13 +331,7 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
         by_id[rid] = live
     adopted, homeless = _with_slices(adopted, node_list)
     for rid in homeless:
-        unseen[rid] = "ran at --since on slices its nodes, as they are now, cannot hold"
-    names = {n.name for n in node_list}
-    events = tuple(
-        NodeEvent(e.at - since, e.node, e.health)
-        for e in history.node_events
-        if since <= e.at < until and e.node in names
-    )
+        unseen[rid] = "ran at --since on slices its nodes, as they were then, cannot hold"
     scenario = Scenario(
         name=f"replay {history.store}".strip(),
         horizon=horizon,
@@ -301,14 +340,72 @@ def plan(history: History, settings: Settings | None = None) -> Plan:
         nodes=tuple(node_list),
         teams=history.teams,
         usage=(),
-        requests=tuple(sorted(requests, key=lambda r: (r.submit, r.id))),
+        requests=tuple(r for _, r in sorted(requests, key=itemgetter(0))),
         durations=durations,
-        events=events,
+        events=_node_events(history, node_list),
         idle_after=idle_after,
     )
     admin = tuple(replace(a, at=a.at - since) for a in history.admin if since <= a.at < until)
     live_run = live_sim_run(scenario, by_id, since, kinds)
-    return Plan(history, scenario, tuple(adopted), tuple(queued), admin, live_run, unseen, by_id)
+    return Plan(
+        history,
+        scenario,
+        tuple(adopted),
+        tuple(queued),
+        admin,
+        live_run,
+        unseen,
+        by_id,
+        frozenset(ending & by_id.keys()),
+        tuple(replace(c, at=c.at - since) for c in history.inventory if since <= c.at < until),
+    )
+
+
+def ends_on_preempt(live: LiveRequest) -> bool:
+    """Does a preemption end the request rather than queue it again? What the store says
+    the live Hub did with it (`LiveRequest.requeued`), else the live Hub's rule: only a
+    session that can resume is queued again (spawner/runtime/takedown.py). The simulator
+    queues every preempted request again; the replay does as the Hub did (`simulate`)."""
+    if live.requeued is not None:
+        return not live.requeued
+    return not live.request.resumable
+
+
+def _node_events(history: History, nodes: Sequence[Node]) -> tuple[NodeEvent, ...]:
+    """The period's health changes of the scenario's nodes, on its clock."""
+    since, until = history.since, history.until
+    names = {n.name for n in nodes}
+    return tuple(
+        NodeEvent(e.at - since, e.node, e.health)
+        for e in history.node_events
+        if since <= e.at < until and e.node in names
+    )
+
+
+def _left_out(
+    live: LiveRequest,
+    kinds: Mapping[str, PoolKind],
+    team_names: set[str],
+    nodes: list[Node],
+    known: dict[tuple[Any, ...], str | None],
+    since: float,
+) -> tuple[bool, str | None]:
+    """Is the request left out of the scenario, and (if the report should say so) why:
+    its pool or team is gone, no node could hold it, or it left the queue without
+    running (before the period: nothing to say)."""
+    request = live.request
+    if request.pool not in kinds or request.team not in team_names:
+        return True, f"its pool {request.pool!r} or team {request.team!r} is gone"
+    reason = _unplaceable(request, nodes, known)
+    if reason is not None:
+        return True, reason
+    if live.cancelled is not None and not any(
+        r.ended != LAUNCH_FAILED and (r.end is None or r.end > live.cancelled) for r in live.runs
+    ):
+        if live.cancelled >= since:
+            return True, "left the queue without running (the simulator cannot cancel)"
+        return True, None
+    return False, None
 
 
 def _unplaceable(
@@ -423,7 +520,7 @@ def live_sim_run(
                 break
             end = horizon if run.end is None else min(run.end - since, horizon)
             record.starts.append(start)
-            record.nodes.append(list(run.nodes))
+            record.nodes.append([g.node for g in run.grants])
             record.funded.append(run.funded)
             record.ends.append(end)
             segments.append(
@@ -456,14 +553,25 @@ _ADMIN_MARK = "\x00admin:"
 """Node name of the simulator events that stand for admin changes (never a real node)."""
 
 
+_INVENTORY_MARK = "\x00inventory:"
+"""Node name of the simulator events that stand for a node's inventory changing."""
+
+
 class ReplayScheduler(Scheduler):
-    """The scheduler with admin changes at their times: the simulator delivers each as a
-    node event on a node named `_ADMIN_MARK` + its index, and this applies it."""
+    """The scheduler with admin changes and node inventory changes at their times: the
+    simulator delivers each as a node event on a node named `_ADMIN_MARK` (or
+    `_INVENTORY_MARK`) + its index, and this applies it."""
 
     changes: list[AdminChange]
     pinned: frozenset[str]
+    inventory: list[InventoryChange]
+    skipped: list[InventoryChange]
+    """Inventory changes not made: the simulated run held a device they take away."""
 
     def set_health(self, node_name: str, health: Health) -> None:
+        if node_name.startswith(_INVENTORY_MARK):
+            self._new_inventory(self.inventory[int(node_name[len(_INVENTORY_MARK) :])])
+            return
         if not node_name.startswith(_ADMIN_MARK):
             super().set_health(node_name, health)
             return
@@ -481,6 +589,44 @@ class ReplayScheduler(Scheduler):
                 teams.append(Team(team.name, share, team.parent))
         self.reconfigure(settings=settings, teams=teams)
 
+    def _new_inventory(self, change: InventoryChange) -> None:
+        """The node as the Hub found it at a start (a new one comes up ready), the pool's
+        capacity and the kept data built again (`Scheduler.reconfigure`). The live Hub
+        cannot take away a device a session holds; nor does this (the change is skipped)."""
+        node = change.node
+        devices = {g.uuid for g in node.gpus} | {m.uuid for g in node.gpus for m in g.mig}
+        for allocation in self.running.values():
+            for grant in allocation.grants:
+                if grant.node == node.name and any(
+                    (s.mig_uuid or s.gpu_uuid) not in devices for s in grant.slices
+                ):
+                    self.skipped.append(change)
+                    return
+        old = self.nodes.get(node.name)
+        health = Health.READY if change.added or old is None else old.health
+        self.nodes[node.name] = replace(node, health=health)
+        self._node_tuple = tuple(self.nodes.values())
+        self._capacity = self._pool_capacity()
+        self.reconfigure()
+
+
+class _AsLive:
+    """The simulator's actuator, except that a request the live Hub ended at a preemption
+    (`Plan.ends_on_preempt`) is not queued again: the run stops as the simulator stops
+    any (its kept progress and lost work counted alike) and the request ends there. A
+    wrapper, not a subclass: the compiled core's classes take none."""
+
+    def __init__(self, inner: Any, ends: frozenset[str]) -> None:
+        self.inner = inner
+        self.ends = ends
+
+    def launch(self, allocation: Allocation) -> None:
+        self.inner.launch(allocation)
+
+    def preempt(self, allocation: Allocation, reason: str) -> bool:
+        queued = bool(self.inner.preempt(allocation, reason))
+        return queued and allocation.id not in self.ends
+
 
 def simulate(
     plan_: Plan,
@@ -493,7 +639,7 @@ def simulate(
     ``observer`` sees every cycle, as `Simulation`'s does."""
     scenario = plan_.scenario if settings is None else replace(plan_.scenario, settings=settings)
     sim = Simulation(scenario, observer)
-    if plan_.admin:
+    if plan_.admin or plan_.inventory:
         replaying = ReplayScheduler(
             scenario.settings,
             scenario.pools,
@@ -505,10 +651,17 @@ def simulate(
         replaying.changes = list(plan_.admin)
         replaying.pinned = frozenset(pinned)
         sim.scheduler = replaying
+        replaying.inventory = list(plan_.inventory)
+        replaying.skipped = []
         for index, change in enumerate(plan_.admin):
             mark = NodeEvent(change.at, f"{_ADMIN_MARK}{index}", Health.READY)
             sim.push(change.at, sim_module._NODE, mark)
+        for index, new in enumerate(plan_.inventory):
+            mark = NodeEvent(new.at, f"{_INVENTORY_MARK}{index}", Health.READY)
+            sim.push(new.at, sim_module._NODE, mark)
     scheduler = sim.scheduler
+    if plan_.ends_on_preempt:
+        scheduler.actuator = _AsLive(scheduler.actuator, plan_.ends_on_preempt)
     _seed_usage(scheduler, plan_)
     kinds = {p.name: p.kind for p in scenario.pools}
     for item in plan_.adopted:
@@ -607,6 +760,7 @@ def metrics_run(run: SimRun) -> SimRun:
     return replace(run, segments=segments, records=records)
 
 
+@without_cyclic_gc
 def outcome(label: str, run: SimRun, overrides: Mapping[str, Any] | None = None) -> RunOutcome:
     """A run as `budgethub compare` reports it (`evaluation.headline` reads it)."""
     counted = result(metrics_run(run))
@@ -667,6 +821,7 @@ def order_agreement(pairs: Sequence[tuple[float, float]]) -> tuple[float | None,
     return (counted - discordant) / counted, counted, total - counted
 
 
+@without_cyclic_gc
 def compare(
     plan_: Plan,
     simulated: SimRun,
@@ -848,6 +1003,7 @@ def _causes(
     return found
 
 
+@without_cyclic_gc
 def forecast_accuracy(plan_: Plan) -> dict[str, Any] | None:
     """The forecast each request was given at submit against what happened: start error
     (actual first start - forecast start) and how often the funding forecast held."""

@@ -37,14 +37,16 @@ from scheduler_core.research.replay import (
     RUNNING,
     AdminChange,
     History,
+    InventoryChange,
     LiveRequest,
     LiveRun,
+    without_cyclic_gc,
 )
 from scheduler_core.scenario import NodeEvent
 from scheduler_core.settings import SETTING_NAMES, SettingError, Settings, settings_from_mapping
-from scheduler_core.store import Store
 from scheduler_core.store.engine import alembic_config, make_engine, migrate
 from scheduler_core.store.mapping import (
+    node_from_inventory,
     node_from_row,
     pool_from_row,
     request_from_row,
@@ -64,7 +66,8 @@ from scheduler_core.store.models import (
     TeamRow,
     UsageRow,
 )
-from scheduler_core.store.records import RequestForecast, RequestState
+from scheduler_core.store.records import RequestState
+from scheduler_core.store.store import NODE_INVENTORY
 
 OLDEST = "0003"
 """The oldest schema read as it is: the admin tables (audit log, settings) came with it."""
@@ -76,14 +79,19 @@ _EVENT_KINDS = (
     "preempt",
     "launch-failed",
     "exit",
-    "session-ended",
     "cancel",
     "launched",
     "activity",
     "node",
     "hub-start",
     "admin-applied",
+    NODE_INVENTORY,
 )
+_STATE_KINDS = ("node", "hub-start", NODE_INVENTORY)
+GRANTED = "granted"
+"""The Hub's event of an admission booked: ``request``, ``funded``, ``devices`` (node ->
+the device ids of its slices; spawner/hub/embedded.py writes it)."""
+"""Kinds read from before the period too: the state at its start."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +213,7 @@ def _reading(engine: Engine) -> Iterator[Session]:
         yield session
 
 
+@without_cyclic_gc
 def read_history(source: Source, since: float, until: float, window: float) -> History:
     """The history of ``[since, until)``, and the usage charged before it within the
     longest lookback window in force (or ``window``, if longer: a what-if's)."""
@@ -238,14 +247,14 @@ def read_history(source: Source, since: float, until: float, window: float) -> H
     if settings is None:
         missing.append("the Hub's settings: no hub-start event, no scheduler_status row")
         settings = Settings()
+    nodes, inventory, noted = _inventory_at(since, until, nodes, events)
+    missing.extend(noted)
     nodes = _health_at(since, nodes, events, before[-1] if before else None)
+    later = _added(inventory)
+    nodes = [replace(n, health=model.Health.DOWN) if n.name in later else n for n in nodes]
     requests, notes = _requests(engine, since, until, events)
     missing.extend(notes)
-    forecasts = _forecasts(engine, since, until)
-    if forecasts is None:
-        missing.append("requests.forecast_* (each request's forecast at submit, migration 0004)")
-    elif forecasts:
-        requests = [_with_forecast(r, forecasts.get(r.request.id)) for r in requests]
+    requests = _devices_at(engine, since, requests, {n.name: n for n in nodes})
     admin = _admin_changes(since, until, audit, starts, events)
     lookbacks = [c.settings.get("lookback", 0.0) for c in admin]
     usage = _usage(engine, since, max([window, settings.lookback, *lookbacks]))
@@ -267,6 +276,7 @@ def read_history(source: Source, since: float, until: float, window: float) -> H
         admin=admin,
         usage=usage,
         hub_starts=tuple(e.time for e in starts if since < e.time < until),
+        inventory=inventory,
         missing=tuple(missing),
         store=source.shown,
         schema=source.revision,
@@ -283,11 +293,18 @@ class _Event:
 
 def _events(engine: Engine, since: float, until: float) -> list[_Event]:
     """The event log's entries the replay reads: those of the period, and before it the
-    node changes and Hub starts (the state at ``since``)."""
+    node changes, inventories and Hub starts (the state at ``since``); node inventories
+    after it too, as the node rows hold the newest one (`_inventory_at` walks back)."""
     query = (
         select(EventRow.id, EventRow.time, EventRow.kind, EventRow.payload)
-        .where(EventRow.kind.in_(_EVENT_KINDS), EventRow.time < until)
-        .where(or_(EventRow.time >= since, EventRow.kind.in_(("node", "hub-start"))))
+        .where(EventRow.kind.in_(_EVENT_KINDS))
+        .where(
+            or_(
+                and_(EventRow.time < until, EventRow.time >= since),
+                and_(EventRow.time < until, EventRow.kind.in_(_STATE_KINDS)),
+                EventRow.kind == NODE_INVENTORY,  # the rows are now: walked back to ``until``
+            )
+        )
         .order_by(EventRow.time, EventRow.id)
     )
     with _reading(engine) as session:
@@ -385,6 +402,54 @@ def _apply(
         settings[entry.target] = float(value)
 
 
+def _inventory_at(
+    since: float, until: float, nodes: list[model.Node], events: Sequence[_Event]
+) -> tuple[list[model.Node], tuple[InventoryChange, ...], list[str]]:
+    """Each node's GPUs and MIG layout at ``since`` (the store's rows hold only the
+    newest): its last ``node-inventory`` event before it, else what the first one after
+    it replaced (``was``; None: the node came later, so it is left out if that was after
+    ``until``), else the row. Also the changes in the period, and a note where the store
+    has no such events."""
+    by_node: dict[str, list[_Event]] = defaultdict(list)
+    for event in events:
+        if event.kind == NODE_INVENTORY and isinstance(event.payload.get("node"), str):
+            by_node[event.payload["node"]].append(event)
+    if not by_node:
+        note = (
+            "a node's GPUs and MIG layout over time (no node-inventory events: a Hub from "
+            "before them; the replay takes each node as the store holds it now)"
+        )
+        return nodes, (), [note]
+    out: list[model.Node] = []
+    changes: list[InventoryChange] = []
+    for node in nodes:
+        seen = by_node.get(node.name, [])
+        earlier = [e for e in seen if e.time <= since]
+        later = [e for e in seen if since < e.time < until]
+        after = [e for e in seen if e.time > since]
+        if earlier:
+            node = node_from_inventory(node.name, earlier[-1].payload["inventory"], node.health)
+        elif after and after[0].payload.get("was") is not None:
+            node = node_from_inventory(node.name, after[0].payload["was"], node.health)
+        elif after and not later:
+            continue  # it came after the period
+        out.append(node)
+        for event in later:
+            changes.append(
+                InventoryChange(
+                    event.time,
+                    node_from_inventory(node.name, event.payload["inventory"]),
+                    added=event.payload.get("was") is None,
+                )
+            )
+    return out, tuple(sorted(changes, key=lambda c: c.at)), []
+
+
+def _added(changes: Sequence[InventoryChange]) -> set[str]:
+    """The nodes that a change in the period brought (absent at its start: down then)."""
+    return {c.node.name for c in changes if c.added}
+
+
 def _health_at(
     since: float, nodes: list[model.Node], events: Sequence[_Event], start: _Event | None
 ) -> list[model.Node]:
@@ -439,52 +504,76 @@ def _wanted(since: float, until: float) -> Any:
     )
 
 
+_REQUEST_COLUMNS = (
+    *("id", "user_name", "team", "pool", "submit", "gpus", "nodes", "gpu_milli", "mig"),
+    *("cpus", "memory_gib", "labels", "min_runtime", "resumable", "priority"),
+    *("klass", "profile", "state"),  # the columns a RequestRow maps, by name
+)
+_FORECAST_COLUMNS = ("forecast_time", "forecast_start", "forecast_funded")
+"""What the replay measures of the forecast kept at submit (migration 0004)."""
+
+
 def _requests(
     engine: Engine, since: float, until: float, events: Sequence[_Event]
 ) -> tuple[list[LiveRequest], list[str]]:
-    """Every request of the period, and those running or waiting at its start."""
+    """Every request of the period, and those running or waiting at its start: one query
+    of the columns the replay reads (the forecast's too, where the schema has them)."""
     notes: list[str] = []
     columns = RequestRow.__table__.c
     wanted = _wanted(since, until)
-    names: tuple[str, ...] = ("id", "user_name", "team", "pool", "submit", "gpus", "nodes")
-    names += ("gpu_milli", "mig")
-    names += ("cpus", "memory_gib", "labels", "min_runtime", "resumable", "priority")
-    names += ("klass", "profile", "state", "spec")  # the columns a RequestRow maps, by name
+    with engine.connect() as connection:
+        present = {c["name"] for c in inspect(connection).get_columns("requests")}
+    forecasts = all(name in present for name in _FORECAST_COLUMNS)
+    if not forecasts:
+        notes.append("requests.forecast_* (each request's forecast at submit, migration 0004)")
+    names = _REQUEST_COLUMNS + (_FORECAST_COLUMNS if forecasts else ())
+    priced = (  # from the spec only what a preemption costs, not the whole JSON
+        columns.spec["checkpoint_every"].as_float().label("checkpoint_every"),
+        columns.spec["restart_cost"].as_float().label("restart_cost"),
+    )
     query = (
-        select(*(columns[name] for name in names))
+        select(*(columns[name] for name in names), *priced)
         .where(wanted)
         .order_by(columns.submit, columns.id)
     )
     with _reading(engine) as session:
         request_rows = list(session.execute(query))
-    alloc_rows = _allocations(engine, select(columns.id).where(wanted), until)
-    runs_of: dict[str, list[_Allocation]] = defaultdict(list)
-    for allocation in alloc_rows:
+    rows, grants = _allocations(engine, select(columns.id).where(wanted), until)
+    runs_of: dict[str, list[Any]] = defaultdict(list)
+    for allocation in rows:
         runs_of[allocation.request_id].append(allocation)
     by_kind: dict[str, dict[str, list[_Event]]] = defaultdict(lambda: defaultdict(list))
     for event in events:
         request_id = event.payload.get("request")
         if isinstance(request_id, str):
             by_kind[event.kind][request_id].append(event)
+    endings: dict[str, list[_Event]] = defaultdict(list)
+    for kind in _ENDING_KINDS:
+        for request_id, found in by_kind[kind].items():
+            endings[request_id].extend(found)
     out: list[LiveRequest] = []
     no_checkpoint = False
     for row in request_rows:
-        spec = row.spec or {}
-        no_checkpoint = no_checkpoint or "checkpoint_every" not in spec
-        request = replace(
-            request_from_row(cast(Any, row)),  # the columns a RequestRow maps
-            checkpoint_every=float(spec.get("checkpoint_every") or 0.0),
-            restart_cost=float(spec.get("restart_cost") or 0.0),
-        )
+        no_checkpoint = no_checkpoint or row.checkpoint_every is None
+        request = _request(row)
         state = RequestState(row.state)
-        runs = _runs(runs_of.get(row.id, []), state, by_kind, row.id, until)
+        rid = row.id
+        own = endings.get(rid, ())
+        runs = _runs(runs_of.get(rid, ()), grants, state, own, until)
+        forecast = (row.forecast_time, row.forecast_start, row.forecast_funded)
         out.append(
             LiveRequest(
                 request,
                 runs,
-                cancelled=_cancelled(row.id, state, runs, by_kind, until),
-                idle_after=_idle_after(runs, by_kind["activity"].get(row.id, [])),
-                latency=_latency(by_kind["launched"].get(row.id, [])),
+                cancelled=_cancelled(rid, state, runs, by_kind, until),
+                idle_after=_idle_after(runs, by_kind["activity"].get(rid, ())),
+                latency=_latency(by_kind["launched"].get(rid, ())),
+                forecast_time=forecast[0] if forecasts else None,
+                forecast_start=forecast[1] if forecasts and forecast[0] is not None else None,
+                forecast_funded=(
+                    bool(forecast[2]) if forecasts and forecast[0] is not None else None
+                ),
+                requeued=_requeued(runs, state, own),
             )
         )
     if no_checkpoint and out:
@@ -492,27 +581,123 @@ def _requests(
             "a request's checkpoint interval and restart cost (requests.spec has neither; "
             "the replay takes 0)"
         )
-    if alloc_rows and not by_kind["launched"]:
+    if any("requeued" not in e.payload for found in by_kind["preempt"].values() for e in found):
+        notes.append(
+            "whether the Hub queued a preempted session again (preempt events without "
+            "'requeued', a Hub from before 8e1a689): read from the request's later runs "
+            "and its state"
+        )
+    if rows and not by_kind["launched"]:
         notes.append("launched events: when each session was ready (its spawn latency)")
     return out, notes
 
 
-@dataclass(frozen=True)
-class _Allocation:
-    id: int
-    request_id: str
-    start_time: float
-    end_time: float | None
-    funded: bool
-    protected_until: float
-    charge_rate: float
-    grants: tuple[model.NodeGrant, ...]
+def _request(row: Any) -> model.Request:
+    """The request a row maps (`mapping.request_from_row`), with what a preemption of it
+    costs from its spec (the two values the query took from it)."""
+    priced = {"checkpoint_every": row.checkpoint_every, "restart_cost": row.restart_cost}
+    return request_from_row(cast(Any, row), priced)  # the columns a RequestRow maps
 
 
-def _allocations(engine: Engine, request_ids: Any, until: float) -> list[_Allocation]:
-    """The allocations of ``request_ids`` (a subquery) that started before ``until``, with
-    their grants and, where still booked, their slices: three plain queries in one
-    transaction (the ORM's loading took most of a month's read)."""
+def _devices_at(
+    engine: Engine, since: float, requests: list[LiveRequest], nodes: Mapping[str, model.Node]
+) -> list[LiveRequest]:
+    """The runs under way at ``since`` whose slices the store no longer holds (their
+    allocation has ended since) get the devices their ``granted`` event named, where the
+    nodes as they were then still have them; the others keep none (`replay.plan` places
+    them on free slices)."""
+    bare = [
+        (i, j)
+        for i, live in enumerate(requests)
+        for j, run in enumerate(live.runs)
+        if run.start < since
+        and (run.end is None or run.end > since)
+        and live.request.gpu_weight
+        and any(not g.slices for g in run.grants)
+    ]
+    if not bare:
+        return requests
+    wanted = {requests[i].request.id for i, _ in bare}
+    earliest = min(requests[i].runs[j].start for i, j in bare)
+    query = (
+        select(EventRow.time, EventRow.payload)
+        .where(EventRow.kind == GRANTED, EventRow.time >= earliest, EventRow.time < since)
+        .order_by(EventRow.time, EventRow.id)
+    )
+    granted: dict[tuple[str, float], Mapping[str, Any]] = {}
+    with _reading(engine) as session:
+        for at, payload in session.execute(query):
+            if isinstance(payload, dict) and payload.get("request") in wanted:
+                granted[(payload["request"], at)] = payload.get("devices") or {}
+    out = list(requests)
+    for i, j in bare:
+        live = out[i]
+        run = live.runs[j]
+        devices = granted.get((live.request.id, run.start))
+        if devices is None:
+            continue
+        grants = tuple(_granted(g, live.request, devices, nodes) for g in run.grants)
+        if all(g.slices for g in grants):
+            runs = live.runs[:j] + (replace(run, grants=grants),) + live.runs[j + 1 :]
+            out[i] = replace(live, runs=runs)
+    return out
+
+
+def _granted(
+    grant: model.NodeGrant,
+    request: model.Request,
+    devices: Mapping[str, Any],
+    nodes: Mapping[str, model.Node],
+) -> model.NodeGrant:
+    """The grant with the slices its devices name (a MIG instance's UUID, or a GPU's:
+    whole, or the request's fraction of it); unchanged where a device is not known."""
+    node = nodes.get(grant.node)
+    ids = devices.get(grant.node)
+    if node is None or not isinstance(ids, list) or not ids:
+        return grant
+    gpus = {g.uuid: g for g in node.gpus}
+    mig = {m.uuid: (g, m) for g in node.gpus for m in g.mig}
+    slices: list[model.Slice] = []
+    for device in ids:
+        if device in mig:
+            gpu, instance = mig[device]
+            slices.append(
+                model.Slice(
+                    gpu.uuid, model.SliceKind.MIG, model.MILLI, instance.uuid, instance.profile
+                )
+            )
+        elif device in gpus and request.gpu_milli:
+            slices.append(model.Slice(device, model.SliceKind.FRACTION, request.gpu_milli))
+        elif device in gpus:
+            slices.append(model.Slice(device, model.SliceKind.WHOLE))
+        else:
+            return grant
+    return replace(grant, slices=tuple(slices))
+
+
+def _requeued(
+    runs: Sequence[LiveRun], state: RequestState, endings: Sequence[_Event]
+) -> bool | None:
+    """Whether the Hub queued the request again after a preemption: what its last
+    ``preempt`` event says (``requeued``, written since issue 51), else a last run
+    preempted with the request finished (the Hub ends one it does not queue again),
+    else None (the store does not say: never preempted, or queued again and not told)."""
+    for event in reversed(endings):
+        if event.kind == "preempt" and isinstance(event.payload.get("requeued"), bool):
+            return bool(event.payload["requeued"])
+    if runs and runs[-1].ended == PREEMPTED and state is RequestState.FINISHED:
+        return False
+    if any(r.ended == PREEMPTED for r in runs):
+        return True
+    return None
+
+
+def _allocations(
+    engine: Engine, request_ids: Any, until: float
+) -> tuple[list[Any], dict[int, tuple[model.NodeGrant, ...]]]:
+    """The allocations of ``request_ids`` (a subquery) that started before ``until`` (rows
+    with their columns by name), and their grants with, where still booked, their slices:
+    three plain queries in one transaction (the ORM's loading took most of a month's read)."""
     a = AllocationRow.__table__.c
     g = AllocationGrantRow.__table__.c
     b = BookedSliceRow.__table__.c
@@ -546,55 +731,44 @@ def _allocations(engine: Engine, request_ids: Any, until: float) -> list[_Alloca
     for piece in slice_rows:
         slices[(piece.allocation_id, piece.node)].append(slice_from_row(cast(Any, piece)))
     grants: dict[int, list[model.NodeGrant]] = defaultdict(list)
-    for grant in grant_rows:
-        pieces = tuple(slices.get((grant.allocation_id, grant.node), ()))
-        grants[grant.allocation_id].append(
-            model.NodeGrant(grant.node, pieces, grant.cpus, grant.memory_gib)
-        )
-    return [
-        _Allocation(
-            row.id,
-            row.request_id,
-            row.start_time,
-            row.end_time,
-            row.funded,
-            row.protected_until,
-            row.charge_rate,
-            tuple(grants.get(row.id, ())),
-        )
-        for row in rows
-    ]
+    for allocation_id, node, cpus, memory in grant_rows:
+        pieces = tuple(slices.get((allocation_id, node), ()))
+        grants[allocation_id].append(model.NodeGrant(node, pieces, cpus, memory))
+    return list(rows), {k: tuple(v) for k, v in grants.items()}
 
 
 def _runs(
-    rows: Sequence[_Allocation],
+    rows: Sequence[Any],
+    grants: Mapping[int, tuple[model.NodeGrant, ...]],
     state: RequestState,
-    by_kind: Mapping[str, Mapping[str, list[_Event]]],
-    request_id: str,
+    endings: Sequence[_Event],
     until: float,
 ) -> tuple[LiveRun, ...]:
     """The request's allocations, each with how it ended: a preempt or launch-failed event
     within it says so; else a later allocation means it was requeued (preempted), and
     the last one ended as the request did."""
-    endings = [e for kind in _ENDING_KINDS for e in by_kind[kind].get(request_id, [])]
     runs: list[LiveRun] = []
+    last = len(rows) - 1
     for i, row in enumerate(rows):
-        end = row.end_time if row.end_time is not None and row.end_time <= until else None
-        if end is None:
+        start, end = row.start_time, row.end_time
+        if end is None or end > until:
+            end = None
             ended = RUNNING
         else:
-            hit = next((e for e in endings if row.start_time < e.time <= end + 1.0), None)
+            hit = (
+                next((e for e in endings if start < e.time <= end + 1.0), None) if endings else None
+            )
             if hit is not None:
                 ended = PREEMPTED if hit.kind == "preempt" else LAUNCH_FAILED
-            elif i < len(rows) - 1 or state in (RequestState.REQUEUED, RequestState.PENDING):
+            elif i < last or state in (RequestState.REQUEUED, RequestState.PENDING):
                 ended = PREEMPTED
             else:
                 ended = FINISHED
         runs.append(
             LiveRun(
-                row.start_time,
+                start,
                 end,
-                row.grants,
+                grants.get(row.id, ()),
                 row.funded,
                 row.protected_until,
                 row.charge_rate,
@@ -643,27 +817,6 @@ def _latency(launched: Sequence[_Event]) -> float | None:
         if isinstance(value, int | float):
             return float(value)
     return None
-
-
-def _forecasts(engine: Engine, since: float, until: float) -> dict[str, RequestForecast] | None:
-    """Each request's forecast at submit, for requests of the period
-    (`Store.request_forecasts`); None where the store predates them (migration 0004)."""
-    with engine.connect() as connection:
-        columns = {c["name"] for c in inspect(connection).get_columns("requests")}
-    if "forecast_start" not in columns:
-        return None
-    return Store(engine).request_forecasts(since=since, until=until)
-
-
-def _with_forecast(live: LiveRequest, forecast: RequestForecast | None) -> LiveRequest:
-    if forecast is None:
-        return live
-    return replace(
-        live,
-        forecast_time=forecast.time,
-        forecast_start=forecast.start,
-        forecast_funded=forecast.funded,
-    )
 
 
 def _admin_changes(

@@ -4,8 +4,9 @@ For the replay's round trip (a scenario simulated, written, replayed: the same
 outcome) and its benchmark (a 30-day, 1,024-GPU history to read). What is written is
 what the Hub writes as sessions come and go (scheduler_core/store, spawner/hub):
 requests with their spec, allocations and their grants (booked slices only for those
-still running), funded usage, and the event log's ``hub-start``, ``submit``,
-``preempt``, ``session-ended``, ``node`` and ``activity`` entries. All in one
+still running), funded usage, node inventories (``node-inventory``), and the event
+log's ``hub-start``, ``submit``, ``granted``, ``preempt``, ``session-ended``, ``node``
+and ``activity`` entries. All in one
 transaction of bulk inserts: a month has tens of thousands of requests, and the Store's
 one-transaction-per-call methods would take minutes.
 """
@@ -83,7 +84,7 @@ def write_run(store: Store, recorded: Recorded, base: float, hub: str = "hub") -
     settings = settings_json(scenario.settings)
     store.save_pools(scenario.pools)
     store.save_teams(scenario.teams)
-    store.save_nodes(list(scenario.nodes))
+    store.save_nodes(list(scenario.nodes), at=base)  # as a Hub's start records them
     status = SchedulerStatus(hub, base + scenario.horizon, 0, 0.0, (), settings, 0)
     AdminStore(store).report(status)
     rows = _Rows(base)
@@ -149,6 +150,12 @@ class _Rows:
             preempted = not finished and (request.id, end) in recorded.preempted
             ending.append("finished" if finished else "preempted" if preempted else "running")
             self.allocation(allocation, None if ending[-1] == "running" else end)
+            devices = {g.node: [s.device_id for s in g.slices] for g in allocation.grants}
+            self.event(
+                allocation.start,
+                "granted",
+                {"request": request.id, "funded": allocation.funded, "devices": devices},
+            )
             if idle is not None and allocation.start + idle < end:
                 at = allocation.start + idle
                 idle_since = self.base + at
@@ -249,7 +256,8 @@ def _ending(request_id: str, at: float, preempted: bool, allocation: Allocation)
         return {
             "time": at,
             "kind": "preempt",
-            "payload": {"request": request_id, "reason": "funded", "message": ""},
+            # The simulator queues every preempted request again.
+            "payload": {"request": request_id, "reason": "funded", "message": "", "requeued": True},
         }
     return {
         "time": at,

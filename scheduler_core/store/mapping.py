@@ -6,6 +6,7 @@ its GPUs and MIG instances) or team (with its shares) in one call.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -94,6 +95,54 @@ def node_from_row(row: NodeRow) -> model.Node:
     )
 
 
+def node_inventory(node: model.Node) -> dict[str, Any]:
+    """A node's inventory as plain JSON (the event log's ``node-inventory``): its pool,
+    CPUs, memory, labels, and each GPU with its MIG layout; not its health."""
+    return {
+        "pool": node.pool,
+        "cpus": node.cpus,
+        "memory_gib": node.memory_gib,
+        "labels": dict(node.labels),
+        "gpus": [
+            {
+                "uuid": gpu.uuid,
+                "index": gpu.index,
+                "model": gpu.model,
+                "memory_mib": gpu.memory_mib,
+                "virtual": gpu.virtual,
+                "mig": [[m.uuid, m.profile] for m in gpu.mig],
+            }
+            for gpu in node.gpus
+        ],
+    }
+
+
+def node_from_inventory(
+    name: str, inventory: dict[str, Any], health: model.Health = model.Health.READY
+) -> model.Node:
+    """The node a ``node_inventory`` describes."""
+    gpus = tuple(
+        model.Gpu(
+            uuid=str(gpu["uuid"]),
+            index=int(gpu["index"]),
+            model=str(gpu["model"]),
+            memory_mib=int(gpu["memory_mib"]),
+            mig=tuple(model.MigInstance(uuid=str(u), profile=str(p)) for u, p in gpu["mig"]),
+            virtual=bool(gpu["virtual"]),
+        )
+        for gpu in inventory["gpus"]
+    )
+    return model.Node(
+        name=name,
+        pool=str(inventory["pool"]),
+        cpus=float(inventory["cpus"]),
+        memory_gib=float(inventory["memory_gib"]),
+        gpus=gpus,
+        labels=model.frozen_labels(inventory["labels"]),
+        health=health,
+    )
+
+
 def request_spec(request: model.Request) -> dict[str, Any]:
     """The request as plain JSON, exactly as submitted."""
     return {
@@ -145,8 +194,15 @@ def request_row(request: model.Request, state: RequestState) -> RequestRow:
     )
 
 
-def request_from_row(row: RequestRow) -> model.Request:
+def request_from_row(row: RequestRow, spec: Mapping[str, Any] | None = None) -> model.Request:
+    """The request as submitted; its checkpoint interval and restart cost come from its
+    spec (`request_spec`; ``spec``: those two, where the caller read only them), so a
+    Hub started again prices its preemption as before."""
+    if spec is None:
+        spec = row.spec or {}
     return model.Request(
+        checkpoint_every=float(spec.get("checkpoint_every") or 0.0),
+        restart_cost=float(spec.get("restart_cost") or 0.0),
         id=row.id,
         user=row.user_name,
         team=row.team,

@@ -27,6 +27,7 @@ from scheduler_core.store.mapping import (
     allocation_from_row,
     allocation_row,
     node_from_row,
+    node_inventory,
     node_row,
     node_slices,
     pool_from_row,
@@ -57,6 +58,10 @@ from scheduler_core.store.records import (
     RequestStatus,
     SnapshotRecord,
 )
+
+NODE_INVENTORY = "node-inventory"
+"""The event of a node saved new or with another inventory (`Store.save_nodes`): ``node``,
+``inventory`` (`mapping.node_inventory`) and ``was`` (the one before; None: new)."""
 
 _ACTIVE = AllocationRow.end_time.is_(None)
 
@@ -162,19 +167,39 @@ class Store:
         self,
         nodes: Iterable[model.Node],
         engine_urls: Mapping[str, str | None] | None = None,
+        at: float | None = None,
     ) -> None:
         """Insert or update nodes with exactly the given GPUs and MIG instances.
 
         ``engine_urls`` maps node names to their Docker engine URL; a node not in it
         keeps the URL it had. Removing a GPU that is booked raises IntegrityError.
+        With ``at`` (the Hub's start), a node that is new or whose inventory (GPUs, MIG
+        layout, CPUs, memory, labels, pool) changed gets a `NODE_INVENTORY` event at
+        ``at``, in the same transaction: the node rows keep only the newest inventory,
+        and a replay of an earlier period needs the one then (issue 51).
         """
         urls = engine_urls or {}
         with self._write() as session:
             for node in nodes:
+                was = self._inventory(session, node.name) if at is not None else None
                 row = node_row(node)
                 if node.name in urls:
                     row.engine_url = urls[node.name]
                 session.merge(row)
+                now = node_inventory(node)
+                if at is not None and now != was:
+                    payload = {"node": node.name, "inventory": now, "was": was}
+                    session.add(EventRow(time=at, kind=NODE_INVENTORY, payload=payload))
+
+    @staticmethod
+    def _inventory(session: Session, name: str) -> dict[str, Any] | None:
+        """The stored inventory of node ``name`` (`mapping.node_inventory`); None if new."""
+        row = session.scalars(
+            select(NodeRow)
+            .options(selectinload(NodeRow.gpus).selectinload(GpuRow.mig))
+            .where(NodeRow.name == name)
+        ).first()
+        return node_inventory(node_from_row(row)) if row is not None else None
 
     def load_nodes(self, pool: str | None = None) -> list[model.Node]:
         """Stored nodes (all, or those of ``pool``) by name."""

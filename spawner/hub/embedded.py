@@ -257,7 +257,8 @@ class BudgetScheduler(StartHookConfig, SchedulerConfig):
         self._merge_admin(self.admin.overrides())
         store.save_pools(self.core_pools.values())
         store.save_teams(self.core_teams)
-        store.save_nodes(self.node_list, {n: e.url for n, e in self.actuator.engines.items()})
+        urls = {n: e.url for n, e in self.actuator.engines.items()}
+        store.save_nodes(self.node_list, urls, at=now)  # an inventory change: an event
         ledger = usage_ledger(store, now - self.settings.lookback)
         self.core = Scheduler(
             self.settings,

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from harness.hub import new_hub_name, remove_containers
+from harness.hub import Hub, new_hub_name, remove_containers
 from harness.liverun import DRAIN, live_run, replay_report, start_live_hub
-from scheduler_core.research.replay import plan, simulate
+from harness.nodes import preemption_hub
+from scheduler_core.research.replay import compare, plan, simulate
 from scheduler_core.research.replay_store import open_store, read_history
 from scheduler_core.simulator import SimRun
 from scheduler_core.store import Store
@@ -149,3 +152,59 @@ def test_replay_of_a_live_run_agrees_with_it(engine, tmp_path, request):
     assert legacy, report["outcomes"]
     budget = rows["replay"]["headline"]["debug_p90_s"]
     assert legacy[0]["headline"]["debug_p90_s"] > budget, report["outcomes"]
+
+
+def _profile(slug: str, resumable: bool) -> dict[str, object]:
+    return {
+        "slug": slug,
+        "display_name": slug,
+        "description": slug,
+        "class": "interactive",
+        "pool": "gpu",
+        "image": "budgethub/gpu:latest",
+        "gpus": [1],
+        "cpus": 1,
+        "memory_gib": 1,
+        "min_runtime": "1h",
+        "max_min_runtime": "8h",
+        "resumable": resumable,
+    }
+
+
+def test_a_session_the_hub_ended_at_a_preemption_is_ended_in_the_replay(
+    make_hub: Callable[..., Hub],
+) -> None:
+    """A guest's notebook that cannot resume is preempted for funded work: the Hub ends
+    it (its preempt event says requeued: false) and never starts it again. The replay of
+    the store does the same; before, the simulator queued it again and started it once
+    the funded session ended."""
+    hub = preemption_hub(make_hub, profiles=[_profile("notebook", resumable=False)])
+    started = time.time()
+    hub.spawn("gus", {"profile": "notebook"})  # no share: it runs unallocated
+    hub.wait_ready("gus")
+    time.sleep(1.5)  # past the unallocated grace
+    hub.spawn("ann", {"profile": "notebook"})
+    hub.wait_ready("ann", timeout=60)
+    time.sleep(2.0)
+    hub.stop_server("ann")
+    time.sleep(3.0)  # the GPU free again: live, nothing starts there
+    ended = time.time()
+    store_url = f"sqlite:///{hub.directory}/budgethub.sqlite"
+    with Store.create(store_url, migrate_schema=False) as store:
+        [preempted] = [e for e in store.list_events() if e.kind == "preempt"]
+    assert preempted.payload["requeued"] is False
+    gus = preempted.payload["request"]
+    source = open_store(store_url)
+    try:
+        history = read_history(source, started - 1, ended, 0.0)
+    finally:
+        source.close()
+    the_plan = plan(history)
+    assert gus in the_plan.ends_on_preempt
+    simulated = simulate(the_plan)
+    record = simulated.records[gus]
+    assert (len(record.starts), record.preemptions, record.finished) == (1, 1, False)
+    comparison = compare(the_plan, simulated)
+    assert comparison["comparison"]["preemptions"]["same_set"], comparison["requests"]
+    [row] = [r for r in comparison["requests"] if r["id"] == gus]
+    assert row["simulated"]["end"] is None and row["live"]["end"] is None, row

@@ -10,11 +10,13 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, make_url, text
 
+from scheduler_core.model import Health
 from scheduler_core.research.cli import main
 from scheduler_core.research.generator import SeedLikeOptions, seed_like
 from scheduler_core.research.replay import History, forecast_accuracy, plan
@@ -23,6 +25,7 @@ from scheduler_core.research.replay_write import simulate_recorded, write_run
 from scheduler_core.scenario import Scenario, parse_scenario
 from scheduler_core.store import Store
 from scheduler_core.store.engine import make_engine, migrate
+from scheduler_core.store.store import NODE_INVENTORY
 
 BASE = 1_790_000_000.0
 POSTGRES_URL = os.environ.get(
@@ -103,6 +106,9 @@ def test_the_report_table_json_and_plot(
     live, replay = (row["headline"] for row in report["outcomes"])
     assert live["debug_p90_s"] == replay["debug_p90_s"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    steps = ["read", "plan", "simulate", "outcomes", "compare", "what_ifs"]
+    assert list(report["timings_s"]) == steps and report["timings_s"]["simulate"] > 0
+    assert any(line.startswith("took read ") for line in table.splitlines())
 
 
 def test_what_if_runs_a_sweep_and_another_policy(
@@ -311,3 +317,94 @@ def test_the_command_replays_a_postgresql_store(
     assert report["store"].startswith("postgresql+psycopg://")
     assert report["history"]["submitted_in_period"] == len(scenario.requests)
     assert report["comparison"]["wait_abs_error_s"]["p90"] == 0.0
+
+
+def test_whether_the_hub_queued_a_preempted_session_again_is_read_from_its_events(
+    tmp_path: Path,
+) -> None:
+    """A ``preempt`` event's ``requeued`` says what the Hub did; a request it ended there
+    is one a preemption ends in the replay too. A store from before the flag: a request
+    preempted and run again was queued again."""
+    scenario = day()
+    path = tmp_path / "store.sqlite"
+    store = Store.create(f"sqlite:///{path}")
+    try:
+        write_run(store, simulate_recorded(scenario), BASE)
+    finally:
+        store.close()
+    until = BASE + scenario.horizon
+    preempted = {
+        r.request.id: r for r in history_of(path, BASE, until).requests if r.requeued is not None
+    }
+    assert preempted and all(r.requeued for r in preempted.values())
+    ended = next(iter(preempted))
+    flag = "UPDATE events SET payload = json_set(payload, '$.requeued', json('false')) "
+    with sqlite3.connect(path) as connection:
+        connection.execute(
+            flag + "WHERE kind = 'preempt' AND json_extract(payload, '$.request') = ?", (ended,)
+        )
+    history = history_of(path, BASE, until)
+    said = {r.request.id: r.requeued for r in history.requests if r.requeued is not None}
+    assert said == {rid: rid != ended for rid in preempted}
+    assert ended in plan(history).ends_on_preempt
+    with sqlite3.connect(path) as connection:
+        connection.execute("UPDATE events SET payload = json_remove(payload, '$.requeued')")
+    before_the_flag = history_of(path, BASE, until)
+    assert any("without 'requeued'" in line for line in before_the_flag.missing)
+    older = {r.request.id: r for r in before_the_flag.requests}
+    for rid in preempted:
+        runs = older[rid].runs
+        assert older[rid].requeued is True, (rid, runs)
+
+
+def test_a_node_s_inventory_over_time_comes_from_its_events(tmp_path: Path) -> None:
+    """The store's node rows hold only the newest inventory; each Hub start that finds a
+    node new or changed records it (``node-inventory``), so a period before a change
+    is replayed on the node as it was then, and a change inside it at its time."""
+    scenario = day()
+    path = tmp_path / "store.sqlite"
+    store = Store.create(f"sqlite:///{path}")
+    try:
+        write_run(store, simulate_recorded(scenario), BASE)
+        node = scenario.nodes[0]
+        store.save_nodes([node], at=BASE + 100.0)  # unchanged: no event
+        smaller = replace(node, gpus=node.gpus[:-1])
+        store.save_nodes([smaller], at=BASE + 7200.0)
+        added = replace(node, name="late-1", gpus=())
+        store.save_nodes([added], at=BASE + 3600.0)
+        kinds = [(e.time - BASE, e.payload["node"]) for e in store.list_events(kind=NODE_INVENTORY)]
+    finally:
+        store.close()
+    assert (0.0, node.name) in kinds and (100.0, node.name) not in kinds
+    assert (7200.0, node.name) in kinds and (3600.0, "late-1") in kinds
+    before = history_of(path, BASE, BASE + 3000.0)
+    [as_then] = [n for n in before.nodes if n.name == node.name]
+    assert len(as_then.gpus) == len(node.gpus), "the inventory at the start, not the row's"
+    assert not before.inventory
+    assert "late-1" not in {n.name for n in before.nodes}, "it came after the period"
+    [late] = [n for n in history_of(path, BASE, BASE + 4000.0).nodes if n.name == "late-1"]
+    assert late.health is Health.DOWN, "a node that came later is not there at the start"
+    whole = history_of(path, BASE, BASE + scenario.horizon)
+    changes = [(c.at - BASE, c.node.name, len(c.node.gpus), c.added) for c in whole.inventory]
+    assert changes == [(3600.0, "late-1", 0, True), (7200.0, node.name, len(node.gpus) - 1, False)]
+    assert not any("MIG layout over time" in line for line in whole.missing)
+
+
+def test_a_request_read_back_keeps_what_a_preemption_of_it_costs(tmp_path: Path) -> None:
+    """A Hub started again recovers its waiting and running requests from the store
+    (`Store.pending_requests`, `active_allocations`): their checkpoint interval and
+    restart cost come back with them, so the live policy prices their preemption as the
+    replay does."""
+    scenario = day()
+    asked = replace(
+        scenario.requests[0], submit=BASE, resumable=True, checkpoint_every=600.0, restart_cost=45.0
+    )
+    with Store.create(f"sqlite:///{tmp_path / 'store.sqlite'}") as store:
+        store.save_pools(scenario.pools)
+        store.save_teams(scenario.teams)
+        store.save_nodes(list(scenario.nodes))
+        store.add_request(asked)
+        [waiting] = store.pending_requests()
+        again = store.load_request(asked.id)
+    assert (waiting.checkpoint_every, waiting.restart_cost) == (600.0, 45.0)
+    assert again == asked

@@ -194,3 +194,40 @@ def test_the_replay_reads_beside_a_writer_and_never_writes(tmp_path: Path) -> No
     finally:
         source.close()
     assert os.path.getsize(path) > 0
+
+
+def test_a_session_running_at_the_start_keeps_the_devices_it_was_granted(
+    tmp_path: Path,
+) -> None:
+    """The store deletes an ended allocation's slices; the Hub's ``granted`` event names
+    its devices, so a session running at --since is adopted on the GPUs it really had
+    (not on the first free ones, which may differ)."""
+    scenario = month_like()
+    recorded = simulate_recorded(scenario)
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    store = Store.create(url)
+    try:
+        write_run(store, recorded, BASE)
+    finally:
+        store.close()
+    held = {(a.id, BASE + a.start): a.grants for a in recorded.allocations}
+    middle = BASE + scenario.horizon / 2
+    source = open_store(url)
+    try:
+        history = read_history(source, middle, BASE + scenario.horizon, 0.0)
+    finally:
+        source.close()
+    under_way = [
+        (live.request.id, run)
+        for live in history.requests
+        for run in live.runs
+        if live.request.gpu_weight and run.start < middle and (run.end is None or run.end > middle)
+    ]
+    ended_since = [(rid, run) for rid, run in under_way if run.end is not None]
+    assert ended_since, "sessions running at the start whose allocation has ended since"
+    for rid, run in ended_since:
+        assert run.grants == held[(rid, run.start)], rid
+    the_plan = plan(history)
+    adopted = {a.allocation.id: a.allocation.grants for a in the_plan.adopted}
+    assert all(adopted[rid] == run.grants for rid, run in ended_since)
+    assert not any("cannot hold" in why for why in the_plan.unseen.values())

@@ -311,6 +311,35 @@ def test_a_run_reads_lost_work_and_goodput_from_the_metrics() -> None:
     assert run.goodput == pytest.approx(run.occupancy - run.lost_share, abs=2e-4)
 
 
+def test_the_lost_work_by_stop_sums_each_policys_runs_and_splits_them() -> None:
+    """Each stop's GPU-h summed over a policy's runs, as a share of its loss and as points
+    of its runs' GPU time (88 GPUs x 168 h = 14,784 GPU-h a run), costliest first."""
+    outcomes = [
+        replace(
+            outcome("budget", 1, lost_share=300 / 14784),
+            lost_by_stop=(("funded/borrowed/batch/checkpoint", 100.0), ("time-slice/x", 200.0)),
+        ),
+        replace(
+            outcome("budget", 2, lost_share=50 / 14784),
+            lost_by_stop=(("funded/borrowed/batch/checkpoint", 50.0),),
+        ),
+        outcome("legacy", 1),
+    ]
+    header, first, second = family.stop_lines(outcomes)
+    assert "budget's lost work by stop over 2 runs (350 GPU-h, 1.18 points" in header
+    assert first.split()[:4] == ["time-slice/x", "200", "57.1%", "0.68"]
+    assert "(+0.0 / +0.7 / +1.4)" in first
+    assert second.split()[:4] == ["funded/borrowed/batch/checkpoint", "150", "42.9%", "0.51"]
+
+
+def test_a_run_splits_its_lost_work_by_stop() -> None:
+    """The split a run saves sums to its lost work (the simulator's `stop_key`)."""
+    run = family.run(Job(Cell(16, 1.2, 0.35), 1, "budget", 1, 0))
+    stops = dict(run.lost_by_stop)
+    assert stops and all(k.count("/") == 3 for k in stops)
+    assert sum(stops.values()) == pytest.approx(run.lost_gpu_h, abs=0.01 * len(stops))
+
+
 def test_show_prints_saved_parts_of_the_grid_as_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

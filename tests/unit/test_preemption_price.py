@@ -104,6 +104,10 @@ def test_the_simulator_runs_again_what_a_checkpointing_job_threw_away() -> None:
     metrics = out["metrics"]
     assert metrics["lost_gpu_seconds"] == pytest.approx(120 * 8)
     assert metrics["lost_gpu_h_by_class"]["batch"] == round(120 * 8 / HOUR, 2)
+    # Counted to the stop that caused it: a funded request's reclaim of borrowed work.
+    assert out["lost_gpu_h_by_stop"] == {
+        "funded/borrowed/batch/checkpoint": round(120 * 8 / HOUR, 2)
+    }
 
 
 def test_a_restarted_run_checkpoints_on_its_own_clock() -> None:
@@ -374,3 +378,56 @@ def test_a_snapshotted_borrower_is_kept_for_its_own_restart_price() -> None:
     records = records_of(data)
     assert records["cn"].ends[0] == pytest.approx(price)
     assert records["a1"].starts[0] == pytest.approx(price)
+
+
+# --- R11: what borrows first ------------------------------------------------------
+
+
+def test_the_least_a_reclaim_throws_away() -> None:
+    """R11's price (`Request.reclaim_seconds`): a run that checkpoints, its restart; a
+    snapshotted session, its take and restore; work that cannot resume, all of its run."""
+    assert _request(resumable=True, checkpoint_every=900, restart_cost=120).reclaim_seconds == 120
+    notebook = _request(resumable=True, memory_gib=240)
+    assert notebook.reclaim_seconds == pytest.approx(notebook.lost_seconds(0))
+    assert notebook.reclaim_seconds > model.BORROW_PRICE_CAP
+    assert _request(resumable=True, memory_gib=16).reclaim_seconds < model.BORROW_PRICE_CAP
+    assert _request().reclaim_seconds == float("inf")
+
+
+def _two_borrowers(gpus: int) -> dict[str, Any]:
+    """A node of ``gpus`` GPUs that nobody's share funds work on (team a owns it and
+    asks for nothing). At 0, c's 4-GPU notebook (240 GiB, snapshotted: 1,265 s to stop)
+    and d's 4-GPU job that checkpoints every 15 min (a 60 s restart) both want to borrow
+    it; c sorts first (equal ranks, equal submit times, then the team's name)."""
+    return gpu_scenario(
+        [
+            gpu_request(
+                "cn", "c", 0, 4, "interactive", resumable=True, memory_gib=240, duration=HOUR
+            ),
+            gpu_request(
+                "dj", "d", 0, 4, "batch", checkpoint_every=900, restart_cost=60, duration=2 * HOUR
+            ),
+        ],
+        nodes=1,
+        gpus=gpus,
+        teams=[
+            {"name": "a", "share": {"gpu": 1.0}},
+            {"name": "c", "share": {}},
+            {"name": "d", "share": {}},
+        ],
+    )
+
+
+def test_work_cheap_to_reclaim_borrows_before_work_dear_to_reclaim() -> None:
+    """R11: c's notebook sorts first, but its reclaim would throw away 1,265 s of its size
+    and d's job's 60 s: d's job borrows the node, and the notebook runs when it ends."""
+    records = records_of(_two_borrowers(gpus=4))
+    assert records["dj"].starts == [0.0]
+    assert records["cn"].starts == [pytest.approx(2 * HOUR)]
+
+
+def test_work_dear_to_reclaim_borrows_what_the_rest_leaves() -> None:
+    """R11 orders borrowers; it leaves nothing idle: on 8 GPUs both borrow at once."""
+    records = records_of(_two_borrowers(gpus=8))
+    assert records["dj"].starts == [0.0]
+    assert records["cn"].starts == [0.0]

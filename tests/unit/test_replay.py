@@ -5,6 +5,7 @@ the command's flags (checked before any store is opened)."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -27,6 +28,7 @@ from scheduler_core.research.replay import (
     RUNNING,
     AdminChange,
     History,
+    InventoryChange,
     LiveRequest,
     LiveRun,
     compare,
@@ -214,3 +216,69 @@ def test_flags_are_checked_before_the_store_is_opened(
     assert main(["replay", "/nonexistent/store.sqlite", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0]
+
+
+def test_a_session_the_live_hub_ended_at_a_preemption_is_not_queued_again() -> None:
+    """The live Hub ends a preempted session that cannot resume (the store's ``preempt``
+    event says ``requeued: false``); the simulator would queue it again and start it once
+    the funded job is done. The replay does as the Hub did: the same record, nothing only
+    one side did."""
+    teams = (Team("a", {"g": 0.0}), Team("b", {"g": 1.0}))
+    notebook = LiveRequest(
+        request("nb", "a", 0, memory_gib=4.0),
+        (run(0, 1000, PREEMPTED, funded=False),),
+        requeued=False,
+    )
+    job = LiveRequest(request("job", "b", 1000), (run(1000, 4000, FINISHED),))
+    the_plan = plan(history([notebook, job], teams=teams))
+    assert "nb" in the_plan.ends_on_preempt
+    simulated = simulate(the_plan)
+    record = simulated.records["nb"]
+    assert (record.starts, record.ends, record.preemptions) == ([0.0], [1000.0], 1)
+    assert not record.finished
+    comparison = compare(the_plan, simulated)["comparison"]
+    assert not comparison["causes"] and comparison["preemptions"]["same_set"]
+    assert all(t["live_gpu_h"] == t["simulated_gpu_h"] for t in comparison["teams"].values())
+    # Queued again, as the simulator does by itself, it runs again after the job.
+    requeued = replace(notebook, requeued=True)
+    again = simulate(plan(history([requeued, job], teams=teams))).records["nb"]
+    assert again.starts == [0.0, 4000.0]
+
+
+def test_the_hub_rule_decides_where_the_store_does_not_say() -> None:
+    """Never preempted live: a preemption ends a session that cannot resume (as the live
+    Hub's takedown does) and queues one that can."""
+    plain = LiveRequest(request("plain", "a", 0), (run(0, 10, FINISHED),))
+    resumable = LiveRequest(request("res", "a", 5, resumable=True), (run(10, 20, FINISHED),))
+    the_plan = plan(history([plain, resumable]))
+    assert the_plan.ends_on_preempt == {"plain"}
+
+
+def test_a_node_that_gains_a_gpu_at_a_hub_start_gains_it_in_the_replay() -> None:
+    """n0 has one GPU at the period's start and two after a Hub start at 1000 s (the
+    store's node-inventory event): the second request waits for the first or for the
+    new GPU, whichever comes first, as live."""
+    first = LiveRequest(request("first", "a", 0, min_runtime=9000.0), (run(0, 5000, FINISHED),))
+    second = LiveRequest(request("second", "b", 10), (run(1000, 2000, FINISHED),))
+    grown = InventoryChange(T0 + 1000, node(2))
+    the_plan = plan(history([first, second], inventory=(grown,)))
+    assert [c.at for c in the_plan.inventory] == [1000.0]
+    simulated = simulate(the_plan)
+    assert simulated.records["second"].starts == [1000.0]
+    assert not compare(the_plan, simulated)["comparison"]["causes"]
+    # Without the change the second waits for the first to end.
+    assert simulate(plan(history([first, second]))).records["second"].starts == [5000.0]
+
+
+def test_an_inventory_change_that_takes_a_held_gpu_away_is_skipped() -> None:
+    """A Hub refuses to start on a node that lost a device a session holds; the replay
+    skips such a change too (the simulated run still holds it) and goes on."""
+    first = LiveRequest(request("first", "a", 0, min_runtime=9000.0), (run(0, 5000, FINISHED),))
+    second = LiveRequest(request("second", "b", 10), (run(10, 2000, FINISHED),))
+    other = Node("n0", "g", 16.0, 64.0, virtual_gpus("elsewhere", 1))
+    the_plan = plan(
+        history([first, second], nodes=(node(2),), inventory=(InventoryChange(T0 + 5, other),))
+    )
+    simulated = simulate(the_plan)
+    assert simulated.records["first"].ends == [5000.0]
+    assert simulated.records["second"].starts == [10.0], "n0 kept both of its GPUs"

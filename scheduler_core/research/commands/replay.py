@@ -155,10 +155,12 @@ def run(args: argparse.Namespace) -> int:
     now = time.time()
     since, until, cut = period(args, now)
     axes, runs = what_ifs(args)
+    read_started = time.perf_counter()
     source = open_store(args.store)
     try:
         window = max([0.0, *(v for _, _, p in runs for k, v in p.items() if k == "lookback")])
         history = read_history(source, since, until, window)
+        read_s = time.perf_counter() - read_started
         if not history.requests:
             first, last = history_span(source)
             held = (
@@ -175,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         source.close()
     report = replay_report(history, args.policy, runs)
     report["period"]["cut_to_now"] = cut
+    report["timings_s"] = {"read": round(read_s, 2), **report["timings_s"]}
     print_report(report)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
@@ -194,10 +197,15 @@ def replay_report(
 ) -> dict[str, Any]:
     """The whole report (docs/replay.md lists its keys)."""
     started = time.perf_counter()
+    laps = [started]
     the_plan = plan(history)
+    laps.append(time.perf_counter())
     simulated = simulate(the_plan)
+    laps.append(time.perf_counter())
     live_out, replay_out = outcome("live", the_plan.live), outcome("replay", simulated)
+    laps.append(time.perf_counter())
     compared = compare(the_plan, simulated, live_out, replay_out)
+    laps.append(time.perf_counter())
     outcomes = [outcome_row("live", live_out), outcome_row("replay", replay_out)]
     for label, written, parsed in runs:
         changes = {k: v for k, v in parsed.items() if k != MIN_RUNTIME}
@@ -241,6 +249,15 @@ def replay_report(
         "forecast": forecast_accuracy(the_plan),
         "outcomes": outcomes,
         "wall_s": round(time.perf_counter() - started, 2),
+        "timings_s": {
+            name: round(b - a, 2)
+            for name, a, b in zip(
+                ("plan", "simulate", "outcomes", "compare", "what_ifs"),
+                laps,
+                [*laps[1:], time.perf_counter()],
+                strict=True,
+            )
+        },
     }
 
 
@@ -332,6 +349,12 @@ def print_report(report: Mapping[str, Any]) -> None:
     print()
     print("outcomes (live: what happened; replay: the simulator on the same history)")
     print(headline_table([(row["label"], row["headline"]) for row in report["outcomes"]]))
+    timings = report.get("timings_s") or {}
+    if timings:
+        print()
+        print(
+            "took " + ", ".join(f"{name.replace('_', '-')} {s:g} s" for name, s in timings.items())
+        )
 
 
 def _few(ids: Sequence[str], limit: int = 5) -> str:
