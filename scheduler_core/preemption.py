@@ -490,8 +490,10 @@ class Victims:
             base = self._base_totals
             if base is not None:
                 # Read from the base each time, not copied into ``_totals`` (which holds
-                # what removals changed): compiled, a copy is a new tuple per node.
-                return base.get(node, (0, 0))
+                # what removals changed): compiled, a copy is a new tuple per node (as
+                # would be a default passed to ``get``).
+                found = base.get(node)
+                return (0, 0) if found is None else found
             found = gpu_totals(self._node_tally(node))
             self._totals[node] = found
         return found
