@@ -568,7 +568,7 @@ class Victims:
         return {node: self.node_gpu_bound(node, allowed) for node in nodes}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Lane:
     """A limit on the victims of one search (policy/victims.py).
 
@@ -584,6 +584,12 @@ class Lane:
 
     normal: frozenset[str] | None
     resumable: bool = False
+
+    def __init__(self, normal: frozenset[str] | None, resumable: bool = False) -> None:
+        # Written out: compiled, a generated __init__ runs interpreted (view.py); the
+        # fast lane makes one per debug request it looks at.
+        object.__setattr__(self, "normal", normal)
+        object.__setattr__(self, "resumable", resumable)
 
     def may_stop(self, victims: Victims, allocation: Allocation) -> bool:
         if self.resumable:
