@@ -254,16 +254,7 @@ class Simulation:
         horizon = scenario.horizon
         scheduler = self.scheduler
         tick = scenario.settings.cycle_tick
-        # The submissions, known from the start, wait in a sorted list beside the heap
-        # rather than in it: popped in the same order (the same keys), and the heap holds
-        # only what the run adds (a month's 15,000 submissions made every push and pop
-        # of it deeper).
-        first = self._seq
-        self._seq = first + len(scenario.requests)
-        submits = sorted(
-            (request.submit, _SUBMIT, first + i, request.id)
-            for i, request in enumerate(scenario.requests)
-        )
+        submits = self._submissions()
         for event in scenario.events:
             self.push(event.at, _NODE, event)
         at = 0
@@ -335,6 +326,19 @@ class Simulation:
             time.perf_counter() - started,
             dict(self.lost_by_class),
             dict(self.lost_by_stop),
+        )
+
+    def _submissions(self) -> list[tuple[float, int, int, str]]:
+        """The scenario's submissions in the heap's order, numbered as pushed events are.
+
+        They wait in this sorted list beside the event heap rather than in it, popped in
+        the same order (the same keys): the heap holds only what the run adds (a month's
+        15,000 submissions made every push and pop of it deeper)."""
+        requests = self.scenario.requests
+        first = self._seq
+        self._seq = first + len(requests)
+        return sorted(
+            (request.submit, _SUBMIT, first + i, request.id) for i, request in enumerate(requests)
         )
 
     def _finish(self, request_id: str, now: float) -> None:
