@@ -50,8 +50,27 @@ def copied(mapping: Mapping[_K, _V]) -> dict[_K, _V]:
     return dict(mapping)
 
 
+_MATCHED: dict[tuple[int, int], tuple[Mapping[str, str], Mapping[str, str], bool]] = {}
+"""`labels_match`'s answers for read-only labels (a request's and a node's, which
+`model.frozen_labels` makes and nothing changes), by the two objects' identities: each
+search asks it again of every node for every request that names labels. The objects
+are kept with the answer, so an identity is never taken for another object's."""
+
+
 def labels_match(wanted: Mapping[str, str], have: Mapping[str, str]) -> bool:
-    return all(have.get(k) == v for k, v in wanted.items())
+    if not wanted:
+        return True  # most requests name no label: no generator, no method calls
+    if not (isinstance(wanted, MappingProxyType) and isinstance(have, MappingProxyType)):
+        return all(have.get(k) == v for k, v in wanted.items())
+    key = (id(wanted), id(have))
+    found = _MATCHED.get(key)
+    if found is not None and found[0] is wanted and found[1] is have:
+        return found[2]
+    matched = all(have.get(k) == v for k, v in wanted.items())
+    if len(_MATCHED) >= 65_536:
+        _MATCHED.clear()
+    _MATCHED[key] = (wanted, have, matched)
+    return matched
 
 
 def could_hold(node: Node, request: Request) -> bool:

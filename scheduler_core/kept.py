@@ -48,9 +48,13 @@ from scheduler_core.settings import Settings
 # -- request shapes and queue entries -------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Shape:
-    """What a request needs on each node; a larger shape fits nowhere a smaller one does not."""
+    """What a request needs on each node; a larger shape fits nowhere a smaller one does not.
+
+    ``__init__``, ``__eq__`` and ``__hash__`` are written out, as the dataclass would make
+    them: compiled, those it makes run interpreted, and every request queued makes a shape
+    and looks it up (`shape_id`)."""
 
     kind: tuple[object, ...]
     """Pool, labels and MIG profile: shapes of different kinds are not comparable."""
@@ -59,6 +63,34 @@ class Shape:
     gpu_milli: int
     cpus: float
     memory_gib: float
+
+    def __init__(
+        self,
+        kind: tuple[object, ...],
+        gpus: int,
+        nodes: int,
+        gpu_milli: int,
+        cpus: float,
+        memory_gib: float,
+    ) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "gpus", gpus)
+        object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "gpu_milli", gpu_milli)
+        object.__setattr__(self, "cpus", cpus)
+        object.__setattr__(self, "memory_gib", memory_gib)
+
+    def _fields(self) -> tuple[tuple[object, ...], int, int, int, float, float]:
+        return (self.kind, self.gpus, self.nodes, self.gpu_milli, self.cpus, self.memory_gib)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Shape)
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
 
     def covers(self, other: Shape) -> bool:
         """Is ``other`` at least as large in every dimension (so fails where self fails)?"""
@@ -200,7 +232,7 @@ class Layout:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class WholeBuckets:
     """Per pool, node names by their count of free whole GPUs (name order within a
     count), and each node's count: the index `Capacity` builds, as of one moment."""
@@ -208,6 +240,15 @@ class WholeBuckets:
     names: Mapping[str, tuple[tuple[str, ...], ...]]
     counts: Mapping[str, Mapping[str, int]]
     """Per pool, node name → free whole GPUs."""
+
+    def __init__(
+        self,
+        names: Mapping[str, tuple[tuple[str, ...], ...]],
+        counts: Mapping[str, Mapping[str, int]],
+    ) -> None:
+        # Written out: compiled, a generated __init__ runs interpreted (view.py).
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "counts", counts)
 
 
 def _bucket_sizes(nodes: Iterable[Node]) -> dict[str, int]:
@@ -355,7 +396,7 @@ def _count(tally: dict[str | None, int], key: str | None, change: int) -> None:
         tally.pop(key, None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ExposedSessions:
     """Sessions past their protected window: per node (any order), and GPU tallies."""
 
@@ -366,6 +407,19 @@ class ExposedSessions:
     """Per node."""
     totals: Mapping[str, tuple[int, int]]
     """Per node: GPUs held by every exposed session, and by the unallocated ones."""
+
+    def __init__(
+        self,
+        by_node: Mapping[str, tuple[Allocation, ...]],
+        gpus: Mapping[str, Tally],
+        node_gpus: Mapping[str, Tally],
+        totals: Mapping[str, tuple[int, int]],
+    ) -> None:
+        # Written out: compiled, a generated __init__ runs interpreted (view.py).
+        object.__setattr__(self, "by_node", by_node)
+        object.__setattr__(self, "gpus", gpus)
+        object.__setattr__(self, "node_gpus", node_gpus)
+        object.__setattr__(self, "totals", totals)
 
 
 # -- the frozen view and the failed searches -----------------------------------
@@ -725,18 +779,22 @@ class Kept:
 
     def searches_failed(self, searches: Mapping[SearchKey, int]) -> None:
         """Record a cycle's failed victim searches; forget what no cycle can use any more."""
-        if searches:
-            self._searches.update(searches)
-            self._searches_view = MappingProxyType(dict(self._searches))
+        known = self._searches
+        # The copy a cycle reads is made again only where the failures change: most
+        # cycles find again the ones already recorded, at the same log positions.
+        if searches and any(known.get(key) != at for key, at in searches.items()):
+            known.update(searches)
+            self._searches_view = MappingProxyType(dict(known))
         if len(self._growth) > 4 * self.GROWTH_KEPT:
             drop = len(self._growth) - self.GROWTH_KEPT
             del self._growth[:drop]
             self._growth_start += drop
-        if len(self._searches) > 64:
+        if len(known) > 64:
             # Failures recorded before the log entries a cycle looks at are no use.
             oldest = self._growth_start + len(self._growth) - self.GROWTH_KEPT
-            self._searches = {k: at for k, at in self._searches.items() if at >= oldest}
-            self._searches_view = MappingProxyType(dict(self._searches))
+            if any(at < oldest for at in known.values()):
+                self._searches = {k: at for k, at in known.items() if at >= oldest}
+                self._searches_view = MappingProxyType(dict(self._searches))
 
     # -- what a cycle reads ----------------------------------------------------------
 

@@ -44,9 +44,11 @@ class _Curve:
                     hint = bisect_right(times, when, hint) - 1
                     break
         else:
-            hint = bisect_right(times, when) - 1
-            if hint < 0:
+            if last < 0 or when < times[0]:
+                # Before the first change (a window reaching back before the run): no
+                # search, which compiled is a call through Python.
                 return 0.0
+            hint = bisect_right(times, when) - 1
         self.hints[which] = hint
         return self.cumulative[hint] + self.rates[hint] * (when - times[hint])
 
@@ -112,6 +114,10 @@ class UsageLedger:
         """The latest end of a window handed out."""
         self.revision = 0
         """Goes up with every change that reaches back into a window handed out."""
+        self._snapshot: tuple[dict[tuple[str, str], _Curve], dict[str, dict[str, _Curve]]]
+        self._snapshot = ({}, {})
+        """The curves as a window sees them, and the same per pool and team: made again only
+        when a pair is first charged (curves are only ever added), never changed."""
 
     def _curve(self, team: str, pool: str, when: float, lump: float) -> _Curve:
         if when < self._horizon or (lump and when <= self._horizon):
@@ -166,7 +172,18 @@ class UsageLedger:
 
         Its figures stay right while `revision` does not change."""
         self._horizon = max(self._horizon, end)
-        return WindowUsage(dict(self._curves), start, end, self.revision)
+        curves, pools = self._snapshot
+        if len(curves) != len(self._curves):
+            curves = dict(self._curves)
+            pools = {}
+            for (team, pool), curve in curves.items():
+                pools.setdefault(pool, {})[team] = curve
+            self._snapshot = (curves, pools)
+        return WindowUsage(curves, start, end, self.revision, pools)
+
+
+_NO_CURVES: dict[str, _Curve] = {}
+"""A pool no team was charged in (never changed)."""
 
 
 class WindowUsage(Mapping[tuple[str, str], float]):
@@ -177,9 +194,16 @@ class WindowUsage(Mapping[tuple[str, str], float]):
     """
 
     def __init__(
-        self, curves: dict[tuple[str, str], _Curve], start: float, end: float, revision: int = 0
+        self,
+        curves: dict[tuple[str, str], _Curve],
+        start: float,
+        end: float,
+        revision: int = 0,
+        pools: dict[str, dict[str, _Curve]] | None = None,
     ) -> None:
         self._curves = curves
+        self._pools = pools
+        """``curves`` per pool and team, if given (`pool_figures` then makes no key)."""
         self._start = start
         self._end = end
         self._known: dict[tuple[str, str], float] = {}
@@ -263,9 +287,11 @@ class WindowUsage(Mapping[tuple[str, str], float]):
         window: dict[str, float] = {}
         day: dict[str, float] = {}
         curves = self._curves
+        pools = self._pools
+        by_team = pools.get(pool, _NO_CURVES) if pools is not None else None
         start, end = self._start, self._end
         for team in teams:
-            curve = curves.get((team, pool))
+            curve = curves.get((team, pool)) if by_team is None else by_team.get(team)
             if curve is None:
                 window[team] = 0.0
                 if day_start is not None:

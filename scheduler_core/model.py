@@ -298,7 +298,7 @@ class Request:
         return self.restart_cost + restore
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Slice:
     """A piece of one GPU given to a session."""
 
@@ -307,6 +307,20 @@ class Slice:
     milli: int = MILLI
     mig_uuid: str | None = None
     mig_profile: str | None = None
+
+    def __init__(
+        self,
+        gpu_uuid: str,
+        kind: SliceKind,
+        milli: int = MILLI,
+        mig_uuid: str | None = None,
+        mig_profile: str | None = None,
+    ) -> None:
+        object.__setattr__(self, "gpu_uuid", gpu_uuid)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "milli", milli)
+        object.__setattr__(self, "mig_uuid", mig_uuid)
+        object.__setattr__(self, "mig_profile", mig_profile)
 
     @property
     def device_id(self) -> str:
@@ -321,7 +335,7 @@ class Slice:
         return self.milli / MILLI
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class NodeGrant:
     """The part of an allocation on one node."""
 
@@ -330,8 +344,16 @@ class NodeGrant:
     cpus: float
     memory_gib: float
 
+    def __init__(
+        self, node: str, slices: tuple[Slice, ...], cpus: float, memory_gib: float
+    ) -> None:
+        object.__setattr__(self, "node", node)
+        object.__setattr__(self, "slices", slices)
+        object.__setattr__(self, "cpus", cpus)
+        object.__setattr__(self, "memory_gib", memory_gib)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Allocation:
     """A request placed on nodes with concrete slices.
 
@@ -346,6 +368,22 @@ class Allocation:
     funded: bool
     protected_until: float
     charge_rate: float
+
+    def __init__(
+        self,
+        request: Request,
+        grants: tuple[NodeGrant, ...],
+        start: float,
+        funded: bool,
+        protected_until: float,
+        charge_rate: float,
+    ) -> None:
+        object.__setattr__(self, "request", request)
+        object.__setattr__(self, "grants", grants)
+        object.__setattr__(self, "start", start)
+        object.__setattr__(self, "funded", funded)
+        object.__setattr__(self, "protected_until", protected_until)
+        object.__setattr__(self, "charge_rate", charge_rate)
 
     @property
     def id(self) -> str:

@@ -33,6 +33,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TypeVar
 
 from scheduler_core.capacity import Capacity
 from scheduler_core.kept import ExposedSessions, Tally, gpu_totals, held_gpus
@@ -43,7 +45,7 @@ Cost = tuple[float, float, float, float]
 """What stopping a set of victims costs (`set_cost`), compared as a tuple."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Target:
     """Victims on one node and what stopping them costs."""
 
@@ -53,6 +55,15 @@ class Target:
     cost: Cost
     """Funded (and not releasable) victims at all, busy victims (when any is idle), work
     lost (`lost_work`, a gang's place included), victims."""
+
+    def __init__(
+        self, node: str, victims: tuple[Allocation, ...], slices: tuple[Slice, ...], cost: Cost
+    ) -> None:
+        # Written out: compiled, a generated __init__ runs interpreted (view.py).
+        object.__setattr__(self, "node", node)
+        object.__setattr__(self, "victims", victims)
+        object.__setattr__(self, "slices", slices)
+        object.__setattr__(self, "cost", cost)
 
 
 def lost_work(allocation: Allocation, now: float, gang_wait: float = 0.0) -> float:
@@ -296,7 +307,7 @@ class Victims:
         victims._setup(
             exposed.by_node, exposed.gpus, exposed.node_gpus, exposed.totals, now, gang_wait
         )
-        victims._reach = reach
+        victims._reach = None if reach is None else _as_dict(reach)
         return victims
 
     def _setup(
@@ -317,10 +328,14 @@ class Victims:
         """The same for a request over several nodes."""
         self.gang_wait = gang_wait
         """What stopping a gang costs beyond lost work, in seconds of its size."""
-        self._base = by_node
-        self._base_gpus = gpus
-        self._base_node_gpus = node_gpus
-        self._base_totals = totals
+        # Held as dicts (they are dicts, but for a caller's other mapping): compiled,
+        # a dict's get is a direct call and a Mapping's a method call through Python.
+        self._base: dict[str, Sequence[Allocation]] = _as_dict(by_node)
+        self._base_gpus: dict[str, Tally] = _as_dict(gpus)
+        self._base_node_gpus: dict[str, Tally] = _as_dict(node_gpus)
+        self._base_totals: dict[str, tuple[int, int]] | None = (
+            None if totals is None else _as_dict(totals)
+        )
         self._sorted: dict[str, list[Allocation]] = {}
         self._gpus: dict[str, dict[str | None, int]] = {}
         """Pool tallies changed by removals (copies; the base is never changed)."""
@@ -330,7 +345,7 @@ class Victims:
         self._touched: list[str] = []
         """Nodes whose victims changed, in order (read by `roomy`)."""
         self._roomy: dict[tuple[str, int], _Roomy] = {}
-        self._reach: Mapping[str, int] | None = None
+        self._reach: dict[str, int] | None = None
         self._idle: dict[str, float] = {}
         self._releasable: set[str] = set()
         self._rel_pool: dict[str, dict[str, int]] = {}
@@ -417,9 +432,12 @@ class Victims:
             if not base:
                 return ()
             now, idle, releasable, wait = self._now, self._idle, self._releasable, self.gang_wait
-            found = self._sorted[node] = sorted(
-                base, key=lambda a: victim_order(a, now, idle, releasable, wait)
-            )
+            # Sorted by key pairs, not ``key=lambda``: compiled, the lambda is a call
+            # through Python per victim. A key ends with the id, so no two are equal and
+            # no allocation is compared (the same order as a stable sort by the key).
+            keyed = [(victim_order(a, now, idle, releasable, wait), a) for a in base]
+            keyed.sort()
+            found = self._sorted[node] = [a for _, a in keyed]
         return found
 
     def has(self, node: str) -> bool:
@@ -449,12 +467,12 @@ class Victims:
 
     def _node_tally(self, node: str) -> Tally:
         found = self._node_gpus.get(node)
-        return found if found is not None else self._base_node_gpus.get(node, {})
+        return found if found is not None else self._base_node_gpus.get(node, _NO_TALLY)
 
     def gpu_bound(self, pool: str, allowed: frozenset[str]) -> int:
         """GPUs that stopping every permitted victim in the pool could free, at most."""
         found = self._gpus.get(pool)
-        held = found if found is not None else self._base_gpus.get(pool, {})
+        held = found if found is not None else self._base_gpus.get(pool, _NO_TALLY)
         return _permitted(held, allowed) + self._released_beyond(self._rel_pool.get(pool), allowed)
 
     def node_totals(self, node: str) -> tuple[int, int]:
@@ -471,9 +489,12 @@ class Victims:
         if found is None:
             base = self._base_totals
             if base is not None:
-                found = base.get(node, (0, 0))
-            else:
-                found = gpu_totals(self._node_tally(node))
+                # Read from the base each time, not copied into ``_totals`` (which holds
+                # what removals changed): compiled, a copy is a new tuple per node (as
+                # would be a default passed to ``get``).
+                found = base.get(node)
+                return (0, 0) if found is None else found
+            found = gpu_totals(self._node_tally(node))
             self._totals[node] = found
         return found
 
@@ -523,9 +544,15 @@ class Victims:
         found = self.bounds(allowed)
         bound = found.get(node)
         if bound is None:
-            bound = found[node] = _permitted(
-                self._node_tally(node), allowed
-            ) + self._released_beyond(self._rel_node.get(node), allowed)
+            bound = self.bound_into(found, node, allowed)
+        return bound
+
+    def bound_into(self, found: dict[str, int], node: str, allowed: frozenset[str]) -> int:
+        """`node_gpu_bound`, worked out and written into ``found`` (``bounds(allowed)``,
+        which the caller holds and found no answer in)."""
+        bound = found[node] = _permitted(self._node_tally(node), allowed) + self._released_beyond(
+            self._rel_node.get(node), allowed
+        )
         return bound
 
     def bounds(self, allowed: frozenset[str]) -> dict[str, int]:
@@ -592,10 +619,27 @@ def _permits(
 
 def _permitted(held: Tally, allowed: frozenset[str]) -> int:
     total = 0
+    if isinstance(held, dict):  # as it is: iterated directly when compiled
+        for team, count in held.items():
+            if team is None or team in allowed:
+                total += count
+        return total
     for team, count in held.items():
         if team is None or team in allowed:
             total += count
     return total
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+_NO_TALLY: Tally = MappingProxyType({})
+"""A node or pool no victim holds GPUs on (read only)."""
+
+
+def _as_dict(mapping: Mapping[_K, _V]) -> dict[_K, _V]:
+    """``mapping`` itself where it is a dict (never changed here), else a dict copy."""
+    return mapping if isinstance(mapping, dict) else dict(mapping)
 
 
 def offers(
@@ -662,7 +706,7 @@ def _roomy_nodes(
             if victims.node_totals(name)[1] < short:
                 freeable = bounds.get(name)
                 if freeable is None:
-                    freeable = victims.node_gpu_bound(name, allowed)
+                    freeable = victims.bound_into(bounds, name, allowed)
                 if freeable < short:
                     continue
         nodes.append(nf)

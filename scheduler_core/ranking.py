@@ -45,6 +45,8 @@ class _TreeFacts:
         self.levels = {name: tree.levels(name) for name in tree.teams}
         self.subtrees = {name: tree.subtree(name) for name in tree.teams}
         self.parents = tuple(name for name in tree.teams if tree.has_children(name))
+        self.own_levels = tuple((name, name + OWN) for name in self.parents)
+        """Per parent, its name and its own work's level (``parent#own``), made once."""
         self.shared: dict[str, dict[str, int]] = {
             a: {b: _common(self.levels[a], self.levels[b]) for b in tree.teams} for a in tree.teams
         }
@@ -57,8 +59,8 @@ class _TreeFacts:
         if found is None:
             tree = self.tree
             found = {name: tree.share(name, pool) * budget_rate for name in tree.teams}
-            for name in self.parents:
-                found[name + OWN] = tree.own_share(name, pool) * budget_rate
+            for name, own in self.own_levels:
+                found[own] = tree.own_share(name, pool) * budget_rate
             if len(self._budgets) >= 64:
                 self._budgets.clear()
             self._budgets[(pool, budget_rate)] = found
@@ -90,9 +92,9 @@ def _by_level(own: dict[str, float], facts: _TreeFacts) -> dict[str, float]:
     """Every level's units from each team's own: a parent's whole subtree, and its own
     part as ``parent#own``."""
     units = dict(own)
-    for name in facts.parents:
+    for name, own_level in facts.own_levels:
         units[name] = sum(own[t] for t in facts.subtrees[name])
-        units[name + OWN] = own[name]
+        units[own_level] = own[name]
     return units
 
 
@@ -142,11 +144,15 @@ class PoolRanking:
         if protected is None:
             protected = [a for a in view.allocations if a.funded and a.pool == pool]
         for allocation in protected:
-            if allocation.protected_until > now:
-                still = allocation.charge_rate * (allocation.protected_until - now)
-                own_units[allocation.request.team] += still
+            until = allocation.protected_until
+            if until > now:
+                # ``x = x + y``, not ``x += y``: compiled, an item's ``+=`` is a generic
+                # call and this a float addition (the same one).
+                still = allocation.charge_rate * (until - now)
+                team = allocation.request.team
+                own_units[team] = own_units[team] + still
                 if day:
-                    day[allocation.request.team] += still
+                    day[team] = day[team] + still
         self._units = _by_level(own_units, facts)
         self._day_units = _by_level(day, facts) if day else {}
 

@@ -129,6 +129,9 @@ class Scheduler:
         self.stats = CycleStats()
         self._capacity = self._pool_capacity()
         self._node_tuple = tuple(self.nodes.values())
+        self._draining_of: tuple[Node, ...] | None = None
+        """The node tuple ``_draining`` was found for (`_any_draining`)."""
+        self._draining = False
         self._kept = Kept(settings, self.pools, self.nodes.values())
         """The data kept between cycles for them (kept.py)."""
         self._allocations: tuple[Allocation, ...] | None = None
@@ -365,10 +368,18 @@ class Scheduler:
             # A sub-team's job may be funded from its parent's day beside what its
             # relatives wait for, which a cycle over part of the queue does not see.
             return self.cycle()
-        draining = expired and any(n.health is Health.DRAINING for n in self._node_tuple)
+        draining = expired and self._any_draining()
         if scope or draining:
             return self.cycle(scope)
         return None
+
+    def _any_draining(self) -> bool:
+        """Is any node draining? Looked at again only after a node changed."""
+        nodes = self._node_tuple
+        if self._draining_of is not nodes:
+            self._draining = any(n.health is Health.DRAINING for n in nodes)
+            self._draining_of = nodes
+        return self._draining
 
     def settle(self, observe: Callable[[Decisions], None] | None = None) -> Decisions | None:
         """`step`, then at once the follow-up cycles it calls for.
@@ -395,11 +406,18 @@ class Scheduler:
         """When step() next has something time-driven to look at (a protected
         window ending, a request reaching the starvation bound, an idle session
         becoming free to release), if ever."""
-        heaps = (self._expiries, self._starving, self._idle_due)
-        times = [heap[0][0] for heap in heaps if heap]
+        # The earliest head, compared one by one (the simulator asks after every event).
+        found: float | None = None
+        for heap in (self._expiries, self._starving, self._idle_due):
+            if heap:
+                at = heap[0][0]
+                if found is None or at < found:
+                    found = at
         if self._checkpoints and self.pending:
-            times.append(self._checkpoints[0][0])
-        return min(times) if times else None
+            at = self._checkpoints[0][0]
+            if found is None or at < found:
+                found = at
+        return found
 
     # -- one cycle ---------------------------------------------------------
 

@@ -11,6 +11,10 @@ kept up to date event by event, so a cycle costs what changed rather than what
 is running. It is only a faster road to the same answer; `decide` must decide
 exactly as it would from the rest of the view, and falls back to that when
 it is absent.
+
+The frozen dataclasses made once a cycle or more (here, and model.Slice, NodeGrant,
+Allocation, preemption.Target) write out their ``__init__`` with ``object.__setattr__``:
+compiled, the one dataclasses generates runs interpreted, about ten times as slow.
 """
 
 from __future__ import annotations
@@ -27,11 +31,21 @@ from scheduler_core.teams import TeamTree
 from scheduler_core.verdict import Verdict
 
 _EMPTY: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+_NO_STOPS: Mapping[str, int] = MappingProxyType({})
+_NO_PAIRS: Mapping[str, str] = MappingProxyType({})
+_NO_FUNDED: Mapping[str, bool] = MappingProxyType({})
+_NO_SEARCHES: Mapping[SearchKey, int] = MappingProxyType({})
+_NO_VERDICTS: Mapping[str, Verdict] = MappingProxyType({})
+"""The shared empty defaults of the read-only mappings below (never changed)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ClusterView:
-    """Everything the policy may look at in one cycle."""
+    """Everything the policy may look at in one cycle.
+
+    Its ``__init__`` is written out, not generated: compiled (scheduler_core/native.py),
+    a generated one runs interpreted, and a cycle makes one view (Decisions, Admission,
+    Preemption and model.Slice likewise). ``object.__setattr__`` keeps it frozen."""
 
     settings: Settings
     pools: Mapping[str, Pool]
@@ -69,8 +83,46 @@ class ClusterView:
     admission stopped it, where that one runs past its protection: it is not stopped
     in return (S10)."""
 
+    def __init__(
+        self,
+        settings: Settings,
+        pools: Mapping[str, Pool],
+        nodes: tuple[Node, ...],
+        allocations: tuple[Allocation, ...],
+        pending: tuple[Request, ...],
+        teams: TeamTree,
+        usage: Mapping[tuple[str, str], float],
+        window: float,
+        capacity: Mapping[str, float],
+        reservations: Mapping[str, tuple[str, ...]] = _EMPTY,
+        queued: frozenset[str] | None = None,
+        free: Mapping[str, NodeFree] | None = None,
+        index: CycleIndex | None = None,
+        funded_rates: Mapping[tuple[str, str], float] | None = None,
+        idle: tuple[tuple[Allocation, float], ...] = (),
+        stops: Mapping[str, int] = _NO_STOPS,
+        stopped_by: Mapping[str, str] = _NO_PAIRS,
+    ) -> None:
+        object.__setattr__(self, "settings", settings)
+        object.__setattr__(self, "pools", pools)
+        object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "allocations", allocations)
+        object.__setattr__(self, "pending", pending)
+        object.__setattr__(self, "teams", teams)
+        object.__setattr__(self, "usage", usage)
+        object.__setattr__(self, "window", window)
+        object.__setattr__(self, "capacity", capacity)
+        object.__setattr__(self, "reservations", reservations)
+        object.__setattr__(self, "queued", queued)
+        object.__setattr__(self, "free", free)
+        object.__setattr__(self, "index", index)
+        object.__setattr__(self, "funded_rates", funded_rates)
+        object.__setattr__(self, "idle", idle)
+        object.__setattr__(self, "stops", stops)
+        object.__setattr__(self, "stopped_by", stopped_by)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Admission:
     """Start ``request`` on ``grants``, after stopping the allocations in ``preempts``."""
 
@@ -81,8 +133,24 @@ class Admission:
     charge_rate: float
     preempts: tuple[str, ...] = ()
 
+    def __init__(
+        self,
+        request: Request,
+        grants: tuple[NodeGrant, ...],
+        funded: bool,
+        protected_until: float,
+        charge_rate: float,
+        preempts: tuple[str, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "request", request)
+        object.__setattr__(self, "grants", grants)
+        object.__setattr__(self, "funded", funded)
+        object.__setattr__(self, "protected_until", protected_until)
+        object.__setattr__(self, "charge_rate", charge_rate)
+        object.__setattr__(self, "preempts", preempts)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Preemption:
     """Stop a running allocation; ``reason`` is ``funded``, ``debug`` (the fast lane, for an
     unfunded debug request), ``time-slice`` (a day slice spent), ``drain`` or
@@ -97,8 +165,22 @@ class Preemption:
     cost: float = 0.0
     """The work its stopping throws away, GPU- or core-seconds (`preemption.lost_work`)."""
 
+    def __init__(
+        self,
+        allocation_id: str,
+        reason: str,
+        for_request: str | None = None,
+        code: str = "",
+        cost: float = 0.0,
+    ) -> None:
+        object.__setattr__(self, "allocation_id", allocation_id)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "for_request", for_request)
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "cost", cost)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, init=False)
 class Decisions:
     """What one cycle decided, in the order it must be carried out."""
 
@@ -119,6 +201,26 @@ class Decisions:
     what ground, protection, placed or why not, position). ``order`` is its keys in
     order and ``funded`` its funded flags. Empty from policies that give none (the
     baselines)."""
+
+    def __init__(
+        self,
+        admissions: tuple[Admission, ...] = (),
+        preemptions: tuple[Preemption, ...] = (),
+        reservations: Mapping[str, tuple[str, ...]] = _EMPTY,
+        order: tuple[str, ...] = (),
+        funded: Mapping[str, bool] = _NO_FUNDED,
+        released: tuple[str, ...] = (),
+        searches: Mapping[SearchKey, int] = _NO_SEARCHES,
+        verdicts: Mapping[str, Verdict] = _NO_VERDICTS,
+    ) -> None:
+        object.__setattr__(self, "admissions", admissions)
+        object.__setattr__(self, "preemptions", preemptions)
+        object.__setattr__(self, "reservations", reservations)
+        object.__setattr__(self, "order", order)
+        object.__setattr__(self, "funded", funded)
+        object.__setattr__(self, "released", released)
+        object.__setattr__(self, "searches", searches)
+        object.__setattr__(self, "verdicts", verdicts)
 
     @property
     def follow_up(self) -> bool:
