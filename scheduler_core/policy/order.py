@@ -92,33 +92,37 @@ def place_deferred(
 ) -> None:
     """R11: once every team has had its turns, the entries that would have borrowed but
     are dear to reclaim (`Queued.dear`) are judged again, in the order they were first
-    judged, on what the turns left; each one's note replaces the one that deferred it."""
+    judged, on what the turns left; each one's note replaces the one that deferred it.
+    While nothing changes, an entry of a team, kind and age class already judged here
+    gets the same answer, as in a team's turn (`judge_all`): a new `Turn` for the same
+    team on the same state gives the same answers."""
     state.deferring = False
     notes = cycle.notes
     memo = cycle.memo
     now = cycle.now
     starving_after = cycle.settings.starvation_bound
     slicing_after = cycle.settings.own_slice_after
+    known: dict[tuple[str, int], Result] = {}
     turn: Turn | None = None
     for index, entry in state.deferred:
-        team = entry.request.team
-        if turn is None or turn.team != team:
-            turn = Turn(cycle, state, team)
-        # The same answers as in a team's turn (`judge_all`): its kind and age class.
-        age = now - entry.request.submit
-        key = (entry.kind << 2) | ((age >= starving_after) << 1) | (age >= slicing_after)
-        found = turn.known.get(key) if memo else None
+        request = entry.request
+        team = request.team
+        age = now - request.submit
+        key = (team, (entry.kind << 2) | ((age >= starving_after) << 1) | (age >= slicing_after))
+        found = known.get(key) if memo else None
         if found is None:
+            if turn is None or turn.team != team:
+                turn = Turn(cycle, state, team)
             result, changed, charged = judge(cycle, state, turn, entry, team_queues)
             if charged:
                 turn = None
-            elif changed:
-                turn.known.clear()
+            if changed or charged:
+                known.clear()
             elif memo:
-                turn.known[key] = result
+                known[key] = result
         else:
             result = found
-            cycle.funded[entry.request.id] = found[0]
+            cycle.funded[request.id] = found[0]
         notes[index] = (entry, result)
 
 
