@@ -54,6 +54,7 @@ class Pass:
         "draining",
         "deferring",
         "deferred",
+        "epoch",
     )
 
     def __init__(self, name: str, ranking: PoolRanking, held: set[str]) -> None:
@@ -78,9 +79,15 @@ class Pass:
         """Teams whose job waits to slice the team (S6, `funding.own_slice`)."""
         self.deferring = True
         """R11: while true (the teams' turns), work dear to reclaim does not borrow."""
-        self.deferred: list[tuple[int, Queued]] = []
+        self.deferred: list[tuple[int, Queued, int, bool]] = []
         """R11: entries that would have borrowed, dear to reclaim, with the index of their
-        note in ``Cycle.notes``: judged again once every team's turn is over."""
+        note in ``Cycle.notes``, the ``epoch`` their funding was found at (-1: not to be
+        reused) and whether their team was ``draining`` then: judged again once every
+        team's turn is over."""
+        self.epoch = 0
+        """Counts the pass's changes (an admission, a hold made or ended): while it and
+        a team's ``draining`` stand still, the funding of the team's entries stands too
+        (`order.place_deferred` reuses it)."""
 
     def room_grew(self) -> None:
         """Room was made (victims stopped, a hold ended): shapes may fit again."""
@@ -269,6 +276,7 @@ class Cycle:
         `protection` says; a funded one is charged to its team. True if it was (the
         team's rank moved)."""
         request = entry.request
+        state.epoch += 1
         protected = self.protection(entry, funded, protect, preempts)
         self.admissions.append(
             Admission(request, grants, funded, self.now + protected, entry.rate, preempts)

@@ -84,6 +84,7 @@ def end_hold(cycle: Cycle, request_id: str, state: Pass) -> None:
     a shape that found no room or no victims without them, burst work's included,
     may find them now, so the pass's shape records are dropped."""
     drop_hold(cycle.capacity, request_id, cycle.known_failures.grown)
+    state.epoch += 1
     state.held.discard(request_id)
     state.room_grew()
     cycle.released.append(request_id)

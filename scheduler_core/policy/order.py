@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from scheduler_core.kept import Queued
 from scheduler_core.model import NodeGrant
 from scheduler_core.policy.cycle import Cycle, Pass, Result
-from scheduler_core.policy.funding import Turn, fund, window_funding
+from scheduler_core.policy.funding import Funding, Turn, fund, window_funding
 from scheduler_core.policy.holds import end_hold, hold
 from scheduler_core.policy.placement import backfill, fit
 from scheduler_core.policy.victims import Found, evict, lane
@@ -51,7 +51,15 @@ from scheduler_core.verdict import (
     PREEMPTS,
 )
 
-__all__ = ["DEFERRED", "find_room", "judge", "place_deferred", "pool_pass", "victims_for"]
+__all__ = [
+    "DEFERRED",
+    "find_room",
+    "judge",
+    "place_deferred",
+    "pool_pass",
+    "settle",
+    "victims_for",
+]
 
 DEFERRED = "deferred"
 """R11: an entry's placement outcome while it waits for the teams' turns to end
@@ -104,7 +112,8 @@ def place_deferred(
     slicing_after = cycle.settings.own_slice_after
     known: dict[tuple[str, int], Result] = {}
     turn: Turn | None = None
-    for index, entry in state.deferred:
+    draining = state.draining
+    for index, entry, epoch, was_draining in state.deferred:
         request = entry.request
         team = request.team
         age = now - request.submit
@@ -113,7 +122,16 @@ def place_deferred(
         if found is None:
             if turn is None or turn.team != team:
                 turn = Turn(cycle, state, team)
-            result, changed, charged = judge(cycle, state, turn, entry, team_queues)
+            if epoch == state.epoch and (was_draining or team not in draining):
+                # Nothing changed since its turn deferred it (no admission or hold, its
+                # team no more draining, S6): `fund` would answer as then, so its
+                # funding stands (unfunded and never debug: its units, beside and swap
+                # are not read) and only its room is looked for.
+                _, ground, protect, _ = notes[index][1]
+                funding = (ground, protect, entry.units, False, False)
+                result, changed, charged = settle(cycle, state, turn, entry, funding)
+            else:
+                result, changed, charged = judge(cycle, state, turn, entry, team_queues)
             if charged:
                 turn = None
             if changed or charged:
@@ -160,6 +178,7 @@ def judge_all(
         request_id = request.id
         order.append(request_id)
         charged = False
+        epoch = -1  # the epoch its answer was found at, in the memo's path only
         if held and request_id in held:
             result, _, charged = judge(cycle, state, turn, entry, team_queues)
             known.clear()
@@ -172,6 +191,7 @@ def judge_all(
         elif not memo:
             result, _, charged = judge(cycle, state, turn, entry, team_queues)
         else:
+            epoch = state.epoch
             age = now - request.submit
             kind = (entry.kind << 2) | ((age >= starving_after) << 1) | (age >= slicing_after)
             found = known.get(kind)
@@ -186,7 +206,8 @@ def judge_all(
                 funded[request_id] = found[0]
         notes.append((entry, result))
         if result[3] == DEFERRED:
-            state.deferred.append((len(notes) - 1, entry))
+            epoch = epoch if epoch == state.epoch else -1  # nothing changed meanwhile
+            state.deferred.append((len(notes) - 1, entry, epoch, team in state.draining))
         # The team keeps its turn while its next entry still sorts first.
         if at >= end:
             return at
@@ -211,12 +232,20 @@ def judge(
     entry: Queued,
     team_queues: Mapping[str, tuple[Queued, ...]],
 ) -> tuple[Result, bool, bool]:
-    """One entry: funding (`fund`), then room (`find_room`), then admission or a hold
-    (R7). Returns its result, whether anything changed (capacity, holds, stops), and
+    """One entry: funding (`fund`), then room and admission or a hold (`settle`).
+    Returns its result, whether anything changed (capacity, holds, stops), and
     whether its team was charged (which ends the turn)."""
+    return settle(cycle, state, turn, entry, fund(cycle, state, turn, entry, team_queues))
+
+
+def settle(
+    cycle: Cycle, state: Pass, turn: Turn, entry: Queued, funding: Funding
+) -> tuple[Result, bool, bool]:
+    """An entry funded as ``funding`` says: room (`find_room`), then admission or a
+    hold (R7); as `judge`."""
     request = entry.request
     request_id = request.id
-    ground, protect, units, beside, swap = fund(cycle, state, turn, entry, team_queues)
+    ground, protect, units, beside, swap = funding
     funded = cycle.funded[request_id] = ground in FUNDED_GROUNDS
     held = state.held
     holder = bool(held) and request_id in held
@@ -251,6 +280,7 @@ def judge(
         if hold(cycle, entry, held):
             outcome = HOLDING
             changed = True
+            state.epoch += 1
     elif holder:
         outcome = HOLDING
     return (funded, ground, protect, outcome), changed, charged
