@@ -170,7 +170,8 @@ def judge_all(
     order, notes, funded = cycle.order, cycle.notes, cycle.funded
     top = heap[0] if heap else None
     # The heap's head is fixed for the turn: (later, key) of the team that sorts next.
-    first_later, first_key = (top[0], top[1]) if top is not None else (True, ())
+    first_later = top[0] if top is not None else True
+    ahead = top is not None and current < top[1]  # its key sorts before the head's
     while True:
         entry = queue[at]
         at += 1
@@ -214,9 +215,7 @@ def judge_all(
         following = queue[at]
         next_later = not following.debug
         if not charged and (
-            top is None
-            or next_later < first_later
-            or (next_later == first_later and current < first_key)
+            top is None or next_later < first_later or (next_later == first_later and ahead)
         ):
             continue
         pushed = (next_later, current, following.request.submit, team)
