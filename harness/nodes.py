@@ -42,6 +42,26 @@ def notebook_profile(
     }
 
 
+def one_gpu_profile(slug: str, **extra: Any) -> dict[str, Any]:
+    """A profile of one whole GPU on the default image, one CPU and 1 GiB, protected an
+    hour; ``extra`` overrides or adds fields (``resumable``, ``class``, ``image``)."""
+    profile: dict[str, Any] = {
+        "slug": slug,
+        "display_name": slug,
+        "description": slug,
+        "class": "interactive",
+        "pool": "gpu",
+        "image": "budgethub/gpu:latest",
+        "gpus": [1],
+        "cpus": 1,
+        "memory_gib": 1,
+        "min_runtime": "1h",
+        "max_min_runtime": "8h",
+    }
+    profile.update(extra)
+    return profile
+
+
 def demo_teams() -> list[dict[str, Any]]:
     """Two teams with half of each pool: nlp and vision."""
     return [

@@ -19,7 +19,7 @@ import pytest
 
 from harness.hub import Hub, new_hub_name, remove_containers
 from harness.liverun import DRAIN, live_run, replay_report, start_live_hub
-from harness.nodes import preemption_hub
+from harness.nodes import one_gpu_profile, preemption_hub
 from scheduler_core.research.replay import compare, plan, simulate
 from scheduler_core.research.replay_store import open_store, read_history
 from scheduler_core.simulator import SimRun
@@ -154,23 +154,6 @@ def test_replay_of_a_live_run_agrees_with_it(engine, tmp_path, request):
     assert legacy[0]["headline"]["debug_p90_s"] > budget, report["outcomes"]
 
 
-def _profile(slug: str, resumable: bool) -> dict[str, object]:
-    return {
-        "slug": slug,
-        "display_name": slug,
-        "description": slug,
-        "class": "interactive",
-        "pool": "gpu",
-        "image": "budgethub/gpu:latest",
-        "gpus": [1],
-        "cpus": 1,
-        "memory_gib": 1,
-        "min_runtime": "1h",
-        "max_min_runtime": "8h",
-        "resumable": resumable,
-    }
-
-
 def test_a_session_the_hub_ended_at_a_preemption_is_ended_in_the_replay(
     make_hub: Callable[..., Hub],
 ) -> None:
@@ -178,7 +161,7 @@ def test_a_session_the_hub_ended_at_a_preemption_is_ended_in_the_replay(
     it (its preempt event says requeued: false) and never starts it again. The replay of
     the store does the same; before, the simulator queued it again and started it once
     the funded session ended."""
-    hub = preemption_hub(make_hub, profiles=[_profile("notebook", resumable=False)])
+    hub = preemption_hub(make_hub, profiles=[one_gpu_profile("notebook", resumable=False)])
     started = time.time()
     hub.spawn("gus", {"profile": "notebook"})  # no share: it runs unallocated
     hub.wait_ready("gus")

@@ -6,32 +6,17 @@ from __future__ import annotations
 import time
 
 from harness.hub import booked, containers, wait_for
-from harness.nodes import local_gpu_node, preemption_hub
+from harness.nodes import local_gpu_node, one_gpu_profile, preemption_hub
 from scheduler_core.store import Store
-
-
-def profile(slug: str, **extra: object) -> dict[str, object]:
-    base: dict[str, object] = {
-        "slug": slug,
-        "display_name": slug,
-        "description": slug,
-        "class": "interactive",
-        "pool": "gpu",
-        "image": "budgethub/gpu:latest",
-        "gpus": [1],
-        "cpus": 1,
-        "memory_gib": 1,
-        "min_runtime": "1h",
-        "max_min_runtime": "8h",
-    }
-    base.update(extra)
-    return base
 
 
 def test_a_container_that_does_not_start_waits_again_then_the_spawn_says_why(make_hub):
     hub = make_hub(
         nodes=[local_gpu_node(gpus=1)],
-        profiles=[profile("broken", image="budgethub/no-such-image:latest"), profile("ok")],
+        profiles=[
+            one_gpu_profile("broken", image="budgethub/no-such-image:latest"),
+            one_gpu_profile("ok"),
+        ],
         groups={"nlp": ["ann", "bo"]},
         teams=[{"name": "nlp", "share": {"gpu": 1.0, "cpu": 1.0}}],
         extra="c.BudgetScheduler.launch_attempts = 2",
@@ -61,7 +46,10 @@ def test_a_container_that_does_not_start_waits_again_then_the_spawn_says_why(mak
 def test_preempted_resumable_work_waits_again_at_its_old_place(make_hub):
     hub = preemption_hub(
         make_hub,
-        profiles=[profile("job", **{"class": "batch", "resumable": True}), profile("notebook")],
+        profiles=[
+            one_gpu_profile("job", **{"class": "batch", "resumable": True}),
+            one_gpu_profile("notebook"),
+        ],
     )
     hub.spawn("gus", {"profile": "job"})  # guests have no share: it runs unallocated
     hub.wait_ready("gus")
