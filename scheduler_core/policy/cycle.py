@@ -32,9 +32,20 @@ from scheduler_core.view import Admission, ClusterView, Decisions, Preemption
 
 __all__ = ["Cycle", "Pass", "Result"]
 
-Result = tuple[bool, str, float, str]
-"""An entry's answer: funded, its funding ground (`verdict`), the protection it gets if
-funded (a day slice may cut it), and its placement outcome (`verdict`)."""
+
+class Result:
+    """An entry's answer: funded, its funding ground (`verdict`), the protection it gets if
+    funded (a day slice may cut it), and its placement outcome (`verdict`). An object,
+    not a tuple: compiled, a tuple read from a memo was boxed again for every entry
+    that took it (two tuples and a float per entry of a steady cycle)."""
+
+    __slots__ = ("funded", "ground", "protect", "outcome")
+
+    def __init__(self, funded: bool, ground: str, protect: float, outcome: str) -> None:
+        self.funded = funded
+        self.ground = ground
+        self.protect = protect
+        self.outcome = outcome
 
 
 class Pass:
@@ -289,7 +300,8 @@ class Cycle:
 
     def verdict(self, position: int, admitted: Mapping[str, Admission]) -> Verdict:
         """The verdict of the entry looked at in ``position`` (built when read)."""
-        entry, (_, ground, protect, outcome) = self.notes[position]
+        entry, result = self.notes[position]
+        ground, protect, outcome = result.ground, result.protect, result.outcome
         request_id = entry.request.id
         funded = self.funded[request_id]
         admission = admitted.get(request_id)

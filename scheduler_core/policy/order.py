@@ -127,8 +127,8 @@ def place_deferred(
                 # team no more draining, S6): `fund` would answer as then, so its
                 # funding stands (unfunded and never debug: its units, beside and swap
                 # are not read) and only its room is looked for.
-                _, ground, protect, _ = notes[index][1]
-                funding = (ground, protect, entry.units, False, False)
+                first = notes[index][1]
+                funding = (first.ground, first.protect, entry.units, False, False)
                 result, changed, charged = settle(cycle, state, turn, entry, funding)
             else:
                 result, changed, charged = judge(cycle, state, turn, entry, team_queues)
@@ -140,7 +140,7 @@ def place_deferred(
                 known[key] = result
         else:
             result = found
-            cycle.funded[request.id] = found[0]
+            cycle.funded[request.id] = found.funded
         notes[index] = (entry, result)
 
 
@@ -204,9 +204,9 @@ def judge_all(
                     known[kind] = result
             else:
                 result = found
-                funded[request_id] = found[0]
+                funded[request_id] = found.funded
         notes.append((entry, result))
-        if result[3] == DEFERRED:
+        if result.outcome == DEFERRED:
             epoch = epoch if epoch == state.epoch else -1  # nothing changed meanwhile
             state.deferred.append((len(notes) - 1, entry, epoch, team in state.draining))
         # The team keeps its turn while its next entry still sorts first.
@@ -253,7 +253,7 @@ def settle(
         # (`place_deferred`); a hold it had goes back to everyone.
         if holder:
             end_hold(cycle, request_id, state)
-        return (funded, ground, protect, DEFERRED), holder, False
+        return Result(funded, ground, protect, DEFERRED), holder, False
     changed = holder
     if holder and not funded:
         # It would run unallocated: its nodes go back to everyone.
@@ -282,7 +282,7 @@ def settle(
             state.epoch += 1
     elif holder:
         outcome = HOLDING
-    return (funded, ground, protect, outcome), changed, charged
+    return Result(funded, ground, protect, outcome), changed, charged
 
 
 def find_room(
