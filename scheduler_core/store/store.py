@@ -186,8 +186,10 @@ class Store:
                 if node.name in urls:
                     row.engine_url = urls[node.name]
                 session.merge(row)
+                if at is None:
+                    continue
                 now = node_inventory(node)
-                if at is not None and now != was:
+                if now != was:
                     payload = {"node": node.name, "inventory": now, "was": was}
                     session.add(EventRow(time=at, kind=NODE_INVENTORY, payload=payload))
 
