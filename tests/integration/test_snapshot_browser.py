@@ -57,6 +57,7 @@ def test_the_preempted_user_sees_the_notice_starts_and_finds_the_restored_notebo
     cell = page.locator(".jp-Notebook .jp-Cell").first
     cell.wait_for(timeout=60_000)
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import expect
 
     restored = "document.body.innerText.includes('budgethub: restored')"
     try:
@@ -72,9 +73,12 @@ def test_the_preempted_user_sees_the_notice_starts_and_finds_the_restored_notebo
             except PlaywrightTimeout:
                 continue
         page.wait_for_function(restored, timeout=5_000)
+        # The note is a stream output printed before the cell's own result: the cell may
+        # still be running ("[*]") when it shows, so its result is waited for in turn.
+        expect(cell.locator(".jp-OutputArea")).to_contain_text("42", timeout=30_000)
     finally:
         page.screenshot(path=str(tmp_path / "notebook.png"))
-    output = page.locator(".jp-Notebook .jp-Cell").first.inner_text()
+    output = cell.inner_text()
     assert "42" in output and "value" in output, output
     page.screenshot(path=str(tmp_path / "restored-notebook.png"))
     page.context.close()
