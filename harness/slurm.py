@@ -23,7 +23,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -489,27 +489,55 @@ class SlurmCluster:
             node.slurmd.wait(timeout=30)
             node.slurmd = None
 
-    def _wait(self, ready: object, what: str, timeout: float = 60) -> None:
+    def _wait(
+        self,
+        ready: Callable[[], bool],
+        what: str,
+        timeout: float = 60,
+        detail: Callable[[], str] = lambda: "",
+    ) -> None:
+        """Until ``ready()``; past ``timeout``, an error with what Slurm shows (its nodes,
+        its jobs, ``detail()``) and the ends of the daemons' logs."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if ready():  # type: ignore[operator]
+            if ready():
                 return
             time.sleep(0.3)
         logs = "\n".join(
             f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.root.glob("*.log"))
         )
-        raise SlurmUnavailable(f"{what} did not come up in {timeout:g} s\n{logs}")
+        seen = self.run("sinfo", "-h", "-N", "-o", "%N %T %E", check=False)
+        seen += self.run("squeue", "-h", "-a", "-t", "all", "-o", "%i %j %T %N %r", check=False)
+        raise SlurmUnavailable(f"{what} did not come up in {timeout:g} s\n{seen}{detail()}\n{logs}")
 
     def node_state(self, name: str) -> str:
-        return self.run("sinfo", "-h", "-n", name, "-o", "%T", check=False).strip()
+        """The node's state as ``sinfo`` names it ("idle", "mixed", "drained" ...), read
+        from a listing of every node: slurmctld 22.05 answers a one-node query (``sinfo
+        -n``) with the allocations as of its last full listing, so a node whose jobs
+        have ended reads "mixed" until something lists them all."""
+        for line in self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).splitlines():
+            node, _, state = line.partition(" ")
+            if node == name:
+                return state.strip()
+        return ""
 
     def wait_idle(self, timeout: float = 60) -> None:
-        """Until every node is idle in Slurm's view."""
-        self._wait(
-            lambda: all(self.node_state(n.name) == "idle" for n in self.nodes),
-            "the slurmd nodes",
-            timeout,
-        )
+        """Until every node is idle in Slurm's view; past ``timeout``, the error shows
+        ``scontrol show node`` of each node that was not."""
+        busy: dict[str, str] = {}
+
+        def idle() -> bool:
+            states = {n.name: self.node_state(n.name) for n in self.nodes}
+            busy.clear()
+            busy.update((name, state) for name, state in states.items() if state != "idle")
+            return not busy
+
+        def detail() -> str:
+            return f"last seen not idle: {busy}\n" + "".join(
+                self.run("scontrol", "show", "node", name, check=False) for name in busy
+            )
+
+        self._wait(idle, "idle slurmd nodes", timeout, detail)
 
     def jobs(self) -> list[dict[str, str]]:
         """Every job Slurm knows now (``squeue``): id, name, state, node, comment."""

@@ -124,7 +124,7 @@ def slurm_hub(
         settings.update(traits)
         lines = scheduler_lines(settings)
         lines += f"c.JupyterHub.hub_ip = {slurm.controller!r}\n"
-        return make_hub(
+        hub = make_hub(
             nodes=[],
             teams=teams or TEAMS,
             **({"pools": pools} if pools else {}),
@@ -132,24 +132,31 @@ def slurm_hub(
             profiles=profiles or PROFILES,
             extra=lines + extra,
         )
+        hubs.append(hub)
+        return hub
 
+    hubs: list[Hub] = []
     try:
         yield make
     finally:
+        # A Hub still running would submit again what the cancel ends (its request is
+        # still granted): stop them first (their sessions keep running until cancelled).
+        for hub in hubs:
+            hub.stop()
         for partition in (slurm.partition, *slurm.more_partitions):
             slurm.run("scancel", "--partition", partition, check=False)
         for node in slurm.nodes:
             if node.slurmd is None:
                 slurm.start_slurmd(node)
-            slurm.run("scontrol", "update", f"nodename={node.name}", "state=resume", check=False)
-        slurm.run(
-            "scontrol",
-            "update",
-            f"partitionname={slurm.partition}",
-            "maxtime=infinite",
-            check=False,
-        )
         wait_for(lambda: not active_jobs(slurm), 60, "the tests' jobs to end")
+        # Only what a test changed is put back, once its jobs are gone.
+        for node in slurm.nodes:
+            if slurm.node_state(node.name) not in ("idle", "mixed", "allocated", "completing"):
+                slurm.run(
+                    "scontrol", "update", f"nodename={node.name}", "state=resume", check=False
+                )
+        if "MaxTime=UNLIMITED" not in slurm.run("scontrol", "show", "partition", slurm.partition):
+            slurm.run("scontrol", "update", f"partitionname={slurm.partition}", "maxtime=infinite")
         slurm.wait_idle()
 
 
