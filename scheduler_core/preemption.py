@@ -266,6 +266,29 @@ class _Roomy:
         self.names = names
 
 
+_ROOMY_START: dict[tuple[str, int], tuple[dict[str, int], tuple[str, ...], dict[str, None]]] = {}
+"""Per pool and GPU count, the nodes whose reach (`CycleIndex.reach`) holds them, with the
+reach and the pool's names they were found from (`_roomy_start`)."""
+
+
+def _roomy_start(
+    reach: dict[str, int], names: tuple[str, ...], pool: str, gpus: int
+) -> dict[str, None]:
+    """The pool's nodes (``names``) whose ``reach`` is at least ``gpus``, in their order: a
+    new dict the caller may change. The scheduler hands each cycle the same reach until a
+    node's changes (`Kept.index`: replaced, never changed), so the answer is kept and
+    copied while the reach and the names are the objects it was found from."""
+    key = (pool, gpus)
+    kept = _ROOMY_START.get(key)
+    if kept is not None and kept[0] is reach and kept[1] is names:
+        return kept[2].copy()
+    found = {name: None for name in names if reach[name] >= gpus}
+    if len(_ROOMY_START) >= 256:
+        _ROOMY_START.clear()
+    _ROOMY_START[key] = (reach, names, found.copy())
+    return found
+
+
 class Victims:
     """Running allocations that may be preempted this cycle, indexed for the search.
 
@@ -517,7 +540,7 @@ class Victims:
                 self._roomy[(pool, gpus)] = _Roomy(capacity, len(self._touched), names)
                 return [free[name] for name in names]
             # As the cycle started; the change logs below bring it up to date.
-            names = {name: None for name in capacity.pool_names(pool) if reach[name] >= gpus}
+            names = _roomy_start(reach, capacity.pool_names(pool), pool, gpus)
             found = self._roomy[(pool, gpus)] = _Roomy(capacity, 0, names)
             found.capacity_read = 0
         names = found.names
@@ -676,6 +699,32 @@ def offers(
     return bool(candidates) and _freed(node_free, candidates).fits(request)
 
 
+def may_answer(
+    capacity: Capacity,
+    victims: Victims,
+    request: Request,
+    allowed: frozenset[str],
+    node_free: NodeFree,
+    lane: Lane | None = None,
+    spare: str | None = None,
+) -> bool:
+    """`offers`, for a whole-GPU request first asking what `search_targets` asks of every
+    node (`_roomy_nodes`): a node where its free whole GPUs and every permitted victim's
+    GPUs fall short is never one of its answers. That test is a few lookups; `offers`
+    sorts the node's victims and frees them, so a check of many grown nodes
+    (`KnownFailures.fails`) costs less than the search it stands in for."""
+    if request.mig is None and not request.gpu_milli and request.gpus > 0:
+        short = request.gpus - len(node_free.whole)
+        if short > 0:
+            name = node_free.node.name
+            every, anyone = victims.node_totals(name)
+            if every < short:
+                return False  # not even every victim there frees enough (`Victims.roomy`)
+            if anyone < short and victims.node_gpu_bound(name, allowed) < short:
+                return False
+    return offers(capacity, victims, request, allowed, node_free, lane, spare)
+
+
 def find_targets(
     request: Request,
     capacity: Capacity,
@@ -707,14 +756,17 @@ def _roomy_nodes(
     for nf in victims.roomy(capacity, request.pool, gpus):
         short = gpus - len(nf.whole)
         if short > 0:
-            # Permitted victims hold at least the unallocated GPUs.
+            # Permitted victims hold at least the unallocated GPUs (a bound found is never
+            # below them: asked first, it spares the tally's look-up).
             name = nf.node.name
-            if victims.node_totals(name)[1] < short:
-                freeable = bounds.get(name)
-                if freeable is None:
+            freeable = bounds.get(name)
+            if freeable is None:
+                if victims.node_totals(name)[1] < short:
                     freeable = victims.bound_into(bounds, name, allowed)
-                if freeable < short:
-                    continue
+                else:
+                    freeable = short
+            if freeable < short:
+                continue
         nodes.append(nf)
     if len(nodes) < request.nodes:
         return None
