@@ -524,9 +524,10 @@ class KnownFailures:
 
     FOCUS_LIMIT = 64
     """More grown nodes than this and the whole search is cheaper. Each node is asked
-    first what the search asks of it (`preemption.may_answer`), a few look-ups for most:
-    at 8, nine in ten checks on a saturated month (16 to 56 grown nodes) gave up and
-    searched again, and nearly all of those searches failed."""
+    first what the search asks of it (`preemption.offers`, before it looks at the
+    victims), a few look-ups for most: at 8, nine in ten checks on a saturated month
+    (16 to 56 grown nodes) gave up and searched again, and nearly all of those searches
+    failed."""
     REACH: ClassVar[int] = 32
     """A failure recorded more than this many log entries ago is not looked at."""
 
@@ -563,6 +564,7 @@ class KnownFailures:
                 return True  # failed this cycle, and nothing has grown since
             focus = set(self.grown[here[0] :])
             focus.update(grown[here[1] :])
+            names = self._of_pool(focus, request.pool)
         else:
             stamp = self._earlier.get(key)
             if stamp is None or not self._start <= stamp <= self._end:
@@ -572,29 +574,18 @@ class KnownFailures:
             # Searches of many kinds failed at the same stamp: their grown nodes are the
             # same, found once per pool while nothing grows in this cycle.
             slot = (stamp, len(self.grown), len(grown), request.pool)
-            names = self._focus.get(slot)
-            if names is None:
+            found = self._focus.get(slot)
+            if found is None:
                 focus = set(self._log[stamp - self._start : self._end - self._start])
                 focus.update(self.grown)
                 focus.update(grown)
-                names = self._focus[slot] = self._of_pool(focus, request.pool)
-            if names is _TOO_MANY:
-                return False
-            free = self._free
-            for name in names:
-                if could_take(free[name]):
-                    return False
-            return True
-        if len(focus) > self.FOCUS_LIMIT:
+                found = self._focus[slot] = self._of_pool(focus, request.pool)
+            names = found
+        if names is _TOO_MANY:
             return False
         free = self._free
-        for name in focus:
-            node_free = free.get(name)
-            if (
-                node_free is not None
-                and node_free.node.pool == request.pool
-                and could_take(node_free)
-            ):
+        for name in names:
+            if could_take(free[name]):
                 return False
         return True
 

@@ -685,7 +685,22 @@ def offers(
     That is: new work may land there, and the request fits once every
     permitted victim there stops (or, for a multi-node request, fits already).
     The more room and victims a node has, the more surely this holds.
+
+    A whole-GPU request first asks what `search_targets` asks of every node
+    (`_roomy_nodes`): where the free whole GPUs and every permitted victim's fall short,
+    the answer is no after a few look-ups, before the node's victims are sorted and
+    freed; so a check of many grown nodes (`KnownFailures.fails`) costs less than the
+    search it stands in for.
     """
+    if request.mig is None and not request.gpu_milli and request.gpus > 0:
+        short = request.gpus - len(node_free.whole)
+        if short > 0:
+            name = node_free.node.name
+            every, anyone = victims.node_totals(name)
+            if every < short:
+                return False  # not even every victim there frees enough (`Victims.roomy`)
+            if anyone < short and victims.node_gpu_bound(name, allowed) < short:
+                return False
     if not capacity.eligible(node_free, request):
         return False
     if request.nodes > 1 and node_free.tightness(request) is not None:
@@ -697,32 +712,6 @@ def offers(
         if _permits(victims, a, allowed, lane, spare, slack)
     ]
     return bool(candidates) and _freed(node_free, candidates).fits(request)
-
-
-def may_answer(
-    capacity: Capacity,
-    victims: Victims,
-    request: Request,
-    allowed: frozenset[str],
-    node_free: NodeFree,
-    lane: Lane | None = None,
-    spare: str | None = None,
-) -> bool:
-    """`offers`, for a whole-GPU request first asking what `search_targets` asks of every
-    node (`_roomy_nodes`): a node where its free whole GPUs and every permitted victim's
-    GPUs fall short is never one of its answers. That test is a few lookups; `offers`
-    sorts the node's victims and frees them, so a check of many grown nodes
-    (`KnownFailures.fails`) costs less than the search it stands in for."""
-    if request.mig is None and not request.gpu_milli and request.gpus > 0:
-        short = request.gpus - len(node_free.whole)
-        if short > 0:
-            name = node_free.node.name
-            every, anyone = victims.node_totals(name)
-            if every < short:
-                return False  # not even every victim there frees enough (`Victims.roomy`)
-            if anyone < short and victims.node_gpu_bound(name, allowed) < short:
-                return False
-    return offers(capacity, victims, request, allowed, node_free, lane, spare)
 
 
 def find_targets(

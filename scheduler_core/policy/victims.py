@@ -11,7 +11,7 @@ from __future__ import annotations
 from scheduler_core.kept import Queued, SearchKey
 from scheduler_core.model import Allocation, NodeGrant
 from scheduler_core.policy.cycle import Cycle, Pass
-from scheduler_core.preemption import Lane, Victims, lost_work, may_answer, search_targets
+from scheduler_core.preemption import Lane, Victims, lost_work, offers, search_targets
 from scheduler_core.ranking import Key
 from scheduler_core.verdict import VICTIM_BELOW, VICTIM_BORROWED, VICTIM_IDLE, VICTIM_OWN
 from scheduler_core.view import Preemption
@@ -169,7 +169,7 @@ def stop_for(
     victims = cycle.victims()
     known_failures = cycle.known_failures
     if known_failures.fails(
-        request, search, lambda nf: may_answer(capacity, victims, request, below, nf, limit, spare)
+        request, search, lambda nf: offers(capacity, victims, request, below, nf, limit, spare)
     ):
         targets, for_want = None, True
     else:
