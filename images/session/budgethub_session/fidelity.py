@@ -424,14 +424,16 @@ def _mutate(draw: Any, st: Any, atoms: Any, p: Program, kinds: dict[str, str]) -
         return
     target = draw(st.sampled_from(targets))
     value = _elem(draw, st, atoms, p)
+    # Each mutation keeps what the place held before (in a pair with the new value): the
+    # model only adds to what a variable holds, so a replaced reference must stay held.
     if kinds[target] == "list":
         line = f"{target}.append({value})"
     elif kinds[target] == "dict":
-        line = f"{target}['m'] = {value}"
+        line = f"{target}['m'] = ({target}.get('m'), {value})"
     elif kinds[target] == "attr":  # a dataclass or a class with a property
-        line = f"{target}.extra = {value}"
+        line = f"{target}.extra = (getattr({target}, 'extra', None), {value})"
     else:
-        line = f"{target}.b = {value}"
+        line = f"{target}.b = ({target}.b, {value})"
     p.lines.append(line)
     if value in p.holds:  # (an alias holds its target and the target it: both taint)
         p.holds[target].add(value)
