@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, overload
 
@@ -208,8 +208,9 @@ class WindowUsage(Mapping[tuple[str, str], float]):
         self._end = end
         self._known: dict[tuple[str, str], float] = {}
         self._since: dict[tuple[tuple[str, str], float], float] = {}
-        self._figures: dict[tuple[str, float | None], tuple[dict[str, float], dict[str, float]]]
-        self._figures = {}
+        self._figures: dict[
+            tuple[str, float | None], tuple[Sequence[str], list[float], list[float]]
+        ] = {}
         self.revision = revision
         """The ledger's revision when this was made."""
 
@@ -274,18 +275,19 @@ class WindowUsage(Mapping[tuple[str, str], float]):
         return found
 
     def pool_figures(
-        self, pool: str, teams: Iterable[str], day_start: float | None
-    ) -> tuple[dict[str, float], dict[str, float]]:
+        self, pool: str, teams: Sequence[str], day_start: float | None
+    ) -> tuple[list[float], list[float]]:
         """Each team's window figure in the pool (`of_pool`) and, with ``day_start``, its
-        figure since then (`since`; else empty), in one pass over the curves. Kept per
-        pool and day start, and handed out as is: copy before changing them. A cycle
-        ranks every pool's teams by these, and the cycles at one time share them."""
+        figure since then (`since`; else empty), in one pass over the curves, in the
+        order of ``teams``. Kept per pool and day start (for the same ``teams`` object),
+        and handed out as is: copy before changing them. A cycle ranks every pool's
+        teams by these, and the cycles at one time share them."""
         slot = (pool, day_start)
         found = self._figures.get(slot)
-        if found is not None:
-            return found
-        window: dict[str, float] = {}
-        day: dict[str, float] = {}
+        if found is not None and found[0] is teams:
+            return found[1], found[2]
+        window: list[float] = []
+        day: list[float] = []
         curves = self._curves
         pools = self._pools
         by_team = pools.get(pool, _NO_CURVES) if pools is not None else None
@@ -293,16 +295,16 @@ class WindowUsage(Mapping[tuple[str, str], float]):
         for team in teams:
             curve = curves.get((team, pool)) if by_team is None else by_team.get(team)
             if curve is None:
-                window[team] = 0.0
+                window.append(0.0)
                 if day_start is not None:
-                    day[team] = 0.0
+                    day.append(0.0)
                 continue
             at_end = curve.at(end)
-            window[team] = at_end - curve.at_hinted(start, 0)
+            window.append(at_end - curve.at_hinted(start, 0))
             if day_start is not None:
-                day[team] = at_end - curve.at_hinted(day_start, 1)
-        found = self._figures[slot] = (window, day)
-        return found
+                day.append(at_end - curve.at_hinted(day_start, 1))
+        self._figures[slot] = (teams, window, day)
+        return window, day
 
     def since_of_pool(self, pool: str, teams: Iterable[str], start: float) -> dict[str, float]:
         """`since` for each team in the pool (0 for a team never charged there)."""

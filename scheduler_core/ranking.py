@@ -38,7 +38,9 @@ Key = tuple[float, ...]
 
 
 class _TreeFacts:
-    """Levels, subtrees and per-pool shares of one team tree."""
+    """Levels, subtrees and per-pool shares of one team tree, by name and by number: a
+    ranking keeps its figures in lists by level number (teams in the tree's order,
+    then each parent's own level), not in dicts by name."""
 
     def __init__(self, tree: TeamTree) -> None:
         self.tree = tree
@@ -51,16 +53,32 @@ class _TreeFacts:
             a: {b: _common(self.levels[a], self.levels[b]) for b in tree.teams} for a in tree.teams
         }
         """Per pair of teams, how many levels their paths share (compared at the next)."""
-        self._budgets: dict[tuple[str, float], dict[str, float]] = {}
+        self.names: tuple[str, ...] = tuple(tree.teams)
+        """The teams in the tree's order: team ``i`` is level ``i``."""
+        self.index: dict[str, int] = {name: i for i, name in enumerate(self.names)}
+        numbers = dict(self.index)
+        for k, (_, own) in enumerate(self.own_levels):
+            numbers[own] = len(self.names) + k
+        self.paths: dict[str, tuple[int, ...]] = {
+            name: tuple([numbers[level] for level in self.levels[name]]) for name in self.names
+        }
+        """Per team, its levels' numbers, root first."""
+        self.sums: tuple[tuple[int, int, tuple[int, ...]], ...] = tuple(
+            (self.index[name], numbers[own], tuple([self.index[t] for t in self.subtrees[name]]))
+            for name, own in self.own_levels
+        )
+        """Per parent: its level, its own level and its subtree's teams (numbers)."""
+        self._budgets: dict[tuple[str, float], list[float]] = {}
 
-    def budgets(self, pool: str, budget_rate: float) -> dict[str, float]:
-        """Budget units of every level (team, and ``parent#own``) over the window."""
+    def budgets(self, pool: str, budget_rate: float) -> list[float]:
+        """Budget units of every level (team, and ``parent#own``) over the window, by
+        level number."""
         found = self._budgets.get((pool, budget_rate))
         if found is None:
             tree = self.tree
-            found = {name: tree.share(name, pool) * budget_rate for name in tree.teams}
-            for name, own in self.own_levels:
-                found[own] = tree.own_share(name, pool) * budget_rate
+            found = [tree.share(name, pool) * budget_rate for name in self.names]
+            for name, _ in self.own_levels:
+                found.append(tree.own_share(name, pool) * budget_rate)
             if len(self._budgets) >= 64:
                 self._budgets.clear()
             self._budgets[(pool, budget_rate)] = found
@@ -88,13 +106,17 @@ def _facts(tree: TeamTree) -> _TreeFacts:
     return found
 
 
-def _by_level(own: dict[str, float], facts: _TreeFacts) -> dict[str, float]:
-    """Every level's units from each team's own: a parent's whole subtree, and its own
-    part as ``parent#own``."""
-    units = dict(own)
-    for name, own_level in facts.own_levels:
-        units[name] = sum(own[t] for t in facts.subtrees[name])
-        units[own_level] = own[name]
+def _by_level(own: list[float], facts: _TreeFacts) -> list[float]:
+    """Every level's units from each team's own (by team number): a parent's whole
+    subtree, and its own part as ``parent#own``. The subtree's sum adds as `sum` does
+    (from 0, in the subtree's order), so to the same float."""
+    units = own + [0.0] * len(facts.sums)
+    for parent, own_level, members in facts.sums:
+        total = 0.0
+        for t in members:
+            total = total + own[t]
+        units[parent] = total
+        units[own_level] = own[parent]
     return units
 
 
@@ -116,7 +138,7 @@ class PoolRanking:
         budget_rate = view.capacity.get(pool, 0.0) * view.window
         self._budget = facts.budgets(pool, budget_rate)
         """Shared by every ranking of the tree and pool: never changed here."""
-        self._levels = facts.levels
+        self._paths = facts.paths
         self._shared = facts.shared
         self._keys: dict[str, Key] = {}
         self.charges = 0
@@ -126,7 +148,8 @@ class PoolRanking:
         """Weight of the last day in `key` (0 where the usage has no curves to ask)."""
         self._day_part = 1.0
         """The last day's span over the window's: its part of every budget."""
-        day: dict[str, float] = {}
+        names = facts.names
+        day: list[float] = []
         if isinstance(usage, WindowUsage):
             day_start: float | None = None
             weight = view.settings.day_rank_weight
@@ -136,49 +159,51 @@ class PoolRanking:
                     self._weight = weight
                     self._day_part = (now - start) / view.window
                     day_start = start
-            window_units, day_units = usage.pool_figures(pool, tree.teams, day_start)
-            own_units = dict(window_units)
-            day = dict(day_units)
+            window_units, day_units = usage.pool_figures(pool, names, day_start)
+            own_units = list(window_units)
+            day = list(day_units)
         else:
-            own_units = {name: usage.get((name, pool), 0.0) for name in tree.teams}
+            own_units = [usage.get((name, pool), 0.0) for name in names]
         if protected is None:
             protected = [a for a in view.allocations if a.funded and a.pool == pool]
+        index = facts.index
         for allocation in protected:
             until = allocation.protected_until
             if until > now:
-                # ``x = x + y``, not ``x += y``: compiled, an item's ``+=`` is a generic
-                # call and this a float addition (the same one).
                 still = allocation.charge_rate * (until - now)
-                team = allocation.request.team
-                own_units[team] = own_units[team] + still
+                i = index[allocation.request.team]
+                own_units[i] = own_units[i] + still
                 if day:
-                    day[team] = day[team] + still
+                    day[i] = day[i] + still
         self._units = _by_level(own_units, facts)
-        self._day_units = _by_level(day, facts) if day else {}
+        self._day_units = _by_level(day, facts) if day else []
 
-    def _ratio(self, level: str, extra: float = 0.0) -> float:
+    def _ratio(self, level: int, extra: float = 0.0) -> float:
         budget = self._budget[level]
         if budget <= 0.0:
             return math.inf
         return (self._units[level] + extra) / budget
 
-    def _rank(self, level: str, extra: float = 0.0) -> float:
+    def _rank(self, level: int, extra: float = 0.0) -> float:
         """The level's rank ratio: its window's ratio, and its last day's by weight."""
-        ratio = self._ratio(level, extra)
+        budget = self._budget[level]
+        if budget <= 0.0:
+            return math.inf
+        ratio = (self._units[level] + extra) / budget
         weight = self._weight
         if not weight or ratio == math.inf:
             return ratio
-        day = (self._day_units[level] + extra) / (self._budget[level] * self._day_part)
+        day = (self._day_units[level] + extra) / (budget * self._day_part)
         return (1.0 - weight) * ratio + weight * day
 
     def key(self, team: str, extra: float = 0.0) -> Key:
         """The team's position: rank ratios root first; ``extra`` units as if already
         charged."""
         if extra:
-            return tuple([self._rank(level, extra) for level in self._levels[team]])
+            return tuple([self._rank(level, extra) for level in self._paths[team]])
         found = self._keys.get(team)
         if found is None:
-            found = self._keys[team] = tuple([self._rank(level) for level in self._levels[team]])
+            found = self._keys[team] = tuple([self._rank(level) for level in self._paths[team]])
         return found
 
     def below(self, team: str, after: Key, keys: Iterable[tuple[str, Key]]) -> frozenset[str]:
@@ -194,27 +219,28 @@ class PoolRanking:
 
     def related(self, team: str) -> bool:
         """Does the team share a level with another team (a parent or a sub-team)?"""
-        return len(self._levels[team]) > 1
+        return len(self._paths[team]) > 1
 
     def leaf(self, team: str) -> tuple[float, float]:
         """Units charged and budget at the team's own (leaf) level, which decides funding."""
-        level = self._levels[team][-1]
+        level = self._paths[team][-1]
         return self._units[level], self._budget[level]
 
     def ratio(self, team: str) -> float:
         """The ratio that decides funding: the team's own (leaf) level."""
-        return self._ratio(self._levels[team][-1])
+        return self._ratio(self._paths[team][-1])
 
     def can_fund(self, team: str, units: float) -> bool:
         """Is the team under its allocation with ``units`` more charged?"""
-        return self._ratio(self._levels[team][-1], units) <= 1.0
+        return self._ratio(self._paths[team][-1], units) <= 1.0
 
     def charge(self, team: str, units: float) -> None:
         """Count ``units`` against the team and every level above it."""
         day = self._day_units
-        for level in self._levels[team]:
-            self._units[level] += units
+        own = self._units
+        for level in self._paths[team]:
+            own[level] = own[level] + units
             if day:
-                day[level] += units
+                day[level] = day[level] + units
         self._keys.clear()
         self.charges += 1
