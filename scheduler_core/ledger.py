@@ -207,7 +207,12 @@ class WindowUsage(Mapping[tuple[str, str], float]):
         self._start = start
         self._end = end
         self._known: dict[tuple[str, str], float] = {}
-        self._since: dict[tuple[tuple[str, str], float], float] = {}
+        self._since: dict[float, dict[str, dict[str, float]]] = {}
+        """`since` figures by start, pool and team."""
+        self._since_start = math.nan
+        """The start `since` was last asked for (NaN: none yet, and equal to no start)."""
+        self._since_last: dict[str, dict[str, float]] = {}
+        """``_since[_since_start]``."""
         self._figures: dict[
             tuple[str, float | None], tuple[Sequence[str], list[float], list[float]]
         ] = {}
@@ -264,14 +269,47 @@ class WindowUsage(Mapping[tuple[str, str], float]):
         """Units charged to ``key`` in ``(start, end]``: a shorter window's figure, from the
         same curves (0 for a pair never charged). Kept once worked out: the ranking and
         every day-slice test of a cycle ask for the same last day."""
-        slot = (key, start)
-        found = self._since.get(slot)
+        team, pool = key
+        return self._since_of(self._since_pool(pool, start), team, pool, start)
+
+    def since_sum(self, teams: Iterable[str], pool: str, start: float) -> float:
+        """``sum(self.since((t, pool), start) for t in teams)``, added in the same order
+        from 0 (so to the same float), with no key made per team."""
+        known = self._since_pool(pool, start)
+        total = 0.0
+        for team in teams:
+            found = known.get(team)
+            if found is None:
+                found = self._since_of(known, team, pool, start)
+            total = total + found
+        return total
+
+    def _since_pool(self, pool: str, start: float) -> dict[str, float]:
+        """The `since` figures kept for ``start`` and ``pool``, per team. Why by start,
+        then pool, then team, and the last start's apart: every key then hashes as it
+        is (a string's hash is kept, a tuple's is worked out on every look-up), and the
+        start is nearly always the last one's."""
+        if start == self._since_start:
+            by_pool = self._since_last
+        else:
+            found = self._since.get(start)
+            if found is None:
+                found = self._since[start] = {}
+            by_pool = self._since_last = found
+            self._since_start = start
+        known = by_pool.get(pool)
+        if known is None:
+            known = by_pool[pool] = {}
+        return known
+
+    def _since_of(self, known: dict[str, float], team: str, pool: str, start: float) -> float:
+        found = known.get(team)
         if found is None:
-            curve = self._curves.get(key)
+            curve = self._curves.get((team, pool))
             if curve is None:
                 return 0.0
             # The start asked for is nearly always the last day's, as the ranking's.
-            found = self._since[slot] = curve.at(self._end) - curve.at_hinted(start, 1)
+            found = known[team] = curve.at(self._end) - curve.at_hinted(start, 1)
         return found
 
     def pool_figures(
@@ -299,7 +337,13 @@ class WindowUsage(Mapping[tuple[str, str], float]):
                 if day_start is not None:
                     day.append(0.0)
                 continue
-            at_end = curve.at(end)
+            times = curve.times
+            last = len(times) - 1
+            # `_Curve.at`, inline where the end is past the last change (nearly always).
+            if last >= 0 and times[last] <= end:
+                at_end = curve.cumulative[last] + curve.rates[last] * (end - times[last])
+            else:
+                at_end = curve.at(end)
             window.append(at_end - curve.at_hinted(start, 0))
             if day_start is not None:
                 day.append(at_end - curve.at_hinted(day_start, 1))

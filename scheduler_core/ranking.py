@@ -63,6 +63,8 @@ class _TreeFacts:
             name: tuple([numbers[level] for level in self.levels[name]]) for name in self.names
         }
         """Per team, its levels' numbers, root first."""
+        self.team_paths: tuple[tuple[int, ...], ...] = tuple([self.paths[n] for n in self.names])
+        """The same by team number."""
         self.sums: tuple[tuple[int, int, tuple[int, ...]], ...] = tuple(
             (self.index[name], numbers[own], tuple([self.index[t] for t in self.subtrees[name]]))
             for name, own in self.own_levels
@@ -140,7 +142,10 @@ class PoolRanking:
         """Shared by every ranking of the tree and pool: never changed here."""
         self._paths = facts.paths
         self._shared = facts.shared
-        self._keys: dict[str, Key] = {}
+        self._index = facts.index
+        self._team_paths = facts.team_paths
+        self._keys: list[Key | None] = [None] * len(facts.names)
+        """Each team's key by number, worked out on first ask (None until then)."""
         self.charges = 0
         """How many times `charge` was called (keys change only then)."""
         usage = view.usage
@@ -199,11 +204,17 @@ class PoolRanking:
     def key(self, team: str, extra: float = 0.0) -> Key:
         """The team's position: rank ratios root first; ``extra`` units as if already
         charged."""
+        i = self._index[team]
         if extra:
-            return tuple([self._rank(level, extra) for level in self._paths[team]])
-        found = self._keys.get(team)
+            return tuple([self._rank(level, extra) for level in self._team_paths[i]])
+        found = self._keys[i]
         if found is None:
-            found = self._keys[team] = tuple([self._rank(level) for level in self._paths[team]])
+            path = self._team_paths[i]
+            if len(path) == 1:
+                found = (self._rank(path[0]),)
+            else:
+                found = tuple([self._rank(level) for level in path])
+            self._keys[i] = found
         return found
 
     def below(self, team: str, after: Key, keys: Iterable[tuple[str, Key]]) -> frozenset[str]:
@@ -242,5 +253,5 @@ class PoolRanking:
             own[level] = own[level] + units
             if day:
                 day[level] = day[level] + units
-        self._keys.clear()
+        self._keys = [None] * len(self._keys)
         self.charges += 1
