@@ -23,9 +23,11 @@ class _Curve:
     times: list[float] = field(default_factory=list)
     cumulative: list[float] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
-    hints: list[int] = field(default_factory=lambda: [0, 0])
-    """Where `at_hinted` last found each of its two moving starts: a window's (0) and a
-    day's (1, which `WindowUsage.since` uses)."""
+    hint_window: int = 0
+    """Where `at_hinted` last found a window's start (``which`` 0)."""
+    hint_day: int = 0
+    """Where `at_hinted` last found a day's start (``which`` 1, as `WindowUsage.since`).
+    Two fields rather than a list of two: compiled, a field holds a plain integer."""
 
     def at_hinted(self, when: float, which: int) -> float:
         """`at`, for a time that moves forward from call to call (the start of a window
@@ -34,7 +36,7 @@ class _Curve:
         The same segment is found either way, so the same figure."""
         times = self.times
         last = len(times) - 1
-        hint = self.hints[which]
+        hint = self.hint_day if which else self.hint_window
         if hint <= last and times[hint] <= when:
             steps = 0
             while hint < last and times[hint + 1] <= when:
@@ -49,7 +51,10 @@ class _Curve:
                 # search, which compiled is a call through Python.
                 return 0.0
             hint = bisect_right(times, when) - 1
-        self.hints[which] = hint
+        if which:
+            self.hint_day = hint
+        else:
+            self.hint_window = hint
         return self.cumulative[hint] + self.rates[hint] * (when - times[hint])
 
     def at(self, when: float) -> float:
@@ -307,6 +312,8 @@ class WindowUsage(Mapping[tuple[str, str], float]):
         if found is None:
             curve = self._curves.get((team, pool))
             if curve is None:
+                # Never charged: the window's curves are a snapshot, so it stays so.
+                known[team] = 0.0
                 return 0.0
             # The start asked for is nearly always the last day's, as the ranking's.
             found = known[team] = curve.at(self._end) - curve.at_hinted(start, 1)
