@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar, overload
 
@@ -56,6 +56,21 @@ class _Curve:
         else:
             self.hint_window = hint
         return self.cumulative[hint] + self.rates[hint] * (when - times[hint])
+
+    def figures(self, start: float, end: float, day_start: float | None) -> tuple[float, float]:
+        """Units charged in ``(start, end]`` and, with ``day_start``, in ``(day_start, end]``
+        (else 0), the starts found by `at_hinted` (a ranking's window and last day)."""
+        times = self.times
+        last = len(times) - 1
+        # `at`, inline where the end is past the last change (nearly always).
+        if last >= 0 and times[last] <= end:
+            at_end = self.cumulative[last] + self.rates[last] * (end - times[last])
+        else:
+            at_end = self.at(end)
+        window = at_end - self.at_hinted(start, 0)
+        if day_start is None:
+            return window, 0.0
+        return window, at_end - self.at_hinted(day_start, 1)
 
     def at(self, when: float) -> float:
         times = self.times
@@ -208,7 +223,7 @@ class WindowUsage(Mapping[tuple[str, str], float]):
     ) -> None:
         self._curves = curves
         self._pools = pools
-        """``curves`` per pool and team, if given (`pool_figures` then makes no key)."""
+        """``curves`` per pool and team (made on first need if not given)."""
         self._start = start
         self._end = end
         self._known: dict[tuple[str, str], float] = {}
@@ -218,9 +233,6 @@ class WindowUsage(Mapping[tuple[str, str], float]):
         """The start `since` was last asked for (NaN: none yet, and equal to no start)."""
         self._since_last: dict[str, dict[str, float]] = {}
         """``_since[_since_start]``."""
-        self._figures: dict[
-            tuple[str, float | None], tuple[Sequence[str], list[float], list[float]]
-        ] = {}
         self.revision = revision
         """The ledger's revision when this was made."""
 
@@ -310,7 +322,7 @@ class WindowUsage(Mapping[tuple[str, str], float]):
     def _since_of(self, known: dict[str, float], team: str, pool: str, start: float) -> float:
         found = known.get(team)
         if found is None:
-            curve = self._curves.get((team, pool))
+            curve = self.pool_curves(pool).get(team)
             if curve is None:
                 # Never charged: the window's curves are a snapshot, so it stays so.
                 known[team] = 0.0
@@ -319,43 +331,14 @@ class WindowUsage(Mapping[tuple[str, str], float]):
             found = known[team] = curve.at(self._end) - curve.at_hinted(start, 1)
         return found
 
-    def pool_figures(
-        self, pool: str, teams: Sequence[str], day_start: float | None
-    ) -> tuple[list[float], list[float]]:
-        """Each team's window figure in the pool (`of_pool`) and, with ``day_start``, its
-        figure since then (`since`; else empty), in one pass over the curves, in the
-        order of ``teams``. Kept per pool and day start (for the same ``teams`` object),
-        and handed out as is: copy before changing them. A cycle ranks every pool's
-        teams by these, and the cycles at one time share them."""
-        slot = (pool, day_start)
-        found = self._figures.get(slot)
-        if found is not None and found[0] is teams:
-            return found[1], found[2]
-        window: list[float] = []
-        day: list[float] = []
-        curves = self._curves
+    def pool_curves(self, pool: str) -> dict[str, _Curve]:
+        """The pool's curves by team (for `_Curve.figures`; never change them)."""
         pools = self._pools
-        by_team = pools.get(pool, _NO_CURVES) if pools is not None else None
-        start, end = self._start, self._end
-        for team in teams:
-            curve = curves.get((team, pool)) if by_team is None else by_team.get(team)
-            if curve is None:
-                window.append(0.0)
-                if day_start is not None:
-                    day.append(0.0)
-                continue
-            times = curve.times
-            last = len(times) - 1
-            # `_Curve.at`, inline where the end is past the last change (nearly always).
-            if last >= 0 and times[last] <= end:
-                at_end = curve.cumulative[last] + curve.rates[last] * (end - times[last])
-            else:
-                at_end = curve.at(end)
-            window.append(at_end - curve.at_hinted(start, 0))
-            if day_start is not None:
-                day.append(at_end - curve.at_hinted(day_start, 1))
-        self._figures[slot] = (teams, window, day)
-        return window, day
+        if pools is None:
+            pools = self._pools = {}
+            for (team, name), curve in self._curves.items():
+                pools.setdefault(name, {})[team] = curve
+        return pools.get(pool, _NO_CURVES)
 
     def since_of_pool(self, pool: str, teams: Iterable[str], start: float) -> dict[str, float]:
         """`since` for each team in the pool (0 for a team never charged there)."""
