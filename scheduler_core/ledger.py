@@ -23,9 +23,11 @@ class _Curve:
     times: list[float] = field(default_factory=list)
     cumulative: list[float] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
-    hints: list[int] = field(default_factory=lambda: [0, 0])
-    """Where `at_hinted` last found each of its two moving starts: a window's (0) and a
-    day's (1, which `WindowUsage.since` uses)."""
+    hint_window: int = 0
+    """Where `at_hinted` last found a window's start (``which`` 0)."""
+    hint_day: int = 0
+    """Where `at_hinted` last found a day's start (``which`` 1, as `WindowUsage.since`).
+    Two fields rather than a list of two: compiled, a field holds a plain integer."""
 
     def at_hinted(self, when: float, which: int) -> float:
         """`at`, for a time that moves forward from call to call (the start of a window
@@ -34,7 +36,7 @@ class _Curve:
         The same segment is found either way, so the same figure."""
         times = self.times
         last = len(times) - 1
-        hint = self.hints[which]
+        hint = self.hint_day if which else self.hint_window
         if hint <= last and times[hint] <= when:
             steps = 0
             while hint < last and times[hint + 1] <= when:
@@ -49,8 +51,26 @@ class _Curve:
                 # search, which compiled is a call through Python.
                 return 0.0
             hint = bisect_right(times, when) - 1
-        self.hints[which] = hint
+        if which:
+            self.hint_day = hint
+        else:
+            self.hint_window = hint
         return self.cumulative[hint] + self.rates[hint] * (when - times[hint])
+
+    def figures(self, start: float, end: float, day_start: float | None) -> tuple[float, float]:
+        """Units charged in ``(start, end]`` and, with ``day_start``, in ``(day_start, end]``
+        (else 0), the starts found by `at_hinted` (a ranking's window and last day)."""
+        times = self.times
+        last = len(times) - 1
+        # `at`, inline where the end is past the last change (nearly always).
+        if last >= 0 and times[last] <= end:
+            at_end = self.cumulative[last] + self.rates[last] * (end - times[last])
+        else:
+            at_end = self.at(end)
+        window = at_end - self.at_hinted(start, 0)
+        if day_start is None:
+            return window, 0.0
+        return window, at_end - self.at_hinted(day_start, 1)
 
     def at(self, when: float) -> float:
         times = self.times
@@ -203,13 +223,16 @@ class WindowUsage(Mapping[tuple[str, str], float]):
     ) -> None:
         self._curves = curves
         self._pools = pools
-        """``curves`` per pool and team, if given (`pool_figures` then makes no key)."""
+        """``curves`` per pool and team (made on first need if not given)."""
         self._start = start
         self._end = end
         self._known: dict[tuple[str, str], float] = {}
-        self._since: dict[tuple[tuple[str, str], float], float] = {}
-        self._figures: dict[tuple[str, float | None], tuple[dict[str, float], dict[str, float]]]
-        self._figures = {}
+        self._since: dict[float, dict[str, dict[str, float]]] = {}
+        """`since` figures by start, pool and team."""
+        self._since_start = math.nan
+        """The start `since` was last asked for (NaN: none yet, and equal to no start)."""
+        self._since_last: dict[str, dict[str, float]] = {}
+        """``_since[_since_start]``."""
         self.revision = revision
         """The ledger's revision when this was made."""
 
@@ -263,46 +286,59 @@ class WindowUsage(Mapping[tuple[str, str], float]):
         """Units charged to ``key`` in ``(start, end]``: a shorter window's figure, from the
         same curves (0 for a pair never charged). Kept once worked out: the ranking and
         every day-slice test of a cycle ask for the same last day."""
-        slot = (key, start)
-        found = self._since.get(slot)
+        team, pool = key
+        return self._since_of(self._since_pool(pool, start), team, pool, start)
+
+    def since_sum(self, teams: Iterable[str], pool: str, start: float) -> float:
+        """``sum(self.since((t, pool), start) for t in teams)``, added in the same order
+        from 0 (so to the same float), with no key made per team."""
+        known = self._since_pool(pool, start)
+        total = 0.0
+        for team in teams:
+            found = known.get(team)
+            if found is None:
+                found = self._since_of(known, team, pool, start)
+            total = total + found
+        return total
+
+    def _since_pool(self, pool: str, start: float) -> dict[str, float]:
+        """The `since` figures kept for ``start`` and ``pool``, per team. Why by start,
+        then pool, then team, and the last start's apart: every key then hashes as it
+        is (a string's hash is kept, a tuple's is worked out on every look-up), and the
+        start is nearly always the last one's."""
+        if start == self._since_start:
+            by_pool = self._since_last
+        else:
+            found = self._since.get(start)
+            if found is None:
+                found = self._since[start] = {}
+            by_pool = self._since_last = found
+            self._since_start = start
+        known = by_pool.get(pool)
+        if known is None:
+            known = by_pool[pool] = {}
+        return known
+
+    def _since_of(self, known: dict[str, float], team: str, pool: str, start: float) -> float:
+        found = known.get(team)
         if found is None:
-            curve = self._curves.get(key)
+            curve = self.pool_curves(pool).get(team)
             if curve is None:
+                # Never charged: the window's curves are a snapshot, so it stays so.
+                known[team] = 0.0
                 return 0.0
             # The start asked for is nearly always the last day's, as the ranking's.
-            found = self._since[slot] = curve.at(self._end) - curve.at_hinted(start, 1)
+            found = known[team] = curve.at(self._end) - curve.at_hinted(start, 1)
         return found
 
-    def pool_figures(
-        self, pool: str, teams: Iterable[str], day_start: float | None
-    ) -> tuple[dict[str, float], dict[str, float]]:
-        """Each team's window figure in the pool (`of_pool`) and, with ``day_start``, its
-        figure since then (`since`; else empty), in one pass over the curves. Kept per
-        pool and day start, and handed out as is: copy before changing them. A cycle
-        ranks every pool's teams by these, and the cycles at one time share them."""
-        slot = (pool, day_start)
-        found = self._figures.get(slot)
-        if found is not None:
-            return found
-        window: dict[str, float] = {}
-        day: dict[str, float] = {}
-        curves = self._curves
+    def pool_curves(self, pool: str) -> dict[str, _Curve]:
+        """The pool's curves by team (for `_Curve.figures`; never change them)."""
         pools = self._pools
-        by_team = pools.get(pool, _NO_CURVES) if pools is not None else None
-        start, end = self._start, self._end
-        for team in teams:
-            curve = curves.get((team, pool)) if by_team is None else by_team.get(team)
-            if curve is None:
-                window[team] = 0.0
-                if day_start is not None:
-                    day[team] = 0.0
-                continue
-            at_end = curve.at(end)
-            window[team] = at_end - curve.at_hinted(start, 0)
-            if day_start is not None:
-                day[team] = at_end - curve.at_hinted(day_start, 1)
-        found = self._figures[slot] = (window, day)
-        return found
+        if pools is None:
+            pools = self._pools = {}
+            for (team, name), curve in self._curves.items():
+                pools.setdefault(name, {})[team] = curve
+        return pools.get(pool, _NO_CURVES)
 
     def since_of_pool(self, pool: str, teams: Iterable[str], start: float) -> dict[str, float]:
         """`since` for each team in the pool (0 for a team never charged there)."""

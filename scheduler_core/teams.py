@@ -52,6 +52,14 @@ class TeamTree:
         default_factory=dict, init=False, repr=False, compare=False
     )
     """(team, pool) → own share, kept as `_shares` is."""
+    _ancestors: dict[str, tuple[str, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """Team → `ancestors`, kept as `_shares` is (the day slices ask per session)."""
+    _subtrees: dict[str, tuple[str, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """Team → `subtree`, kept as `_shares` is."""
 
     @classmethod
     def build(cls, teams: Iterable[Team]) -> TeamTree:
@@ -64,12 +72,15 @@ class TeamTree:
 
     def ancestors(self, name: str) -> tuple[str, ...]:
         """The team's path from its top-level ancestor down to itself."""
-        path = [name]
-        parent = self.teams[name].parent
-        while parent is not None:
-            path.append(parent)
-            parent = self.teams[parent].parent
-        return tuple(reversed(path))
+        found = self._ancestors.get(name)
+        if found is None:
+            path = [name]
+            parent = self.teams[name].parent
+            while parent is not None:
+                path.append(parent)
+                parent = self.teams[parent].parent
+            found = self._ancestors[name] = tuple(reversed(path))
+        return found
 
     def share(self, name: str, pool: str) -> float:
         """The team's fraction of the pool's capacity, children's part included."""
@@ -110,7 +121,10 @@ class TeamTree:
 
     def subtree(self, name: str) -> tuple[str, ...]:
         """The team and all its descendants."""
-        found = [name]
-        for child in self.children[name]:
-            found.extend(self.subtree(child))
-        return tuple(found)
+        kept = self._subtrees.get(name)
+        if kept is None:
+            found = [name]
+            for child in self.children[name]:
+                found.extend(self.subtree(child))
+            kept = self._subtrees[name] = tuple(found)
+        return kept

@@ -76,7 +76,7 @@ class DayUsage:
         if self.usage is None:
             return share_rate * DAY
         usage, start = self.usage, self.start
-        return share_rate * self.span - sum(usage.since((m, pool), start) for m in members)
+        return share_rate * self.span - usage.since_sum(members, pool, start)
 
     def slices_over(self, stopped: set[str], slack: float) -> list[Preemption]:
         """Stops for resumable oversize jobs past protection whose team's day is spent;
