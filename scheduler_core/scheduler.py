@@ -430,13 +430,14 @@ class Scheduler:
     def view(self, now: float, scope: Iterable[str] | None = None) -> ClusterView:
         """The frozen state the policy sees; ``scope`` limits which waiting requests it weighs."""
         start = now - self.settings.lookback
+        kept = self._kept
         if scope is None:
             pending = tuple(self.pending.values())
             queued = None
         else:
             pending = tuple(self.pending[r] for r in scope if r in self.pending)
-            queued = frozenset(self.pending)
-        kept = self._kept
+            # The kept ids of the queue: the same set, made again only after it changed.
+            queued = kept.waiting()
         index = kept.index(now, self.running, None if scope is None else pending)
         usage = kept.usage(self.ledger, start, now)
         return ClusterView(
