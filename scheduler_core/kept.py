@@ -947,6 +947,9 @@ class Kept:
                 group.append(pair)
         out: dict[str, dict[str, tuple[Queued, ...]]] = {}
         for (pool, team), pairs in found.items():
-            pairs.sort(key=lambda pair: pair[0])
+            if len(pairs) > 1:
+                # The keys end with the request id, so no two are equal and the entries
+                # are never compared: sorted as by the key alone, with no key function.
+                pairs.sort()
             out.setdefault(pool, {})[team] = tuple(entry for _, entry in pairs)
         return out
