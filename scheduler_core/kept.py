@@ -618,7 +618,9 @@ class _Grouped:
     def __init__(self) -> None:
         self._groups: dict[str, dict[str, Allocation]] = {}
         self._dirty: set[str] = set()
-        self._frozen: Mapping[str, tuple[Allocation, ...]] = MappingProxyType({})
+        self._tuples: dict[str, tuple[Allocation, ...]] = {}
+        """The groups as handed out last (replaced, never changed once handed out)."""
+        self._frozen: Mapping[str, tuple[Allocation, ...]] = MappingProxyType(self._tuples)
 
     def add(self, group: str, allocation: Allocation) -> None:
         self._groups.setdefault(group, {})[allocation.id] = allocation
@@ -631,10 +633,11 @@ class _Grouped:
 
     def frozen(self) -> Mapping[str, tuple[Allocation, ...]]:
         if self._dirty:
-            groups = dict(self._frozen)
+            groups = self._tuples.copy()  # a dict's copy: a proxy's would go key by key
             for group in self._dirty:
                 groups[group] = tuple(self._groups.get(group, {}).values())
             self._dirty.clear()
+            self._tuples = groups
             self._frozen = MappingProxyType(groups)
         return self._frozen
 
