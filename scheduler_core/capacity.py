@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from scheduler_core.kept import Layout, WholeBuckets
 from scheduler_core.model import MILLI, Allocation, Health, Node, NodeGrant, Request, Slice
@@ -36,7 +36,7 @@ Bucket = dict[str, None] | tuple[str, ...]
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
-_EPS = 1e-9
+_EPS: Final = 1e-9
 _READY = Health.READY
 
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Protocol
+from typing import Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
@@ -85,7 +85,7 @@ class CycleStats:
     last_apply_s: float = 0.0
 
 
-MAX_FOLLOW_UPS = 5
+MAX_FOLLOW_UPS: Final = 5
 """Most cycles `Scheduler.settle` runs at once, the first included (see
 `Decisions.follow_up`)."""
 

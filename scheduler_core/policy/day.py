@@ -5,7 +5,7 @@ day is spent while others wait (the evidence is in docs/policy.md)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from scheduler_core.kept import Queued
 from scheduler_core.ledger import WindowUsage
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DAY", "DayUsage", "lent", "slice_pays"]
 
-DAY = 86400.0
+DAY: Final = 86400.0
 
 
 def slice_pays(sliced: float, protect: float, settings: Settings) -> bool:
