@@ -29,7 +29,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from scheduler_core.ledger import UsageLedger, WindowUsage
 from scheduler_core.model import (
@@ -133,7 +133,7 @@ class _Numbers:
         return found
 
 
-_SHAPE_NUMBERS = _Numbers()
+_SHAPE_NUMBERS: Final = _Numbers()
 """Equal shapes get one number, so per-cycle records of failed shapes are dict lookups."""
 
 
@@ -180,7 +180,7 @@ class Queued:
         return cls(request, shape, number, min_runtime, rate, units, debug, dear, found)
 
 
-_KIND_NUMBERS = _Numbers()
+_KIND_NUMBERS: Final = _Numbers()
 
 
 def kind_of(figures: tuple[object, ...]) -> int:
@@ -508,7 +508,7 @@ class CycleIndex:
         return f"CycleIndex(at={self.at!r})"
 
 
-_TOO_MANY: list[str] = []
+_TOO_MANY: Final[list[str]] = []
 """`KnownFailures._of_pool`'s answer where the whole search is cheaper (never changed)."""
 
 

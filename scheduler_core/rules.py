@@ -39,7 +39,7 @@ __all__ = [
     "oversize_above",
 ]
 
-_all_ready: list[tuple[Node, ...]] = []
+_all_ready: Final[list[tuple[Node, ...]]] = []
 """The last node tuple found all ready (the scheduler keeps one tuple while nothing
 changes): a memo of `health_preemptions`' answer, not state."""
 

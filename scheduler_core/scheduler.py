@@ -52,7 +52,7 @@ from scheduler_core.view import ClusterView, Decisions
 
 log = logging.getLogger(__name__)
 
-_NO_PAIRS: Mapping[str, str] = MappingProxyType({})
+_NO_PAIRS: Final[Mapping[str, str]] = MappingProxyType({})
 
 
 class Clock(Protocol):

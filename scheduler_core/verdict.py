@@ -76,7 +76,7 @@ OVER_SHARE_BESIDE: Final = "over-share-beside"
 TEAM_SLICING: Final = "team-slicing"
 """Batch work held back while the team's own large job waits to slice the team (S6)."""
 
-FUNDED_GROUNDS = frozenset({SHARE, BUDGET, BURST, DAY_SLICE})
+FUNDED_GROUNDS: Final = frozenset({SHARE, BUDGET, BURST, DAY_SLICE})
 
 # -- placement: where it went, or why not (R3, R4, R7, S1, S3)
 PLACED: Final = "placed"
@@ -96,7 +96,7 @@ HELD_ELSEWHERE: Final = "held-elsewhere"
 Slurm, other users' batch jobs). Set by the Hub's read model in place of NO_ROOM or
 NO_VICTIMS (`spawner.runtime.foreign`); it starts once those jobs end."""
 
-PLACED_REASONS = frozenset({PLACED, BACKFILLED, PREEMPTS})
+PLACED_REASONS: Final = frozenset({PLACED, BACKFILLED, PREEMPTS})
 
 # -- victims: why a session was stopped for a request (R4, S1, S6), each with its cost
 VICTIM_BORROWED: Final = "victim-borrowed"
@@ -109,7 +109,7 @@ VICTIM_BELOW: Final = "victim-below"
 VICTIM_OWN: Final = "victim-own-team"
 """The requester's own team's work past its protected window (S1, S6)."""
 
-VICTIM_CODES = frozenset({VICTIM_BORROWED, VICTIM_IDLE, VICTIM_BELOW, VICTIM_OWN})
+VICTIM_CODES: Final = frozenset({VICTIM_BORROWED, VICTIM_IDLE, VICTIM_BELOW, VICTIM_OWN})
 
 # -- no verdict: a request the cycle did not weigh
 NOT_WEIGHED: Final = "not-weighed"

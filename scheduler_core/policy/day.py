@@ -129,7 +129,7 @@ class DayUsage:
 Limits = dict[str, dict[str, tuple[float, float]]]
 """Per pool and team: its share rate, and the rate above which its job is oversize."""
 
-_LIMITS: list[tuple[TeamTree, Settings, dict[str, float], Limits]] = []
+_LIMITS: Final[list[tuple[TeamTree, Settings, dict[str, float], Limits]]] = []
 """The last tree, settings and capacity seen, with their `Limits` as far as worked out: a
 memo of what they imply (all three are the same from cycle to cycle), not state."""
 
@@ -145,7 +145,7 @@ def _limits(view: ClusterView) -> Limits:
     return found
 
 
-_OVERSIZE: list[tuple[Sequence[Allocation], Limits, list[Allocation]]] = []
+_OVERSIZE: Final[list[tuple[Sequence[Allocation], Limits, list[Allocation]]]] = []
 """The last sessions and `Limits` seen, with those sessions that a day slice may stop at
 all (`_oversize`): a memo (the scheduler hands over the same tuple until a session starts
 or ends), not state."""
