@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from scheduler_core.kept import Layout, WholeBuckets
 from scheduler_core.model import MILLI, Allocation, Health, Node, NodeGrant, Request, Slice
@@ -36,8 +36,8 @@ Bucket = dict[str, None] | tuple[str, ...]
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
-_EPS = 1e-9
-_READY = Health.READY
+_EPS: Final = 1e-9
+_READY: Final = Health.READY
 
 
 def copied(mapping: Mapping[_K, _V]) -> dict[_K, _V]:
@@ -50,7 +50,7 @@ def copied(mapping: Mapping[_K, _V]) -> dict[_K, _V]:
     return dict(mapping)
 
 
-_MATCHED: dict[tuple[int, int], tuple[Mapping[str, str], Mapping[str, str], bool]] = {}
+_MATCHED: Final[dict[tuple[int, int], tuple[Mapping[str, str], Mapping[str, str], bool]]] = {}
 """`labels_match`'s answers for read-only labels (a request's and a node's, which
 `model.frozen_labels` makes and nothing changes), by the two objects' identities: each
 search asks it again of every node for every request that names labels. The objects

@@ -29,7 +29,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from scheduler_core.ledger import UsageLedger, WindowUsage
 from scheduler_core.model import (
@@ -133,7 +133,7 @@ class _Numbers:
         return found
 
 
-_SHAPE_NUMBERS = _Numbers()
+_SHAPE_NUMBERS: Final = _Numbers()
 """Equal shapes get one number, so per-cycle records of failed shapes are dict lookups."""
 
 
@@ -180,7 +180,7 @@ class Queued:
         return cls(request, shape, number, min_runtime, rate, units, debug, dear, found)
 
 
-_KIND_NUMBERS = _Numbers()
+_KIND_NUMBERS: Final = _Numbers()
 
 
 def kind_of(figures: tuple[object, ...]) -> int:
@@ -508,7 +508,7 @@ class CycleIndex:
         return f"CycleIndex(at={self.at!r})"
 
 
-_TOO_MANY: list[str] = []
+_TOO_MANY: Final[list[str]] = []
 """`KnownFailures._of_pool`'s answer where the whole search is cheaper (never changed)."""
 
 
@@ -618,7 +618,9 @@ class _Grouped:
     def __init__(self) -> None:
         self._groups: dict[str, dict[str, Allocation]] = {}
         self._dirty: set[str] = set()
-        self._frozen: Mapping[str, tuple[Allocation, ...]] = MappingProxyType({})
+        self._tuples: dict[str, tuple[Allocation, ...]] = {}
+        """The groups as handed out last (replaced, never changed once handed out)."""
+        self._frozen: Mapping[str, tuple[Allocation, ...]] = MappingProxyType(self._tuples)
 
     def add(self, group: str, allocation: Allocation) -> None:
         self._groups.setdefault(group, {})[allocation.id] = allocation
@@ -631,10 +633,11 @@ class _Grouped:
 
     def frozen(self) -> Mapping[str, tuple[Allocation, ...]]:
         if self._dirty:
-            groups = dict(self._frozen)
+            groups = self._tuples.copy()  # a dict's copy: a proxy's would go key by key
             for group in self._dirty:
                 groups[group] = tuple(self._groups.get(group, {}).values())
             self._dirty.clear()
+            self._tuples = groups
             self._frozen = MappingProxyType(groups)
         return self._frozen
 
@@ -947,6 +950,9 @@ class Kept:
                 group.append(pair)
         out: dict[str, dict[str, tuple[Queued, ...]]] = {}
         for (pool, team), pairs in found.items():
-            pairs.sort(key=lambda pair: pair[0])
+            if len(pairs) > 1:
+                # The keys end with the request id, so no two are equal and the entries
+                # are never compared: sorted as by the key alone, with no key function.
+                pairs.sort()
             out.setdefault(pool, {})[team] = tuple(entry for _, entry in pairs)
         return out

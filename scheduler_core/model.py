@@ -15,30 +15,31 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Final
 
-MILLI = 1000
+MILLI: Final = 1000
 """Milli-GPUs in one whole GPU."""
 
-MIG_SLICES = 7
+MIG_SLICES: Final = 7
 """Compute slices of a full MIG-capable GPU (A100/H100/H200/B200): `1g` is 1/7."""
 
-SNAPSHOT_TAKE_FIXED_S = 1.58
+SNAPSHOT_TAKE_FIXED_S: Final = 1.58
 """Seconds a preemption takes with the snapshot already on disk: decision -> slices free,
 settled, 1.58 s (`python -m bench.snapshot`, docs/benchmarks/snapshot.md)."""
-SNAPSHOT_TAKE_S_PER_GIB = 3.02
+SNAPSHOT_TAKE_S_PER_GIB: Final = 3.02
 """Seconds per GiB of state to flush at a preemption: decision -> slices free hot (1.07
 GiB of kernel state unflushed) 4.81 s less settled 1.58 s, over 1.07 GiB
 (`python -m bench.snapshot`)."""
-SNAPSHOT_RESTORE_FIXED_S = 5.33
+SNAPSHOT_RESTORE_FIXED_S: Final = 5.33
 """Seconds a restore takes whatever the session's size: its server starting again
 (restore, settled: server ready 5.33 s; `python -m bench.snapshot`)."""
-SNAPSHOT_RESTORE_S_PER_GIB = 2.22
+SNAPSHOT_RESTORE_S_PER_GIB: Final = 2.22
 """Seconds a restore takes per GiB of state: variables available 7.55 s less the
 server's 5.33 s, for 1 GiB (`python -m bench.snapshot`). A session's memory limit
 stands for its state in the simulator: an upper bound where the kernel holds less."""
 
 
-BORROW_PRICE_CAP = 300.0
+BORROW_PRICE_CAP: Final = 300.0
 """R11: work whose reclaim throws away more than this many seconds of its size
 (`Request.reclaim_seconds`) borrows only what the teams' turns leave free, after work
 cheaper to give back. 300 s: the longest restart of a run that checkpoints in the

@@ -15,6 +15,9 @@ source; at import, if any hash differs (or the manifest is missing), every compi
 module is loaded from its source instead, with one warning. All or none: compiled
 modules call each other natively, so one edited module cannot be mixed with the rest.
 This module itself is never compiled.
+
+Why the compiled modules' constants are ``Final``: compiled, a plain module global is a
+dict look-up and an unboxing at every read; a ``Final`` literal is built into the code.
 """
 
 from __future__ import annotations

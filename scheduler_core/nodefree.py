@@ -8,9 +8,11 @@ The scheduler keeps one per node between cycles (kept.py); a cycle's `Capacity`
 
 from __future__ import annotations
 
+from typing import Final
+
 from scheduler_core.model import MILLI, Gpu, MigInstance, Node, NodeGrant, Request, Slice, SliceKind
 
-_EPS = 1e-9
+_EPS: Final = 1e-9
 
 Tightness = tuple[float, ...]
 """How tightly a request fits a node (smaller is tighter)."""

@@ -34,7 +34,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from scheduler_core.capacity import Capacity
 from scheduler_core.kept import ExposedSessions, Tally, gpu_totals, held_gpus
@@ -125,25 +125,25 @@ def _freed(node_free: NodeFree, victims: Sequence[Allocation]) -> NodeFree:
     return trial
 
 
-EXACT_CANDIDATES = 12
+EXACT_CANDIDATES: Final = 12
 """`_cheapest_set` looks at every set of a node's victims only where it has at most this
 many; beyond, it improves on the greedy set for at most `EXACT_TRIES` fit checks."""
-EXACT_TRIES = 256
-PRICE_CAP = 900.0
+EXACT_TRIES: Final = 256
+PRICE_CAP: Final = 900.0
 """R8: funded work whose preemption would throw away more than this many seconds of its
 size is not stopped by the rank rule (R4) or a day slice's end (S5). Why 900 s and not
 a setting: docs/policy.md (R8) has the runs that chose it."""
-LANE_PRICE_CAP = 4 * PRICE_CAP
+LANE_PRICE_CAP: Final = 4 * PRICE_CAP
 """R8 for the debug fast lane (S1)."""
-CHECKPOINT_SLACK = 60.0
+CHECKPOINT_SLACK: Final = 60.0
 """R10: a run that checkpoints is stopped by the rank rule or a reclaim (R4), a holder
 (S7) or its day slice's end (S5) only within this many seconds after a checkpoint, so
 it loses its restart and little more. The scheduler wakes at each checkpoint of a
 running session while work waits, so a cycle sees each such moment."""
-GANG_CHECKPOINT_SLACK = 600.0
+GANG_CHECKPOINT_SLACK: Final = 600.0
 """R10 for a request over several nodes: its nodes' victims must all be near a checkpoint
 at once, which within `CHECKPOINT_SLACK` they almost never are (docs/policy.md, R10)."""
-NO_WAIT = math.inf
+NO_WAIT: Final = math.inf
 """A slack that never waits: the fast lane's (S1) and the baselines'."""
 
 
@@ -266,7 +266,9 @@ class _Roomy:
         self.names = names
 
 
-_ROOMY_START: dict[tuple[str, int], tuple[dict[str, int], tuple[str, ...], dict[str, None]]] = {}
+_ROOMY_START: Final[
+    dict[tuple[str, int], tuple[dict[str, int], tuple[str, ...], dict[str, None]]]
+] = {}
 """Per pool and GPU count, the nodes whose reach (`CycleIndex.reach`) holds them, with the
 reach and the pool's names they were found from (`_roomy_start`)."""
 
@@ -662,7 +664,7 @@ def _permitted(held: Tally, allowed: frozenset[str]) -> int:
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
-_NO_TALLY: Tally = MappingProxyType({})
+_NO_TALLY: Final[Tally] = MappingProxyType({})
 """A node or pool no victim holds GPUs on (read only)."""
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection
+from typing import Final
 
 from scheduler_core.capacity import Capacity, copied
 from scheduler_core.model import Health, Node
@@ -38,7 +39,7 @@ __all__ = [
     "oversize_above",
 ]
 
-_all_ready: list[tuple[Node, ...]] = []
+_all_ready: Final[list[tuple[Node, ...]]] = []
 """The last node tuple found all ready (the scheduler keeps one tuple while nothing
 changes): a memo of `health_preemptions`' answer, not state."""
 
@@ -83,7 +84,7 @@ def kept_reservations(
                 capacity.reserved[node] = request_id
 
 
-_EPS = 1e-9
+_EPS: Final = 1e-9
 """Slack for sums of charge rates compared with a share."""
 
 

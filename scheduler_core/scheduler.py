@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Protocol
+from typing import Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
@@ -52,7 +52,7 @@ from scheduler_core.view import ClusterView, Decisions
 
 log = logging.getLogger(__name__)
 
-_NO_PAIRS: Mapping[str, str] = MappingProxyType({})
+_NO_PAIRS: Final[Mapping[str, str]] = MappingProxyType({})
 
 
 class Clock(Protocol):
@@ -85,7 +85,7 @@ class CycleStats:
     last_apply_s: float = 0.0
 
 
-MAX_FOLLOW_UPS = 5
+MAX_FOLLOW_UPS: Final = 5
 """Most cycles `Scheduler.settle` runs at once, the first included (see
 `Decisions.follow_up`)."""
 
@@ -430,13 +430,14 @@ class Scheduler:
     def view(self, now: float, scope: Iterable[str] | None = None) -> ClusterView:
         """The frozen state the policy sees; ``scope`` limits which waiting requests it weighs."""
         start = now - self.settings.lookback
+        kept = self._kept
         if scope is None:
             pending = tuple(self.pending.values())
             queued = None
         else:
             pending = tuple(self.pending[r] for r in scope if r in self.pending)
-            queued = frozenset(self.pending)
-        kept = self._kept
+            # The kept ids of the queue: the same set, made again only after it changed.
+            queued = kept.waiting()
         index = kept.index(now, self.running, None if scope is None else pending)
         usage = kept.usage(self.ledger, start, now)
         return ClusterView(

@@ -15,10 +15,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
-HOUR = 3600.0
-DAY = 86400.0
+HOUR: Final = 3600.0
+DAY: Final = 86400.0
 
 
 class LegacyPreemption(enum.StrEnum):

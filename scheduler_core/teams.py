@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from scheduler_core.model import Team
 
-SHARE_MIN = 0.001
+SHARE_MIN: Final = 0.001
 """The smallest share other than 0 a team may have, from the configuration or an admin
 (0.1 % of a pool): a smaller one funds nothing a session could use and makes the team's
 ratio astronomical (a share of 1e-300 printed a 300-digit percentage)."""
@@ -32,7 +32,7 @@ def share_fault(value: Any) -> str | None:
     return None
 
 
-OWN = "#own"
+OWN: Final = "#own"
 """Suffix of the virtual leaf that stands for a parent team's own work."""
 
 

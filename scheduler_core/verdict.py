@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from scheduler_core.model import NodeGrant
 
@@ -52,66 +53,66 @@ __all__ = [
 ]
 
 # -- funding: grounds on which a request is funded (R2, S4, S5 of docs/architecture.md)
-SHARE = "share"
+SHARE: Final = "share"
 """Funded: with it, the team's funded sessions stay within the guaranteed part of its share."""
-BUDGET = "budget"
+BUDGET: Final = "budget"
 """Funded by the window budget: the team's only funded work in the pool, within its budget."""
-BURST = "burst"
+BURST: Final = "burst"
 """Funded by the window budget beyond the share, beside the team's other funded work (S4)."""
-DAY_SLICE = "day-slice"
+DAY_SLICE: Final = "day-slice"
 """Funded from the last day's share, for as long as that pays (S5)."""
 
 # -- funding: why a request is not funded
-NO_SHARE = "no-share"
+NO_SHARE: Final = "no-share"
 """The team has no share of the pool."""
-OVER_BUDGET = "over-budget"
+OVER_BUDGET: Final = "over-budget"
 """The team's window budget does not cover the request's protected window (R2)."""
-OVER_BURST = "over-burst"
+OVER_BURST: Final = "over-burst"
 """Beyond the share, and past the burst cap (``funded_burst``) beside the team's work (R2)."""
-DAY_SPENT = "day-spent"
+DAY_SPENT: Final = "day-spent"
 """Larger than the team's share, and the day's share left does not pay for a slice (S5)."""
-OVER_SHARE_BESIDE = "over-share-beside"
+OVER_SHARE_BESIDE: Final = "over-share-beside"
 """Larger than the team's share, beside team work that is itself beyond the share (S5)."""
-TEAM_SLICING = "team-slicing"
+TEAM_SLICING: Final = "team-slicing"
 """Batch work held back while the team's own large job waits to slice the team (S6)."""
 
-FUNDED_GROUNDS = frozenset({SHARE, BUDGET, BURST, DAY_SLICE})
+FUNDED_GROUNDS: Final = frozenset({SHARE, BUDGET, BURST, DAY_SLICE})
 
 # -- placement: where it went, or why not (R3, R4, R7, S1, S3)
-PLACED = "placed"
+PLACED: Final = "placed"
 """Placed on free slices (R3)."""
-BACKFILLED = "backfilled"
+BACKFILLED: Final = "backfilled"
 """Placed on free slices of nodes held for another request (S3)."""
-PREEMPTS = "preempts"
+PREEMPTS: Final = "preempts"
 """Placed on room made by stopping sessions (R4, or the fast lane S1)."""
-NO_ROOM = "no-room"
+NO_ROOM: Final = "no-room"
 """No free slices fit it, and as unfunded work it may stop no one (R3, R4)."""
-NO_VICTIMS = "no-victims"
+NO_VICTIMS: Final = "no-victims"
 """No free slices fit it, and no sessions it may stop would make room (R4, S1, S4-S8)."""
-HOLDING = "holding"
+HOLDING: Final = "holding"
 """Not placed; nodes are held for it until they clear (R7)."""
-HELD_ELSEWHERE = "held-elsewhere"
+HELD_ELSEWHERE: Final = "held-elsewhere"
 """Not placed: it would fit but for capacity that jobs budgethub did not start hold (on
 Slurm, other users' batch jobs). Set by the Hub's read model in place of NO_ROOM or
 NO_VICTIMS (`spawner.runtime.foreign`); it starts once those jobs end."""
 
-PLACED_REASONS = frozenset({PLACED, BACKFILLED, PREEMPTS})
+PLACED_REASONS: Final = frozenset({PLACED, BACKFILLED, PREEMPTS})
 
 # -- victims: why a session was stopped for a request (R4, S1, S6), each with its cost
-VICTIM_BORROWED = "victim-borrowed"
+VICTIM_BORROWED: Final = "victim-borrowed"
 """Unallocated work past its grace: it ran on capacity it borrowed (R4)."""
-VICTIM_IDLE = "victim-idle"
+VICTIM_IDLE: Final = "victim-idle"
 """A funded session idle longer than ``idle_release``: any funded request may stop it."""
-VICTIM_BELOW = "victim-below"
+VICTIM_BELOW: Final = "victim-below"
 """Funded work of a team that ranks below the requester's, or holds more than its share
 (the fast lane, S1), past its protected window (R4)."""
-VICTIM_OWN = "victim-own-team"
+VICTIM_OWN: Final = "victim-own-team"
 """The requester's own team's work past its protected window (S1, S6)."""
 
-VICTIM_CODES = frozenset({VICTIM_BORROWED, VICTIM_IDLE, VICTIM_BELOW, VICTIM_OWN})
+VICTIM_CODES: Final = frozenset({VICTIM_BORROWED, VICTIM_IDLE, VICTIM_BELOW, VICTIM_OWN})
 
 # -- no verdict: a request the cycle did not weigh
-NOT_WEIGHED = "not-weighed"
+NOT_WEIGHED: Final = "not-weighed"
 """No cycle looked at it: no node of its pool takes new work, or the policy gives no
 verdicts (the baselines). Set by the read model in place of a funding ground
 (`forecast.Reading.read`), and what a request with no codes at all is said to be."""

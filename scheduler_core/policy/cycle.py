@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
+from typing import Final
 
 from scheduler_core.capacity import Capacity
 from scheduler_core.kept import KnownFailures, Queued
@@ -347,7 +348,7 @@ class Cycle:
         )
 
 
-_CHECKPOINTING: list[tuple[tuple[Allocation, ...], list[Allocation]]] = []
+_CHECKPOINTING: Final[list[tuple[tuple[Allocation, ...], list[Allocation]]]] = []
 """The last running tuple seen and its sessions that checkpoint (`cheap_again`): the
 scheduler hands over the same tuple until a session starts or ends."""
 

@@ -5,7 +5,7 @@ day is spent while others wait (the evidence is in docs/policy.md)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from scheduler_core.kept import Queued
 from scheduler_core.ledger import WindowUsage
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DAY", "DayUsage", "lent", "slice_pays"]
 
-DAY = 86400.0
+DAY: Final = 86400.0
 
 
 def slice_pays(sliced: float, protect: float, settings: Settings) -> bool:
@@ -90,44 +90,32 @@ class DayUsage:
         sessions: Sequence[Allocation] = view.allocations
         if index is not None and index.at == now:
             sessions = index.sliceable  # the funded ones that resume, in the same order
+        limits = _limits(view)
+        candidates = _oversize(sessions, limits, view)
+        if not candidates:
+            return []
         if index is not None and index.at == now and index.queues is not None:
             # The kept queues are the pending requests (`heads.queue_heads`), per pool.
             waiting = {pool for pool, teams in index.queues.items() if any(teams.values())}
         else:
             waiting = {r.pool for r in view.pending}
-        tree = view.teams
-        settings = view.settings
         found: list[Preemption] = []
-        limits = _limits(view)
-        for allocation in sessions:
+        for allocation in candidates:
             # The cheap tests first: this runs over every such session in every cycle.
-            if not allocation.funded or allocation.protected_until > now:
+            if allocation.protected_until > now:
                 continue
             request = allocation.request
             pool = request.pool
             if (
                 pool not in waiting
                 or allocation.start >= now
-                or not request.resumable
                 or request.id in stopped
                 # R8: not worth its price (a run far from its last checkpoint).
                 or request.lost_seconds(now - allocation.start) > PRICE_CAP
                 or not at_checkpoint(request, now - allocation.start, slack)
             ):
                 continue
-            pool_limits = limits.get(pool)
-            if pool_limits is None:
-                pool_limits = limits[pool] = {}
-            limit = pool_limits.get(request.team)
-            if limit is None:
-                share_rate = tree.own_share(request.team, pool) * view.capacity.get(pool, 0)
-                limit = pool_limits[request.team] = (
-                    share_rate,
-                    oversize_above(share_rate, settings),
-                )
-            share_rate, above = limit
-            if allocation.charge_rate <= above:
-                continue
+            share_rate = limits[pool][request.team][0]
             # Its own day spent, and the day of every level it may borrow from (none for
             # a top-level team).
             if self.headroom(request.team, pool, share_rate) <= 1e-6 and all(
@@ -141,7 +129,7 @@ class DayUsage:
 Limits = dict[str, dict[str, tuple[float, float]]]
 """Per pool and team: its share rate, and the rate above which its job is oversize."""
 
-_LIMITS: list[tuple[TeamTree, Settings, dict[str, float], Limits]] = []
+_LIMITS: Final[list[tuple[TeamTree, Settings, dict[str, float], Limits]]] = []
 """The last tree, settings and capacity seen, with their `Limits` as far as worked out: a
 memo of what they imply (all three are the same from cycle to cycle), not state."""
 
@@ -154,6 +142,45 @@ def _limits(view: ClusterView) -> Limits:
             return found
     found = {}
     _LIMITS[:] = [(view.teams, view.settings, dict(view.capacity), found)]
+    return found
+
+
+_OVERSIZE: Final[list[tuple[Sequence[Allocation], Limits, list[Allocation]]]] = []
+"""The last sessions and `Limits` seen, with those sessions that a day slice may stop at
+all (`_oversize`): a memo (the scheduler hands over the same tuple until a session starts
+or ends), not state."""
+
+
+def _oversize(
+    sessions: Sequence[Allocation], limits: Limits, view: ClusterView
+) -> list[Allocation]:
+    """Of ``sessions``, in order, the funded ones that resume and are larger than their
+    team's share (`oversize_above`): only they may be day-sliced. What they are does not
+    change with the time, so they are found once per sessions tuple rather than per cycle."""
+    if _OVERSIZE:
+        seen, seen_limits, found = _OVERSIZE[0]
+        if seen is sessions and seen_limits is limits:
+            return found
+    tree = view.teams
+    settings = view.settings
+    found = []
+    for allocation in sessions:
+        if not allocation.funded:
+            continue
+        request = allocation.request
+        if not request.resumable:
+            continue
+        pool = request.pool
+        pool_limits = limits.get(pool)
+        if pool_limits is None:
+            pool_limits = limits[pool] = {}
+        limit = pool_limits.get(request.team)
+        if limit is None:
+            share_rate = tree.own_share(request.team, pool) * view.capacity.get(pool, 0)
+            limit = pool_limits[request.team] = (share_rate, oversize_above(share_rate, settings))
+        if allocation.charge_rate > limit[1]:
+            found.append(allocation)
+    _OVERSIZE[:] = [(sessions, limits, found)]
     return found
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
+from typing import Final
 
 from scheduler_core.kept import Queued
 from scheduler_core.model import NodeGrant
@@ -61,7 +62,7 @@ __all__ = [
     "victims_for",
 ]
 
-DEFERRED = "deferred"
+DEFERRED: Final = "deferred"
 """R11: an entry's placement outcome while it waits for the teams' turns to end
 (`place_deferred` judges it again, so no verdict carries it)."""
 
