@@ -565,12 +565,17 @@ class Scheduler:
         self.reservations = MappingProxyType(reservations)
 
     def _watch_checkpoints(self, allocation: Allocation) -> None:
+        """Wake at the run's checkpoints (R10: it may be stopped just after one), from the
+        first after its protected window: no rule stops a protected session, and the
+        window's own end (`_expiries`) sees a checkpoint it falls just after."""
         request = allocation.request
-        if request.resumable and request.checkpoint_every > 0:
-            heapq.heappush(
-                self._checkpoints,
-                (allocation.start + request.checkpoint_every, request.id, allocation.start),
-            )
+        every = request.checkpoint_every
+        if request.resumable and every > 0:
+            first = allocation.start + every
+            until = allocation.protected_until
+            if first <= until:
+                first += every * ((until - first) // every + 1)
+            heapq.heappush(self._checkpoints, (first, request.id, allocation.start))
 
     def _book(self, allocation: Allocation) -> None:
         self._allocations = None
