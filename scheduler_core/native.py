@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent
 MODULES: tuple[str, ...] = (
     "scheduler_core.capacity",
     "scheduler_core.kept",
+    "scheduler_core.metrics",
     "scheduler_core.ledger",
     "scheduler_core.model",
     "scheduler_core.nodefree",
@@ -65,7 +66,8 @@ MODULES: tuple[str, ...] = (
     "scheduler_core.policy.placement",
     "scheduler_core.policy.victims",
 )
-"""The modules compiled: the policy, what a cycle reads, the scheduler and the simulator."""
+"""The modules compiled: the policy, what a cycle reads, the scheduler, the simulator, and
+the run metrics (every replay reads a month's outcome twice: 0.46 -> 0.29 s of CPU each, seed 1)."""
 
 GROUP = "scheduler_core.native_build"
 """The compiled group's name: its shared library is ``scheduler_core/native_build__mypyc*``."""
