@@ -46,6 +46,19 @@ cheaper to give back. 300 s: the longest restart of a run that checkpoints in th
 generated workloads (5 min), below the snapshot of any session of a whole GPU (a 1-GPU
 notebook with 120 GiB: 636 s); docs/policy.md (R11) has the runs that chose it."""
 
+CHECKPOINT_ROUNDING_S: Final = 1e-3
+"""A checkpoint due less than this far ahead of a run's clock counts as taken (R10). The
+clock is a difference of two times (now less the run's start), a few ulps short of the
+checkpoint where the times are large, as in a history replayed from a store; the cycle
+woken at the checkpoint must see it there, on either side of a replay."""
+
+
+def since_checkpoint(elapsed: float, every: float) -> float:
+    """Seconds of a run ``elapsed`` seconds old since its last checkpoint, one every
+    ``every`` seconds from its start (`CHECKPOINT_ROUNDING_S`)."""
+    part = elapsed % every
+    return 0.0 if every - part < CHECKPOINT_ROUNDING_S else part
+
 
 _MIG_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb$")
 
@@ -242,7 +255,7 @@ class Request:
             return elapsed + self.restart_cost
         every = self.checkpoint_every
         if every > 0:
-            return elapsed % every + self.restart_cost
+            return since_checkpoint(elapsed, every) + self.restart_cost
         return (
             SNAPSHOT_TAKE_FIXED_S
             + SNAPSHOT_RESTORE_FIXED_S
@@ -258,7 +271,7 @@ class Request:
         if not self.resumable:
             return 0.0
         if self.checkpoint_every > 0:
-            return elapsed - elapsed % self.checkpoint_every
+            return elapsed - since_checkpoint(elapsed, self.checkpoint_every)
         return elapsed
 
     @property

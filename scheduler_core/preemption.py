@@ -38,7 +38,7 @@ from typing import Final, TypeVar
 
 from scheduler_core.capacity import Capacity
 from scheduler_core.kept import ExposedSessions, Tally, gpu_totals, held_gpus
-from scheduler_core.model import MILLI, Allocation, Request, RequestClass, Slice
+from scheduler_core.model import MILLI, Allocation, Request, RequestClass, Slice, since_checkpoint
 from scheduler_core.nodefree import NodeFree
 
 Cost = tuple[float, float, float, float]
@@ -157,7 +157,7 @@ def at_checkpoint(request: Request, elapsed: float, slack: float) -> bool:
     """R10: may a run ``elapsed`` seconds old be stopped now? Always, unless it checkpoints
     (`Request.saved_seconds`); then only within ``slack`` seconds after a checkpoint."""
     every = request.checkpoint_every
-    return every <= 0 or not request.resumable or elapsed % every <= slack
+    return every <= 0 or not request.resumable or since_checkpoint(elapsed, every) <= slack
 
 
 def set_cost(chosen: Sequence[Allocation], now: float, victims: Victims) -> Cost:

@@ -571,11 +571,13 @@ class Scheduler:
         request = allocation.request
         every = request.checkpoint_every
         if request.resumable and every > 0:
-            first = allocation.start + every
-            until = allocation.protected_until
-            if first <= until:
-                first += every * ((until - first) // every + 1)
-            heapq.heappush(self._checkpoints, (first, request.id, allocation.start))
+            start = allocation.start
+            # The checkpoints the window covers, counted so that one on its very end stays
+            # with the end to a float's rounding: a history replayed from a store has its
+            # times shifted by a few ulps, and must wake when the run it replays woke.
+            covered = int((allocation.protected_until - start) / every + 1e-9)
+            first = start + every if covered < 1 else start + every * (covered + 1)
+            heapq.heappush(self._checkpoints, (first, request.id, start))
 
     def _book(self, allocation: Allocation) -> None:
         self._allocations = None

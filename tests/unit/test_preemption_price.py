@@ -320,6 +320,50 @@ def test_a_day_slice_ends_at_its_next_checkpoint() -> None:
     assert a1["starts"][0] == 0 and a1["ends"][0] == pytest.approx(24000)
 
 
+def test_a_checkpoint_a_few_ulps_ahead_of_the_run_clock_counts_as_taken() -> None:
+    """The cycle woken at a checkpoint reads the run's clock as now less its start: at
+    these times, a few ulps short of the checkpoint. It is still at its checkpoint, with
+    nothing since it to lose (a replayed history, whose times are shifted by ulps, must
+    decide as the run it replays)."""
+    start = 260447.01659774434
+    elapsed = (start + 1920.0) - start
+    assert elapsed < 1920.0
+    request = _request(resumable=True, checkpoint_every=1920, restart_cost=120)
+    assert at_checkpoint(request, elapsed, CHECKPOINT_SLACK)
+    assert request.lost_seconds(elapsed) == 120
+    assert request.saved_seconds(elapsed) == elapsed
+    assert not at_checkpoint(request, 1920.0 - 0.01, CHECKPOINT_SLACK)
+
+
+def test_a_protected_run_wakes_the_scheduler_at_its_first_checkpoint_after_the_window() -> None:
+    """R10's wake-ups: a's funded job (protected for an hour, a checkpoint every 900 s)
+    fills the one node and b's job waits. No rule stops a protected session, so its
+    checkpoints at 900, 1,800 and 2,700 s wake nothing: the next wake-up is the window's
+    end at 3,600 s (which falls on a checkpoint), and after it the checkpoint at 4,500 s."""
+    scenario = gpu_scenario(
+        [
+            gpu_request("a1", "a", 0, 4, "batch", checkpoint_every=900, min_runtime=HOUR),
+            gpu_request("b1", "b", 10, 4, "batch", resumable=True),
+        ],
+        nodes=1,
+        parse=True,
+    )
+    sim = Simulation(scenario)
+    scheduler = sim.scheduler
+    requests = {r.id: r for r in scenario.requests}
+    scheduler.submit(requests["a1"])
+    scheduler.settle()
+    assert "a1" in scheduler.running
+    sim.clock.time = 10.0
+    scheduler.submit(requests["b1"])
+    scheduler.settle()
+    assert "b1" in scheduler.pending
+    assert scheduler.next_wake() == HOUR
+    sim.clock.time = HOUR
+    scheduler.settle()
+    assert scheduler.next_wake() == HOUR + 900
+
+
 # --- no turns (S10) and a session kept for its price (R9) ---------------------
 
 
