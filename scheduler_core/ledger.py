@@ -13,7 +13,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar, overload
+from typing import Final, TypeVar, overload
 
 _T = TypeVar("_T")
 
@@ -202,7 +202,7 @@ class UsageLedger:
         return WindowUsage(curves, start, end, self.revision, pools)
 
 
-_NO_CURVES: dict[str, _Curve] = {}
+_NO_CURVES: Final[dict[str, _Curve]] = {}
 """A pool no team was charged in (never changed)."""
 
 

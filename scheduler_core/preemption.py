@@ -817,7 +817,9 @@ def search_targets(
         return None, False
     # Branch and bound: a node's cost is at least that of its cheapest victim,
     # so once `request.nodes` options cost no more than the next bound, stop.
-    searched.sort(key=lambda item: (item[0], item[1]))
+    # Sorted as tuples, not by ``key=lambda``: each node is searched once, so no two
+    # (bound, name) pairs are equal and no NodeFree is compared (the same order).
+    searched.sort()
     for bound, name, node_free in searched:
         if len(options) >= request.nodes:
             options.sort(key=lambda t: (t.cost, t.node))

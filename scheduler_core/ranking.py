@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Final
 
 from scheduler_core.ledger import WindowUsage, _Curve
 from scheduler_core.model import Allocation
@@ -124,7 +125,7 @@ def _common(a: tuple[str, ...], b: tuple[str, ...]) -> int:
     return shared
 
 
-_FACTS: dict[int, _TreeFacts] = {}
+_FACTS: Final[dict[int, _TreeFacts]] = {}
 
 
 def _facts(tree: TeamTree) -> _TreeFacts:

@@ -21,15 +21,22 @@ import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from scheduler_core.model import Allocation, PoolKind
 from scheduler_core.scenario import Scenario
 from scheduler_core.scheduler import Scheduler
 from scheduler_core.view import Decisions
 
-_SUBMIT, _FINISH, _NODE, _WAKE, _TICK, _IDLE = range(6)
-"""Event kinds; at equal times, submissions are seen before sessions end."""
+# Event kinds; at equal times, submissions are seen before sessions end. Final
+# literals: compiled, each is built into the code, not looked up in the module's
+# globals per event.
+_SUBMIT: Final = 0
+_FINISH: Final = 1
+_NODE: Final = 2
+_WAKE: Final = 3
+_TICK: Final = 4
+_IDLE: Final = 5
 
 
 class VirtualClock:
