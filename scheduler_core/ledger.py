@@ -60,13 +60,7 @@ class _Curve:
     def figures(self, start: float, end: float, day_start: float | None) -> tuple[float, float]:
         """Units charged in ``(start, end]`` and, with ``day_start``, in ``(day_start, end]``
         (else 0), the starts found by `at_hinted` (a ranking's window and last day)."""
-        times = self.times
-        last = len(times) - 1
-        # `at`, inline where the end is past the last change (nearly always).
-        if last >= 0 and times[last] <= end:
-            at_end = self.cumulative[last] + self.rates[last] * (end - times[last])
-        else:
-            at_end = self.at(end)
+        at_end = self.at(end)
         window = at_end - self.at_hinted(start, 0)
         if day_start is None:
             return window, 0.0
@@ -295,10 +289,7 @@ class WindowUsage(Mapping[tuple[str, str], float]):
         known = self._since_pool(pool, start)
         total = 0.0
         for team in teams:
-            found = known.get(team)
-            if found is None:
-                found = self._since_of(known, team, pool, start)
-            total = total + found
+            total = total + self._since_of(known, team, pool, start)
         return total
 
     def _since_pool(self, pool: str, start: float) -> dict[str, float]:

@@ -291,16 +291,11 @@ class PoolRanking:
 
     def _rank(self, level: int, extra: float = 0.0) -> float:
         """The level's rank ratio: its window's ratio, and its last day's by weight."""
-        budget = self._budget[level]
-        if budget <= 0.0:
-            return math.inf
-        if not self._known[level]:
-            self._level(level)
-        ratio = (self._units[level] + extra) / budget
+        ratio = self._ratio(level, extra)
         weight = self._weight
         if not weight or ratio == math.inf:
             return ratio
-        day = (self._day_units[level] + extra) / (budget * self._day_part)
+        day = (self._day_units[level] + extra) / (self._budget[level] * self._day_part)
         return (1.0 - weight) * ratio + weight * day
 
     def key(self, team: str, extra: float = 0.0) -> Key:
