@@ -35,6 +35,7 @@ from scheduler_core.capacity import copied
 from scheduler_core.kept import Kept
 from scheduler_core.ledger import UsageLedger
 from scheduler_core.model import (
+    CHECKPOINT_ROUNDING_S,
     Allocation,
     Health,
     Node,
@@ -572,10 +573,10 @@ class Scheduler:
         every = request.checkpoint_every
         if request.resumable and every > 0:
             start = allocation.start
-            # The checkpoints the window covers, counted so that one on its very end stays
-            # with the end to a float's rounding: a history replayed from a store has its
-            # times shifted by a few ulps, and must wake when the run it replays woke.
-            covered = int((allocation.protected_until - start) / every + 1e-9)
+            # The checkpoints the window covers; one due within `CHECKPOINT_ROUNDING_S`
+            # after its end counts as on it (the end's wake-up sees it taken), so that a
+            # history replayed from a store, its times a few ulps off, wakes as it woke.
+            covered = int((allocation.protected_until - start + CHECKPOINT_ROUNDING_S) / every)
             first = start + every if covered < 1 else start + every * (covered + 1)
             heapq.heappush(self._checkpoints, (first, request.id, start))
 
