@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from scheduler_core.model import Pool, PoolKind
-from spawner.runtime.slurm import SlurmSettings, parse_partitions, read_cluster
+from spawner.runtime.slurm import RECONCILE, SlurmSettings, parse_partitions, read_cluster
 
 NODES = [f"n{i:03d}" for i in range(1, 129)]
 SESSIONS = 500
@@ -146,27 +146,32 @@ def test_500_sessions_on_128_nodes_cost_a_fixed_number_of_calls(fake_slurm: Path
     partition = cluster.runtimes["n001"].partition
     assert all(r.partition is partition for r in runtimes)
     partition._nodes = (-1e9, {})  # as after a while: node states are read again
+    started = time.monotonic()
     assert asyncio.run(reconcile()) == (460, 40, 8)
+    took = time.monotonic() - started
     restart = calls(fake_slurm)
-    # Node states are read for one second (the health check's pings share them), so a
-    # slow machine may read them twice over 128 nodes pinged one after another.
-    assert restart.pop("scontrol -o show node") in (1, 2), restart
-    assert restart == {"squeue -h -t all -p gpu -o": 1}, restart
+    # Node states are read for one second (the health check's pings share them), the
+    # listing for RECONCILE seconds: a machine slowed by other work may read them again
+    # once each of those has passed, never once per node.
+    assert restart.pop("scontrol -o show node") <= 1 + int(took), (restart, took)
+    assert restart.pop("squeue -h -t all -p gpu -o") <= 1 + int(took / RECONCILE), took
+    assert not restart, restart
 
-    async def poll_round() -> list[bool]:
+    async def poll_round() -> tuple[list[bool], float]:
         """The Hub polls every session at once, and reads what other jobs hold."""
         ids = [str(job) for job in range(1, SESSIONS + 1)]
+        polled = time.monotonic()
         states = await asyncio.gather(*(runtimes[int(j) % len(runtimes)].state(j) for j in ids))
         started = time.monotonic()  # a new round, as ForeignHolds.read starts one
         held = await asyncio.gather(
             *(asyncio.to_thread(r.held_elsewhere, started) for r in runtimes)
         )
         assert sum(len(h.gpus) for h in held) == 8  # bob's GPU on every 16th node
-        return [s is not None and s.running for s in states]
+        return [s is not None and s.running for s in states], started - polled
 
     for _ in range(2):
         partition._jobs = (-1e9, [])  # the last round's listing is old
-        running = asyncio.run(poll_round())
+        running, took = asyncio.run(poll_round())
         assert running.count(True) == 460
         one_round = calls(fake_slurm)
         # The holdings' read starts a round of its own (ForeignHolds), the ended jobs'
@@ -174,4 +179,6 @@ def test_500_sessions_on_128_nodes_cost_a_fixed_number_of_calls(fake_slurm: Path
         reads = one_round.pop("scontrol -d -o show job")
         assert reads in (1, 2), one_round
         assert one_round.pop("scontrol -o show reservation") == reads, one_round
-        assert one_round == {"squeue -h -t all -p gpu -o": 1}, one_round
+        # The listing is read for one second: again only if the polls took longer.
+        assert one_round.pop("squeue -h -t all -p gpu -o") <= 1 + int(took), (one_round, took)
+        assert not one_round, one_round
