@@ -800,10 +800,12 @@ def _cancelled(
 
 def _idle_after(runs: Sequence[LiveRun], activity: Sequence[_Event]) -> float | None:
     """Seconds into its run after which a session went idle and stayed idle to its end
-    (the first run that did)."""
-    for run in runs:
+    (the first run that did). A report at the instant one run ends and the next starts
+    (a session preempted and started again in the same cycle) is the new run's."""
+    for i, run in enumerate(runs):
         end = run.end if run.end is not None else float("inf")
-        inside = [e for e in activity if run.start <= e.time <= end]
+        after = runs[i + 1].start if i + 1 < len(runs) else float("inf")
+        inside = [e for e in activity if run.start <= e.time <= end and e.time < after]
         if inside and not inside[-1].payload.get("busy", True):
             idle_since = inside[-1].payload.get("idle_since")
             if isinstance(idle_since, int | float):

@@ -29,7 +29,7 @@ from scheduler_core.model import RequestClass
 from scheduler_core.research.replay import compare, metrics_run, plan, simulate
 from scheduler_core.research.replay_store import open_store, read_history
 from scheduler_core.research.replay_write import simulate_recorded, write_run
-from scheduler_core.scenario import Scenario
+from scheduler_core.scenario import Scenario, parse_scenario
 from scheduler_core.store import Store
 
 POSTGRES_URL = os.environ.get(
@@ -150,6 +150,40 @@ def month_like(seed: int = 3) -> Scenario:
 
     options = SeedLikeOptions(seed=seed, gpus=32, days=1, users=12, teams=4)
     return parse_scenario(seed_like(options))
+
+
+def test_a_notebook_idle_from_its_start_and_moved_in_one_cycle_keeps_its_idle_time(
+    tmp_path: Path,
+) -> None:
+    """A notebook idle from its first second is stopped by a drain and started again on
+    the other node in the same cycle: its second run's idle report, at the instant the
+    first run ended, is the second run's (read as the first's, the replay had it go idle
+    41 s into each run, and woke a cycle the run never had)."""
+    scenario = parse_scenario(
+        {
+            "horizon": 3600,
+            "pools": [{"name": "g", "kind": "gpu"}],
+            "nodes": [{"name": "g{i}", "count": 2, "pool": "g", "gpus": 1}],
+            "teams": [{"name": "a", "share": {"g": 1.0}}],
+            "requests": [
+                {"id": "nb", "team": "a", "pool": "g", "gpus": 1, "submit": 61, "min_runtime": 0}
+                | {"duration": 600, "class": "interactive", "idle_after": 0},
+            ],
+            "events": [{"at": 102, "node": "g0", "state": "draining"}],
+        }
+    )
+    recorded = simulate_recorded(scenario)
+    assert recorded.run.records["nb"].starts == [61.0, 102.0], "moved in the drain's cycle"
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    written(scenario, url)
+    source = open_store(url)
+    try:
+        history = read_history(source, BASE, BASE + scenario.horizon, 0.0)
+    finally:
+        source.close()
+    [notebook] = history.requests
+    assert notebook.idle_after == 0.0
+    assert_round_trip(scenario, f"sqlite:///{tmp_path / 'again.sqlite'}")
 
 
 def test_a_period_from_mid_run_starts_from_the_running_sessions_and_queue(
