@@ -50,10 +50,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from scheduler_core.model import Health, PoolKind
-from scheduler_core.simulator import RequestRecord, SimRun
+from scheduler_core.simulator import RequestRecord, Segment, SimRun
 from scheduler_core.teams import TeamTree
 
 HOUR = 3600.0
@@ -117,8 +118,20 @@ class HourlySeries:
         return out
 
 
+def _segment_order(segment: Segment) -> tuple[float, float, float, str, str, bool]:
+    return (segment.start, segment.end, segment.rate, segment.team, segment.pool, segment.funded)
+
+
+def _in_one_order(run: SimRun) -> SimRun:
+    """The run with its stretches in one order, whatever order they were recorded in: a
+    float sum depends on its order, and a run rebuilt request by request from a store
+    (the replay's) must measure as the run that was stored did, to the last digit."""
+    return replace(run, segments=sorted(run.segments, key=_segment_order))
+
+
 def result(run: SimRun) -> dict[str, Any]:
     """The result object for a finished run."""
+    run = _in_one_order(run)
     scenario = run.scenario
     horizon = scenario.horizon
     kinds = {p.name: p.kind for p in scenario.pools}

@@ -7,6 +7,9 @@ from typing import Any
 import pytest
 
 from harness.builders import DAY, HOUR, outcome_of
+from scheduler_core.metrics import result
+from scheduler_core.scenario import parse_scenario
+from scheduler_core.simulator import Segment, SimRun
 
 
 def request(rid: str, team: str, submit: int, gpus: int, hours: float) -> dict[str, Any]:
@@ -95,3 +98,27 @@ def test_a_partial_last_day_counts_as_a_day() -> None:
     small = outcome_of(scenario)["metrics"]["teams"]["small"]
     assert small["daily_delivered_gpu_h"] == pytest.approx(18.0)
     assert small["daily_fulfilment"] == pytest.approx(18 / 22, abs=1e-4)
+
+
+def test_the_figures_do_not_depend_on_the_order_the_runs_were_recorded_in() -> None:
+    """0.2 GPU for 1,138 s, 1 GPU for 1,552 s and 0.1 GPU for 2,292 s on 8 GPUs: an hour's
+    occupancy of exactly 0.06975, which the float sum in one order rounds to 0.0697 and in
+    the other to 0.0698. A replay rebuilds a run request by request, not in the order
+    the simulator closed its stretches, and must still measure what the simulator did."""
+    scenario = parse_scenario(
+        {
+            "horizon": HOUR,
+            "pools": [{"name": "g", "kind": "gpu"}],
+            "nodes": [{"name": "g0", "pool": "g", "gpus": 8}],
+            "teams": [{"name": "a", "share": {"g": 1.0}}],
+            "requests": [],
+        }
+    )
+    stretches = [
+        Segment("a", "g", 0.0, end, rate, True)
+        for end, rate in ((1138.0, 0.2), (1552.0, 1.0), (2292.0, 0.1))
+    ]
+    first = result(SimRun(scenario, {}, stretches, 0.0, 0, 0.0))
+    other = result(SimRun(scenario, {}, stretches[::-1], 0.0, 0, 0.0))
+    assert first["metrics"]["occupancy_hourly"] == [0.0697]
+    assert other == first
