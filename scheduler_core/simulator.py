@@ -255,6 +255,25 @@ class Simulation:
         assert self.observer is not None
         self.observer(self.scheduler, decisions, self.clock.time)
 
+    def _deliver(self, kind: int, payload: Any, now: float) -> bool:
+        """Hand one event to the scheduler; False for one the live scheduler would not see.
+        The end or idle report of a run a preemption already ended (its event left in the
+        queue) is no event live: a cycle for it alone would be one no live Hub ran, and a
+        replay of the run could not repeat it. A tick or a wake-up is the caller's."""
+        if kind == _SUBMIT:
+            self.scheduler.submit(self._by_id[payload])
+        elif kind == _FINISH or kind == _IDLE:
+            request_id, generation = payload
+            if generation != self.generation[request_id]:
+                return False
+            if kind == _FINISH:
+                self._finish(request_id, now)
+            else:
+                self.scheduler.mark_activity(request_id, now)
+        elif kind == _NODE:
+            self.scheduler.set_health(payload.node, payload.health)
+        return True
+
     def run(self) -> SimRun:
         started = time.perf_counter()
         scenario = self.scenario
@@ -283,6 +302,7 @@ class Simulation:
             if now > horizon:
                 break
             self.clock.time = now
+            moved = False
             while True:
                 if (
                     at < count
@@ -295,22 +315,14 @@ class Simulation:
                     _, kind, _, payload = heapq.heappop(events)
                 else:
                     break
-                if kind == _SUBMIT:
-                    scheduler.submit(self._by_id[payload])
-                elif kind == _FINISH:
-                    request_id, generation = payload
-                    if generation == self.generation[request_id]:
-                        self._finish(request_id, now)
-                elif kind == _NODE:
-                    scheduler.set_health(payload.node, payload.health)
-                elif kind == _TICK:
+                if kind == _TICK:
                     tick_pending = False
-                elif kind == _IDLE:
-                    request_id, generation = payload
-                    if generation == self.generation[request_id]:
-                        scheduler.mark_activity(request_id, now)
-                else:
+                elif kind == _WAKE:
                     wakes.discard(now)
+                if self._deliver(kind, payload, now):
+                    moved = True
+            if not moved:
+                continue
             scheduler.settle(observe)
             wake = scheduler.next_wake()
             if wake is not None and wake not in wakes:

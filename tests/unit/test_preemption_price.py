@@ -364,6 +364,32 @@ def test_a_protected_run_wakes_the_scheduler_at_its_first_checkpoint_after_the_w
     assert scheduler.next_wake() == HOUR + 900
 
 
+def test_the_end_of_a_run_a_preemption_already_ended_wakes_no_cycle() -> None:
+    """x runs on g0 from 0 s, meant to end at 1,000 s; g0's drain stops it at 100 s and it
+    starts over on g1. Its first run's end, still in the simulator's queue, is nothing
+    the live Hub would see: the cycles are at 0, 100 and 1,100 s only (a cycle at
+    1,000 s, where the budget's recheck was due and a node drains, was one no live
+    Hub ran, and a replay of the run could not repeat it)."""
+    scenario = parse_scenario(
+        {
+            "horizon": 3000,
+            "pools": [{"name": "g", "kind": "gpu"}],
+            "nodes": [{"name": "g{i}", "count": 2, "pool": "g", "gpus": 1}],
+            "teams": [{"name": "a", "share": {"g": 1.0}}],
+            "requests": [
+                {"id": "x", "team": "a", "pool": "g", "gpus": 1, "submit": 0}
+                | {"duration": 1000, "min_runtime": 0, "class": "batch"},
+            ],
+            "events": [{"at": 100, "node": "g0", "state": "draining"}],
+        }
+    )
+    cycles: list[float] = []
+    run = Simulation(scenario, lambda _s, _d, now: cycles.append(now)).run()
+    assert run.records["x"].starts == [0.0, 100.0]
+    assert run.records["x"].finish_time == 1100.0
+    assert sorted(set(cycles)) == [0.0, 100.0, 1100.0]
+
+
 # --- no turns (S10) and a session kept for its price (R9) ---------------------
 
 
