@@ -504,23 +504,27 @@ class Victims:
         """GPUs held on the node by every victim, and by those any request may stop
         (unallocated, or idle past ``idle_release``)."""
         totals = self._node_totals(node)
-        released = self._rel_node.get(node)
+        releases = self._rel_node
+        released = releases.get(node) if releases else None
         if released:
             return totals[0], totals[1] + sum(released.values())
         return totals
 
     def _node_totals(self, node: str) -> tuple[int, int]:
-        found = self._totals.get(node)
-        if found is None:
-            base = self._base_totals
-            if base is not None:
-                # Read from the base each time, not copied into ``_totals`` (which holds
-                # what removals changed): compiled, a copy is a new tuple per node (as
-                # would be a default passed to ``get``).
-                found = base.get(node)
-                return (0, 0) if found is None else found
-            found = gpu_totals(self._node_tally(node))
-            self._totals[node] = found
+        totals = self._totals
+        if totals:  # most cycles remove no victim: one look-up, in the base
+            found = totals.get(node)
+            if found is not None:
+                return found
+        base = self._base_totals
+        if base is not None:
+            # Read from the base each time, not copied into ``_totals`` (which holds
+            # what removals changed): compiled, a copy is a new tuple per node (as
+            # would be a default passed to ``get``).
+            found = base.get(node)
+            return (0, 0) if found is None else found
+        found = gpu_totals(self._node_tally(node))
+        totals[node] = found
         return found
 
     def roomy(self, capacity: Capacity, pool: str, gpus: int) -> list[NodeFree]:
