@@ -38,12 +38,15 @@ class Failures:
                 self.exact[number] = key
 
     def known(self, shape: Shape, key: tuple[float, ...] = (), number: int | None = None) -> bool:
+        seen = self._seen
+        if not seen:
+            return False  # nothing failed since the last clear (``exact`` is empty too)
         at: tuple[float, ...] | None = None
         if number is not None:
             at = self.exact.get(number)
             if at is not None and key >= at:
                 return True
-        for failed, failed_at in self._seen.get(shape.kind, ()):
+        for failed, failed_at in seen.get(shape.kind, ()):
             if key >= failed_at and failed.covers(shape):
                 if number is not None and (at is None or key < at):
                     self.exact[number] = key
