@@ -123,10 +123,15 @@ def _segment_order(segment: Segment) -> tuple[float, float, float, str, str, boo
 
 
 def _in_one_order(run: SimRun) -> SimRun:
-    """The run with its stretches in one order, whatever order they were recorded in: a
-    float sum depends on its order, and a run rebuilt request by request from a store
-    (the replay's) must measure as the run that was stored did, to the last digit."""
-    return replace(run, segments=sorted(run.segments, key=_segment_order))
+    """The run with its stretches in one order, whatever order they were recorded in, and
+    their times to the microsecond: a float sum depends on its order, and a store keeps
+    epoch seconds to about 0.24 µs, so a run rebuilt request by request from a store (the
+    replay's) must still measure as the run that was stored did, to the last digit."""
+    stretches = [
+        Segment(s.team, s.pool, round(s.start, 6), round(s.end, 6), s.rate, s.funded)
+        for s in run.segments
+    ]
+    return replace(run, segments=sorted(stretches, key=_segment_order))
 
 
 def result(run: SimRun) -> dict[str, Any]:

@@ -100,12 +100,9 @@ def test_a_partial_last_day_counts_as_a_day() -> None:
     assert small["daily_fulfilment"] == pytest.approx(18 / 22, abs=1e-4)
 
 
-def test_the_figures_do_not_depend_on_the_order_the_runs_were_recorded_in() -> None:
-    """0.2 GPU for 1,138 s, 1 GPU for 1,552 s and 0.1 GPU for 2,292 s on 8 GPUs: an hour's
-    occupancy of exactly 0.06975, which the float sum in one order rounds to 0.0697 and in
-    the other to 0.0698. A replay rebuilds a run request by request, not in the order
-    the simulator closed its stretches, and must still measure what the simulator did."""
-    scenario = parse_scenario(
+def eight_gpus_for_an_hour() -> Any:
+    """One node of 8 GPUs, one team, an hour, no requests: runs are made by hand."""
+    return parse_scenario(
         {
             "horizon": HOUR,
             "pools": [{"name": "g", "kind": "gpu"}],
@@ -114,6 +111,14 @@ def test_the_figures_do_not_depend_on_the_order_the_runs_were_recorded_in() -> N
             "requests": [],
         }
     )
+
+
+def test_the_figures_do_not_depend_on_the_order_the_runs_were_recorded_in() -> None:
+    """0.2 GPU for 1,138 s, 1 GPU for 1,552 s and 0.1 GPU for 2,292 s on 8 GPUs: an hour's
+    occupancy of exactly 0.06975, which the float sum in one order rounds to 0.0697 and in
+    the other to 0.0698. A replay rebuilds a run request by request, not in the order
+    the simulator closed its stretches, and must still measure what the simulator did."""
+    scenario = eight_gpus_for_an_hour()
     stretches = [
         Segment("a", "g", 0.0, end, rate, True)
         for end, rate in ((1138.0, 0.2), (1552.0, 1.0), (2292.0, 0.1))
@@ -122,3 +127,15 @@ def test_the_figures_do_not_depend_on_the_order_the_runs_were_recorded_in() -> N
     other = result(SimRun(scenario, {}, stretches[::-1], 0.0, 0, 0.0))
     assert first["metrics"]["occupancy_hourly"] == [0.0697]
     assert other == first
+
+
+def test_the_figures_do_not_move_with_times_off_by_less_than_a_store_keeps() -> None:
+    """The same three stretches, one of them ending 76 ns late, as a time comes back from
+    a store's epoch seconds (kept to about 0.24 µs): the hour's occupancy, exactly on the
+    rounding's edge, must read the same."""
+    scenario = eight_gpus_for_an_hour()
+    ends = ((1138.0, 0.2), (1552.0, 1.0), (2292.0, 0.1))
+    stretches = [Segment("a", "g", 0.0, end, rate, True) for end, rate in ends]
+    stored = [*stretches[:2], Segment("a", "g", 0.0, 2292.0 + 7.6e-8, 0.1, True)]
+    first = result(SimRun(scenario, {}, stretches, 0.0, 0, 0.0))
+    assert result(SimRun(scenario, {}, stored, 0.0, 0, 0.0)) == first
