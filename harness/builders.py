@@ -92,6 +92,10 @@ def request(rid: str, team: str, submit: float = 0, **fields: Any) -> dict[str, 
 # Scenario dicts: nodes of a few GPUs in pool gpu, under the budget policy.
 
 
+ONE_TEAM: list[dict[str, Any]] = [{"name": "a", "share": {"gpu": 1.0}}]
+"""`gpu_scenario`'s ``teams`` for one team ``a`` with the whole pool (never changed)."""
+
+
 @overload
 def gpu_scenario(
     requests: Sequence[dict[str, Any]],
@@ -101,6 +105,7 @@ def gpu_scenario(
     *,
     cpus: float = 64,
     teams: list[dict[str, Any]] | None = None,
+    events: Sequence[dict[str, Any]] = (),
     name: str = "fast-lane",
     parse: Literal[False] = False,
     **policy: Any,
@@ -114,6 +119,7 @@ def gpu_scenario(
     *,
     cpus: float = 64,
     teams: list[dict[str, Any]] | None = None,
+    events: Sequence[dict[str, Any]] = (),
     name: str = "fast-lane",
     parse: Literal[True],
     **policy: Any,
@@ -126,6 +132,7 @@ def gpu_scenario(
     *,
     cpus: float = 64,
     teams: list[dict[str, Any]] | None = None,
+    events: Sequence[dict[str, Any]] = (),
     name: str = "fast-lane",
     parse: bool = False,
     **policy: Any,
@@ -133,8 +140,8 @@ def gpu_scenario(
     """``nodes`` nodes ``n-0``, ``n-1``, … of ``gpus`` GPUs and ``cpus`` CPUs in pool
     ``gpu``, 30 hours long, under the budget policy with the ``policy`` settings.
     ``teams`` defaults to ``a`` and ``b`` with half of the pool each; ``usage`` maps a
-    team to the GPU-seconds it was charged an hour before the start. Parsed
-    (`parse_scenario`) when ``parse``."""
+    team to the GPU-seconds it was charged an hour before the start; ``events``, node
+    health changes. Parsed (`parse_scenario`) when ``parse``."""
     data: dict[str, Any] = {
         "name": name,
         "horizon": 30 * HOUR,
@@ -152,6 +159,7 @@ def gpu_scenario(
             for team, seconds in (usage or {}).items()
         ],
         "requests": list(requests),
+        "events": list(events),
     }
     return parse_scenario(data) if parse else data
 

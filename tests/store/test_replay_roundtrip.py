@@ -23,13 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, make_url, text
 
-from harness.builders import scenarios
+from harness.builders import ONE_TEAM, gpu_request, gpu_scenario, scenarios
 from scheduler_core.metrics import result
 from scheduler_core.model import RequestClass
 from scheduler_core.research.replay import compare, metrics_run, plan, simulate
 from scheduler_core.research.replay_store import open_store, read_history
 from scheduler_core.research.replay_write import simulate_recorded, write_run
-from scheduler_core.scenario import Scenario, parse_scenario
+from scheduler_core.scenario import Scenario
 from scheduler_core.store import Store
 
 POSTGRES_URL = os.environ.get(
@@ -159,18 +159,13 @@ def test_a_notebook_idle_from_its_start_and_moved_in_one_cycle_keeps_its_idle_ti
     the other node in the same cycle: its second run's idle report, at the instant the
     first run ended, is the second run's (read as the first's, the replay had it go idle
     41 s into each run, and woke a cycle the run never had)."""
-    scenario = parse_scenario(
-        {
-            "horizon": 3600,
-            "pools": [{"name": "g", "kind": "gpu"}],
-            "nodes": [{"name": "g{i}", "count": 2, "pool": "g", "gpus": 1}],
-            "teams": [{"name": "a", "share": {"g": 1.0}}],
-            "requests": [
-                {"id": "nb", "team": "a", "pool": "g", "gpus": 1, "submit": 61, "min_runtime": 0}
-                | {"duration": 600, "class": "interactive", "idle_after": 0},
-            ],
-            "events": [{"at": 102, "node": "g0", "state": "draining"}],
-        }
+    notebook = gpu_request("nb", "a", 61, 1, "interactive", min_runtime=0, duration=600)
+    scenario = gpu_scenario(
+        [notebook | {"idle_after": 0}],
+        gpus=1,
+        teams=ONE_TEAM,
+        events=[{"at": 102, "node": "n-0", "state": "draining"}],
+        parse=True,
     )
     recorded = simulate_recorded(scenario)
     assert recorded.run.records["nb"].starts == [61.0, 102.0], "moved in the drain's cycle"
@@ -181,8 +176,8 @@ def test_a_notebook_idle_from_its_start_and_moved_in_one_cycle_keeps_its_idle_ti
         history = read_history(source, BASE, BASE + scenario.horizon, 0.0)
     finally:
         source.close()
-    [notebook] = history.requests
-    assert notebook.idle_after == 0.0
+    [live] = history.requests
+    assert live.idle_after == 0.0
     assert_round_trip(scenario, f"sqlite:///{tmp_path / 'again.sqlite'}")
 
 

@@ -7,6 +7,7 @@ test checks the victim search against every other set of victims on a node.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -14,7 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.builders import HOUR, gpu_request, gpu_scenario, outcome_of, records_of
+from harness.builders import (
+    HOUR,
+    ONE_TEAM,
+    gpu_request,
+    gpu_scenario,
+    outcome_of,
+    records_of,
+)
 from scheduler_core import model, verdict
 from scheduler_core.capacity import Capacity
 from scheduler_core.errors import InputError
@@ -365,24 +373,19 @@ def test_a_protected_run_wakes_the_scheduler_at_its_first_checkpoint_after_the_w
 
 
 def test_the_end_of_a_run_a_preemption_already_ended_wakes_no_cycle() -> None:
-    """x runs on g0 from 0 s, meant to end at 1,000 s; g0's drain stops it at 100 s and it
-    starts over on g1. Its first run's end, still in the simulator's queue, is nothing
+    """x runs on n-0 from 0 s, meant to end at 1,000 s; n-0's drain stops it at 100 s and
+    it starts over on n-1. Its first run's end, still in the simulator's queue, is nothing
     the live Hub would see: the cycles are at 0, 100 and 1,100 s only (a cycle at
     1,000 s, where the budget's recheck was due and a node drains, was one no live
     Hub ran, and a replay of the run could not repeat it)."""
-    scenario = parse_scenario(
-        {
-            "horizon": 3000,
-            "pools": [{"name": "g", "kind": "gpu"}],
-            "nodes": [{"name": "g{i}", "count": 2, "pool": "g", "gpus": 1}],
-            "teams": [{"name": "a", "share": {"g": 1.0}}],
-            "requests": [
-                {"id": "x", "team": "a", "pool": "g", "gpus": 1, "submit": 0}
-                | {"duration": 1000, "min_runtime": 0, "class": "batch"},
-            ],
-            "events": [{"at": 100, "node": "g0", "state": "draining"}],
-        }
+    scenario = gpu_scenario(
+        [gpu_request("x", "a", 0, 1, "batch", min_runtime=0, duration=1000)],
+        gpus=1,
+        teams=ONE_TEAM,
+        events=[{"at": 100, "node": "n-0", "state": "draining"}],
+        parse=True,
     )
+    scenario = dataclasses.replace(scenario, horizon=3000.0)  # before the drain's later wakes
     cycles: list[float] = []
     run = Simulation(scenario, lambda _s, _d, now: cycles.append(now)).run()
     assert run.records["x"].starts == [0.0, 100.0]
