@@ -577,7 +577,7 @@ class Scheduler:
             # after its end counts as on it (the end's wake-up sees it taken), so that a
             # history replayed from a store, its times a few ulps off, wakes as it woke.
             covered = int((allocation.protected_until - start + CHECKPOINT_ROUNDING_S) / every)
-            first = start + every if covered < 1 else start + every * (covered + 1)
+            first = start + every * (max(covered, 0) + 1)
             heapq.heappush(self._checkpoints, (first, request.id, start))
 
     def _book(self, allocation: Allocation) -> None:
