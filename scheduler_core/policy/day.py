@@ -66,6 +66,16 @@ class DayUsage:
             if level != team or tree.has_children(team)
         ]
 
+    def owed(self, teams: set[str], pool: str) -> set[str]:
+        """Of ``teams``, those whose own day share in the pool is not yet charged."""
+        tree = self.view.teams
+        capacity = self.view.capacity.get(pool, 0.0)
+        return {
+            team
+            for team in teams
+            if self.headroom(team, pool, tree.own_share(team, pool) * capacity) > 1e-6
+        }
+
     def headroom(self, team: str, pool: str, share_rate: float) -> float:
         """Units the team may still be charged in the pool before its day's share."""
         return self.subtree_headroom((team,), pool, share_rate)
@@ -79,8 +89,9 @@ class DayUsage:
         return share_rate * self.span - usage.since_sum(members, pool, start)
 
     def slices_over(self, stopped: set[str], slack: float) -> list[Preemption]:
-        """Stops for resumable oversize jobs past protection whose team's day is spent;
-        a job that checkpoints only ``slack`` seconds after a checkpoint at most (R10)."""
+        """Stops for resumable oversize jobs past protection whose team's day is spent,
+        while another team waits in the pool whose own day is not (S5); a job that
+        checkpoints only ``slack`` seconds after a checkpoint at most (R10)."""
         view = self.view
         guaranteed = view.settings.guaranteed_share
         if self.usage is None or not view.pending or guaranteed <= 0:
@@ -94,11 +105,17 @@ class DayUsage:
         candidates = _oversize(sessions, limits, view)
         if not candidates:
             return []
+        waiting: dict[str, set[str]] = {}
         if index is not None and index.at == now and index.queues is not None:
             # The kept queues are the pending requests (`heads.queue_heads`), per pool.
-            waiting = {pool for pool, teams in index.queues.items() if any(teams.values())}
+            for pool, teams in index.queues.items():
+                named = {team for team, entries in teams.items() if entries}
+                if named:
+                    waiting[pool] = named
         else:
-            waiting = {r.pool for r in view.pending}
+            for r in view.pending:
+                waiting.setdefault(r.pool, set()).add(r.team)
+        owed: dict[str, set[str]] = {}
         found: list[Preemption] = []
         for allocation in candidates:
             # The cheap tests first: this runs over every such session in every cycle.
@@ -114,6 +131,14 @@ class DayUsage:
                 or request.lost_seconds(now - allocation.start) > PRICE_CAP
                 or not at_checkpoint(request, now - allocation.start, slack)
             ):
+                continue
+            # Only for another waiting team that its own day still owes: a stop that
+            # would only lend the room to work past its day is undone when the job
+            # comes back, and both pay the price of a stop.
+            served = owed.get(pool)
+            if served is None:
+                served = owed[pool] = self.owed(waiting[pool], pool)
+            if not served or served == {request.team}:
                 continue
             share_rate = limits[pool][request.team][0]
             # Its own day spent, and the day of every level it may borrow from (none for

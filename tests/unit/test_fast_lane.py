@@ -309,6 +309,23 @@ def test_a_job_larger_than_its_teams_share_is_time_sliced_by_the_day() -> None:
     assert a1.preemptions >= 1
 
 
+def test_a_day_slice_runs_on_while_no_other_team_waiting_is_owed_its_day() -> None:
+    # As above, but b was also charged its whole day's share (6 GPUs for 24 h) an hour
+    # before the start, so until 23 h b's day owes it nothing and b's job could only
+    # run unallocated. Stopping a's job at 6 h would only lend its GPUs to work that
+    # a's job stops again as its day slides on: a's job runs on to its end at 20 h, and
+    # b's job starts then. (Before, a's job was stopped at 6 h whoever waited.)
+    scenario = _slice_scenario(6, {"b": 0.9 * 6 * WEEK_GPU_S})
+    scenario["usage"].append(
+        {"team": "b", "pool": "gpu", "gpu_seconds": 6 * 24 * HOUR, "ago": HOUR}
+    )
+    records = records_of(scenario)
+    a1, b1 = records["a1"], records["b1"]
+    assert a1.starts == [0] and a1.funded == [True]
+    assert a1.preemptions == 0 and a1.ends == [pytest.approx(20 * HOUR)]
+    assert b1.starts[0] == pytest.approx(20 * HOUR, abs=300)
+
+
 def test_without_a_guaranteed_share_nothing_is_time_sliced() -> None:
     # guaranteed_share 0: only the window budget funds, so day slices are off, and so
     # is their stop. a's 8-GPU job is funded as its team's only session and runs to its
@@ -432,9 +449,12 @@ def test_a_job_larger_than_its_share_is_day_sliced_beside_its_teams_other_work()
     # beside a's notebook, is funded from a's day: it stops b's unallocated jobs at
     # once (burst work may stop only unallocated sessions; it holds no nodes), and is
     # stopped once the day's share has paid for it and the notebook, 17 GPUs together:
-    # about 11.2 h. Funded only as a team's only session, it waited for the notebook
-    # and c's job to end at 20 h.
-    records = records_of(_beside_scenario())
+    # about 11.2 h, for c's 2-node job submitted at 11 h (c's day is not spent; b's is,
+    # and for b alone the stop would not be made, S5). Funded only as a team's only
+    # session, it waited for the notebook and c's job to end at 20 h.
+    scenario = _beside_scenario()
+    scenario["requests"].append(gpu_request("c2", "c", 11 * HOUR, 8, "batch", nodes=2))
+    records = records_of(scenario)
     a1 = records["a1"]
     assert records["b1"].funded[0] is False and records["b2"].funded[0] is False
     assert a1.starts[0] == pytest.approx(HOUR, abs=60) and a1.funded[0]
@@ -442,6 +462,7 @@ def test_a_job_larger_than_its_share_is_day_sliced_beside_its_teams_other_work()
     assert records["c1"].preemptions == 0 and records["a0"].preemptions == 0
     # (192 GPU-h less the notebook's first hour) / 17 GPUs, then the next cycle.
     assert 11.1 * HOUR <= a1.ends[0] - HOUR <= 11.3 * HOUR + 300
+    assert records["c2"].starts[0] == pytest.approx(a1.ends[0])
 
 
 def _short_slice_scenario(b1_resumable: bool) -> dict[str, Any]:
@@ -549,7 +570,7 @@ def test_a_job_larger_than_its_share_is_day_sliced_whatever_its_weeks_budget() -
 
 
 def _own_slice_scenario(requests: list[dict[str, Any]], after: str = "2h") -> dict[str, Any]:
-    # Two 8-GPU nodes; a's share is 8 GPUs (192 GPU-h a day), b has none waiting.
+    # Two 8-GPU nodes; a's share is 8 GPUs (192 GPU-h a day), b's the other 8.
     return gpu_scenario(requests, nodes=2, gpus=8, own_slice_after=after)
 
 
@@ -559,16 +580,21 @@ def test_a_job_larger_than_its_share_stops_its_own_teams_work_after_the_bound() 
     # would wait for the job to end at 20 h. Past the starvation bound (2 h), with
     # a's only funded job resumable and past its protected window, the team slices
     # itself: the gang is funded from a's day, stops a's own job and starts; it is
-    # stopped once the day's share is charged, and a's job comes back.
-    records = records_of(
-        _own_slice_scenario(
-            [
-                gpu_request("a1", "a", 0, 4, "batch", resumable=True),
-                gpu_request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=20 * HOUR),
-            ]
-        )
+    # stopped once the day's share is charged, for b's job waiting since 3 h (b, at
+    # 1.5 of its week two days ago, ranks below a and may not stop it before; its day
+    # is owed, and a's own job alone would not stop it, S5), and a's job comes back.
+    scenario = _own_slice_scenario(
+        [
+            gpu_request("a1", "a", 0, 4, "batch", resumable=True),
+            gpu_request("a2", "a", 60, 8, "batch", nodes=2, resumable=True, duration=20 * HOUR),
+            gpu_request("b1", "b", 3 * HOUR, 8, "batch", resumable=True),
+        ]
     )
+    week = 8 * 7 * 24 * HOUR
+    scenario["usage"] = [{"team": "b", "pool": "gpu", "gpu_seconds": 1.5 * week, "ago": 48 * HOUR}]
+    records = records_of(scenario)
     a1, a2 = records["a1"], records["a2"]
+    assert records["b1"].starts[0] == pytest.approx(a2.ends[0])
     assert 2 * HOUR + 60 <= a2.starts[0] <= 2 * HOUR + 660 and a2.funded[0]
     assert a1.ends[0] == pytest.approx(a2.starts[0]) and a1.preemptions >= 1
     # The gang ran for a's day (192 GPU-h less what a1 was charged: 8 GPU-h) at 16 GPUs.
