@@ -105,16 +105,13 @@ class DayUsage:
         candidates = _oversize(sessions, limits, view)
         if not candidates:
             return []
-        waiting: dict[str, set[str]] = {}
+        queues = None
         if index is not None and index.at == now and index.queues is not None:
             # The kept queues are the pending requests (`heads.queue_heads`), per pool.
-            for pool, teams in index.queues.items():
-                named = {team for team, entries in teams.items() if entries}
-                if named:
-                    waiting[pool] = named
+            queues = index.queues
+            waiting = {pool for pool, teams in queues.items() if any(teams.values())}
         else:
-            for r in view.pending:
-                waiting.setdefault(r.pool, set()).add(r.team)
+            waiting = {r.pool for r in view.pending}
         owed: dict[str, set[str]] = {}
         found: list[Preemption] = []
         for allocation in candidates:
@@ -137,7 +134,11 @@ class DayUsage:
             # comes back, and both pay the price of a stop.
             served = owed.get(pool)
             if served is None:
-                served = owed[pool] = self.owed(waiting[pool], pool)
+                if queues is not None:
+                    teams = {team for team, entries in queues[pool].items() if entries}
+                else:
+                    teams = {r.team for r in view.pending if r.pool == pool}
+                served = owed[pool] = self.owed(teams, pool)
             if not served or served == {request.team}:
                 continue
             share_rate = limits[pool][request.team][0]
