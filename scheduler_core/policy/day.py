@@ -4,7 +4,7 @@ day is spent while others wait (the evidence is in docs/policy.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 from scheduler_core.kept import Queued
@@ -66,15 +66,12 @@ class DayUsage:
             if level != team or tree.has_children(team)
         ]
 
-    def owed(self, teams: set[str], pool: str) -> set[str]:
-        """Of ``teams``, those whose own day share in the pool is not yet charged."""
-        tree = self.view.teams
-        capacity = self.view.capacity.get(pool, 0.0)
-        return {
-            team
-            for team in teams
-            if self.headroom(team, pool, tree.own_share(team, pool) * capacity) > 1e-6
-        }
+    def owes_any(self, teams: Iterable[str], pool: str, limits: Limits) -> bool:
+        """Is the own day share in the pool of any of ``teams`` not yet charged?"""
+        view = self.view
+        return any(
+            self.headroom(team, pool, _limit(limits, view, team, pool)[0]) > 1e-6 for team in teams
+        )
 
     def headroom(self, team: str, pool: str, share_rate: float) -> float:
         """Units the team may still be charged in the pool before its day's share."""
@@ -112,7 +109,7 @@ class DayUsage:
             waiting = {pool for pool, teams in queues.items() if any(teams.values())}
         else:
             waiting = {r.pool for r in view.pending}
-        owed: dict[str, set[str]] = {}
+        owes: dict[str, bool] = {}
         found: list[Preemption] = []
         for allocation in candidates:
             # The cheap tests first: this runs over every such session in every cycle.
@@ -129,25 +126,25 @@ class DayUsage:
                 or not at_checkpoint(request, now - allocation.start, slack)
             ):
                 continue
-            # Only for another waiting team that its own day still owes: a stop that
-            # would only lend the room to work past its day is undone when the job
-            # comes back, and both pay the price of a stop.
-            served = owed.get(pool)
-            if served is None:
-                if queues is not None:
-                    teams = {team for team, entries in queues[pool].items() if entries}
-                else:
-                    teams = {r.team for r in view.pending if r.pool == pool}
-                served = owed[pool] = self.owed(teams, pool)
-            if not served or served == {request.team}:
-                continue
             share_rate = limits[pool][request.team][0]
             # Its own day spent, and the day of every level it may borrow from (none for
             # a top-level team).
-            if self.headroom(request.team, pool, share_rate) <= 1e-6 and all(
-                self.subtree_headroom(members, pool, rate) <= 1e-6
+            if self.headroom(request.team, pool, share_rate) > 1e-6 or any(
+                self.subtree_headroom(members, pool, rate) > 1e-6
                 for members, rate in self.lenders(request.team, pool)
             ):
+                continue
+            # And only for a waiting team that its own day still owes (not the job's
+            # own, whose day is spent): a stop that would only lend the room to work
+            # past its day is undone when the job comes back, and both pay its price.
+            owed = owes.get(pool)
+            if owed is None:
+                if queues is not None:
+                    teams: Iterable[str] = (t for t, entries in queues[pool].items() if entries)
+                else:
+                    teams = {r.team for r in view.pending if r.pool == pool}
+                owed = owes[pool] = self.owes_any(teams, pool, limits)
+            if owed:
                 found.append(Preemption(allocation.id, "time-slice"))
         return found
 
@@ -171,6 +168,18 @@ def _limits(view: ClusterView) -> Limits:
     return found
 
 
+def _limit(limits: Limits, view: ClusterView, team: str, pool: str) -> tuple[float, float]:
+    """The team's `Limits` in the pool, worked out the first time it is asked."""
+    pool_limits = limits.get(pool)
+    if pool_limits is None:
+        pool_limits = limits[pool] = {}
+    limit = pool_limits.get(team)
+    if limit is None:
+        share_rate = view.teams.own_share(team, pool) * view.capacity.get(pool, 0)
+        limit = pool_limits[team] = (share_rate, oversize_above(share_rate, view.settings))
+    return limit
+
+
 _OVERSIZE: Final[list[tuple[Sequence[Allocation], Limits, list[Allocation]]]] = []
 """The last sessions and `Limits` seen, with those sessions that a day slice may stop at
 all (`_oversize`): a memo (the scheduler hands over the same tuple until a session starts
@@ -187,8 +196,6 @@ def _oversize(
         seen, seen_limits, found = _OVERSIZE[0]
         if seen is sessions and seen_limits is limits:
             return found
-    tree = view.teams
-    settings = view.settings
     found = []
     for allocation in sessions:
         if not allocation.funded:
@@ -196,15 +203,7 @@ def _oversize(
         request = allocation.request
         if not request.resumable:
             continue
-        pool = request.pool
-        pool_limits = limits.get(pool)
-        if pool_limits is None:
-            pool_limits = limits[pool] = {}
-        limit = pool_limits.get(request.team)
-        if limit is None:
-            share_rate = tree.own_share(request.team, pool) * view.capacity.get(pool, 0)
-            limit = pool_limits[request.team] = (share_rate, oversize_above(share_rate, settings))
-        if allocation.charge_rate > limit[1]:
+        if allocation.charge_rate > _limit(limits, view, request.team, request.pool)[1]:
             found.append(allocation)
     _OVERSIZE[:] = [(sessions, limits, found)]
     return found
